@@ -1,0 +1,1 @@
+"""Checkpoints: one DCP checkpoint holds every Stateful of a run, committed atomically."""

@@ -1,0 +1,83 @@
+"""Everything resumable, each as a ``Stateful`` that DCP saves and loads in one checkpoint."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+
+class ModelOptimizerState:
+    """Model and optimizer through torch's distributed state-dict API: keys are parameter names (no DDP
+    ``module.`` prefix), so a checkpoint reshards onto another layout or world size."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+
+
+@dataclass
+class TrainState:
+    """Counters of the run itself."""
+
+    step: int = 0
+    wandb_run_id: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.wandb_run_id = state["wandb_run_id"]
+
+
+class RNGState:
+    """This rank's generators (python, numpy, torch CPU, CUDA), saved under a per-rank key.
+
+    Pickled to bytes: DCP would otherwise split the numpy state tuple and reload it with torch's
+    weights-only unpickler, which refuses numpy arrays."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pickle": pickle.dumps(self._capture())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._restore(pickle.loads(state["pickle"]))
+
+    @staticmethod
+    def _capture() -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @staticmethod
+    def _restore(state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

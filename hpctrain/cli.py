@@ -1,0 +1,117 @@
+"""``python -m hpctrain`` / ``hpctrain``: compose a run with Hydra, check it, hand it to a launcher.
+
+    hpctrain [OVERRIDES...]             train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
+    hpctrain prepare INPUT... --out F   write a token file for ``data=tokens``
+
+Every bad input is caught by :func:`precheck` before Hydra creates a run directory or any process starts,
+and is reported as one line on stderr with exit status 2. This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hpctrain.config.errors import ConfigError
+
+EXIT_BAD_CONFIG = 2
+
+
+def _prepare(argv: list[str]) -> int:
+    from hpctrain.data.prepare import main as prepare_main
+
+    return prepare_main(argv)
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"prepare": _prepare}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[argv[0]](argv[1:])
+    if argv and argv[0] == "train":
+        argv = argv[1:]
+    return train(argv)
+
+
+def train(argv: list[str]) -> int:
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_intermixed_args(argv)
+    informational = args.help or args.hydra_help or args.info or args.shell_completion
+    if not informational:
+        try:
+            precheck(args.overrides, multirun=args.multirun)
+        except ConfigError as err:
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+    flags = [a for a in argv if a not in args.overrides]
+    return _run_hydra([*flags, *args.overrides])
+
+
+def precheck(overrides: list[str], multirun: bool) -> None:
+    """Compose and validate every run the command would start; raise ConfigError for the first bad one."""
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.validate import check_writable_dir, validate
+
+    for member in sweep_members(overrides) if multirun else [overrides]:
+        cfg = compose(member)
+        validate(to_typed(cfg))
+        if multirun:
+            check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
+        else:
+            check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+
+
+def sweep_members(overrides: list[str]) -> list[list[str]]:
+    """The override lists of a basic-sweeper grid. Interval sweeps (Optuna & co) cannot be enumerated ahead:
+    they are left out here and each trial is validated when it starts."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes: list[list[str]] = []
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_interval_sweep():
+            continue
+        if override.is_sweep_override():
+            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            axes.append([override.input_line])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _run_hydra(argv: list[str]) -> int:
+    import hydra
+
+    from hpctrain.config.compose import CONF_DIR
+    from hpctrain.config.schema import register_configs
+
+    register_configs()
+    sys.argv = [sys.argv[0] if sys.argv else "hpctrain", *argv]
+    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(_task)
+    app()
+    return 0
+
+
+def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.config.compose import to_typed
+    from hpctrain.config.validate import validate
+    from hpctrain.launch import get_launcher, write_run_config
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    try:
+        typed = to_typed(cfg)
+        validate(typed)
+    except ConfigError as err:  # a sweep trial the precheck could not enumerate (interval sweeps)
+        print(f"hpctrain: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_CONFIG) from None
+    write_run_config(run_dir, cfg)
+    status = get_launcher(typed.cluster).launch(typed, run_dir)
+    if status:
+        raise SystemExit(status)

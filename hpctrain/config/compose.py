@@ -1,0 +1,155 @@
+"""Compose a run's config from ``conf/`` + command-line overrides, turning Hydra's errors into one line.
+
+Hydra reports a bad override over several lines (and hints at HYDRA_FULL_ERROR); here every failure becomes a
+:class:`ConfigError` naming the key, the value and what would be valid. No torch on this path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpctrain.config.errors import ConfigError
+from hpctrain.config.schema import GROUP_SCHEMAS, Config, register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = tuple(GROUP_SCHEMAS)
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def schema_of(group: str, option: str | None) -> type | None:
+    """The dataclass behind ``group=option`` (read from the option's defaults list), or None."""
+    schemas = GROUP_SCHEMAS.get(group, {})
+    if len(schemas) == 1:
+        return next(iter(schemas.values()))
+    path = CONF_DIR / group / f"{option}.yaml"
+    if option is None or not path.exists():
+        return None
+    for entry in OmegaConf.load(path).get("defaults", []):
+        if isinstance(entry, str) and entry.startswith(f"/schema/{group}/"):
+            return schemas.get(entry.split("/")[3].split("@")[0])
+    return None
+
+
+def field_names(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The composed config, ``hydra`` node included, or a ConfigError for the first bad override."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    parsed = _parse_overrides(overrides)
+    register_configs()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        try:
+            return hydra_compose("config", overrides=overrides, return_hydra_config=True)
+        except Exception as err:  # Hydra raises several unrelated types; all become one line
+            raise _translate(err, parsed) from None
+
+
+def to_typed(cfg: DictConfig) -> Config:
+    """The run config (without Hydra's node) as typed dataclasses, rejecting keys added with ``+``."""
+    for group in GROUPS:
+        node = cfg.get(group)
+        schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if schema is None or not dataclasses.is_dataclass(schema):
+            continue
+        known = set(field_names(schema))
+        for key in node:
+            if key not in known:
+                raise ConfigError(f"{group}.{key}", node._get_node(key)._value(), "unknown key",
+                                  valid=", ".join(sorted(known)))
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {g: cfg[g] for g in GROUPS}))
+    assert isinstance(typed, Config), type(typed)
+    return typed
+
+
+def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """key → value text of each override; a malformed override is reported on its own."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    parsed: dict[str, Any] = {}
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception as err:
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
+        parsed[override.key_or_group] = override.value()
+    return parsed
+
+
+def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = err.__cause__ or err
+    full_key = getattr(cause, "full_key", None) or ""
+    if isinstance(err, MissingConfigException):
+        group, option = _missing_option(str(err))
+        if group in GROUPS:
+            return ConfigError(group, option, "unknown option", valid=", ".join(group_options(group)))
+        return ConfigError(group or "", option, "unknown config")
+    if isinstance(cause, ValidationError) and full_key:
+        return ConfigError(full_key, parsed.get(full_key), f"expected {_expected_type(full_key)}")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
+        group, _, rest = full_key.partition(".")
+        if group in GROUPS and rest:
+            schema = schema_of(group, _choice(group, parsed))
+            valid = ", ".join(field_names(schema)) if schema else None
+            return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}", valid=valid)
+        return ConfigError(full_key, parsed.get(full_key), "unknown config group or key",
+                           valid="groups " + ", ".join(GROUPS))
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return ConfigError("", None, first_line)
+
+
+def _choice(group: str, parsed: dict[str, Any]) -> str | None:
+    if group in parsed:
+        return str(parsed[group])
+    defaults = OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", [])
+    for entry in defaults:
+        if isinstance(entry, DictConfig) and group in entry:
+            return str(entry[group])
+    return None
+
+
+def _missing_option(message: str) -> tuple[str | None, str | None]:
+    # "In 'config': Could not find 'model/zzz'" → ("model", "zzz")
+    marker = "Could not find '"
+    if marker not in message:
+        return None, None
+    path = message.split(marker, 1)[1].split("'", 1)[0]
+    group, _, option = path.rpartition("/")
+    return group, option
+
+
+def _expected_type(full_key: str) -> str:
+    group, _, name = full_key.partition(".")
+    schemas = GROUP_SCHEMAS.get(group, {})
+    for schema in schemas.values():
+        for f in dataclasses.fields(schema):
+            if f.name == name:
+                return _TYPE_WORDS.get(str(f.type), str(f.type))
+    return "a value of the declared type"
+
+
+_TYPE_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "str | None": "a string or null",
+    "int | None": "an integer or null",
+    "float | None": "a number or null",
+    "list[str]": "a list of strings, e.g. [a,b]",
+}

@@ -1,0 +1,260 @@
+"""Map-style datasets that build whole batches at once.
+
+Every dataset has ``__len__`` and ``get_batch(indices) -> (inputs, targets)`` returning CPU tensors:
+token datasets give int64 ``[B, seq_len]`` inputs and the same shifted by one as targets; image datasets
+give float32 ``[B, C, H, W]`` and int64 ``[B]`` labels. Building a batch in one vectorised call (instead of
+a DataLoader collating B samples) keeps the data path cheap without worker processes. Sample i is always a
+pure function of the dataset's arguments and i, so any rank can build any sample and resumes are exact.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from hpctrain.data import catalog
+from hpctrain.data.tokenfile import read_token_file
+
+# Streams of np.random.default_rng((seed, STREAM, ...)): distinct so that tables and samples never share
+# random numbers.
+_TABLE_STREAM = 0
+_SAMPLE_STREAM = 1
+
+
+class Dataset(Protocol):
+    def __len__(self) -> int: ...
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def _as_indices(indices: Sequence[int], n: int) -> np.ndarray:
+    idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"sample indices span [{idx.min()}, {idx.max()}] but the dataset has {n} samples")
+    return idx
+
+
+class SyntheticTokens:
+    """Token sequences from a fixed random sparse Markov chain: learnable, unlike uniform noise.
+
+    Each token has ``branching`` possible successors with Dirichlet(1) probabilities, so the best achievable
+    loss (the chain's entropy rate, at most ln(branching)) sits far below ln(vocab_size) and a tiny GPT's
+    loss visibly drops. Sample i is drawn from ``default_rng((seed, 1, i))``; nothing is stored per sample.
+    """
+
+    kind = "tokens"
+
+    def __init__(
+        self, num_samples: int, seq_len: int, vocab_size: int, seed: int, branching: int = 4
+    ) -> None:
+        if num_samples < 1 or seq_len < 1 or vocab_size < 2:
+            raise ValueError(
+                f"need num_samples ≥ 1, seq_len ≥ 1, vocab_size ≥ 2; "
+                f"got {num_samples}, {seq_len}, {vocab_size}"
+            )
+        self.num_samples, self.seq_len, self.vocab_size, self.seed = num_samples, seq_len, vocab_size, seed
+        rng = np.random.default_rng((seed, _TABLE_STREAM))
+        self.successors = rng.integers(0, vocab_size, size=(vocab_size, branching))
+        probs = rng.dirichlet(np.ones(branching), size=vocab_size)
+        self.cdf = np.cumsum(probs, axis=1)
+        self.cdf[:, -1] = 1.0  # guard against rounding: a uniform draw < 1 always finds a successor
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _as_indices(indices, self.num_samples)
+        B, T = idx.size, self.seq_len
+        seqs = np.empty((B, T + 1), dtype=np.int64)
+        u = np.empty((B, T), dtype=np.float64)
+        for row, i in enumerate(idx):
+            rng = np.random.default_rng((self.seed, _SAMPLE_STREAM, int(i)))
+            seqs[row, 0] = rng.integers(self.vocab_size)
+            u[row] = rng.random(T)
+        # Walk the chain for all rows at once: one vectorised step per position.
+        for t in range(T):
+            cur = seqs[:, t]
+            choice = (u[:, t, None] >= self.cdf[cur]).sum(axis=1)
+            seqs[:, t + 1] = self.successors[cur, choice]
+        seqs_t = torch.from_numpy(seqs)
+        return seqs_t[:, :-1].contiguous(), seqs_t[:, 1:].contiguous()
+
+
+class SyntheticImages:
+    """Class-conditional images: a fixed random template per class plus unit Gaussian noise.
+
+    Sample i (label and noise) is drawn from ``default_rng((seed, 1, i))``.
+    """
+
+    kind = "images"
+
+    def __init__(
+        self, num_samples: int, C: int, H: int, W: int, num_classes: int, seed: int, noise: float = 1.0
+    ) -> None:
+        if num_samples < 1 or num_classes < 1:
+            raise ValueError(f"need num_samples ≥ 1 and num_classes ≥ 1; got {num_samples}, {num_classes}")
+        self.num_samples, self.shape, self.num_classes, self.seed = num_samples, (C, H, W), num_classes, seed
+        self.noise = noise
+        rng = np.random.default_rng((seed, _TABLE_STREAM))
+        self.templates = rng.standard_normal((num_classes, C, H, W), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _as_indices(indices, self.num_samples)
+        images = np.empty((idx.size, *self.shape), dtype=np.float32)
+        labels = np.empty(idx.size, dtype=np.int64)
+        for row, i in enumerate(idx):
+            rng = np.random.default_rng((self.seed, _SAMPLE_STREAM, int(i)))
+            labels[row] = rng.integers(self.num_classes)
+            images[row] = rng.standard_normal(self.shape, dtype=np.float32)
+        images = self.templates[labels] + self.noise * images
+        return torch.from_numpy(images), torch.from_numpy(labels)
+
+
+class Digits:
+    """scikit-learn's 1797 handwritten digits (bundled with the package, no download): 1×8×8, 10 classes.
+
+    Pixels (0..16) are scaled to [0, 1] and then standardised with the whole set's mean and std.
+    """
+
+    kind = "images"
+
+    def __init__(self) -> None:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = digits.data.astype(np.float32) / 16.0
+        x = (x - x.mean()) / x.std()
+        c, h, w, self.num_classes = catalog.DIGITS_SHAPE
+        self.images = np.ascontiguousarray(x.reshape(-1, c, h, w))
+        self.labels = digits.target.astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _as_indices(indices, len(self))
+        return torch.from_numpy(self.images[idx]), torch.from_numpy(self.labels[idx])
+
+
+class TokenWindows:
+    """Non-overlapping windows over a 1-D token stream: sample i is ``tokens[i·T : i·T + T + 1]``.
+
+    Consecutive windows share their boundary token (target of one, input of the next), so every token is
+    predicted once. ``len = (len(tokens) - 1) // T``; a trailing partial window is dropped.
+    """
+
+    kind = "tokens"
+
+    def __init__(self, tokens: Any, seq_len: int) -> None:
+        if seq_len < 1:
+            raise ValueError(f"seq_len={seq_len} must be at least 1")
+        self.tokens, self.seq_len = tokens, seq_len
+        self.num_samples = max(0, (len(tokens) - 1) // seq_len)
+        self._offsets = np.arange(seq_len + 1, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = _as_indices(indices, self.num_samples)
+        # One fancy-indexing gather; on a memmap this touches only the pages of the requested windows.
+        windows = np.asarray(self.tokens[idx[:, None] * self.seq_len + self._offsets], dtype=np.int64)
+        seqs = torch.from_numpy(windows)
+        return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+
+class Slice:
+    """Samples ``[start, stop)`` of another dataset, renumbered from 0 (used for the train/val split)."""
+
+    def __init__(self, base: Dataset, start: int, stop: int) -> None:
+        if not 0 <= start <= stop <= len(base):
+            raise ValueError(f"slice [{start}, {stop}) out of range for a dataset of {len(base)} samples")
+        self.base, self.start, self.stop = base, start, stop
+        self.kind = getattr(base, "kind", None)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.get_batch(_as_indices(indices, len(self)) + self.start)
+
+
+def _skip_dir(name: str) -> bool:
+    return name in ("site-packages", "dist-packages", "__pycache__", "test", "tests") or name.startswith(".")
+
+
+def stdlib_text(max_bytes: int) -> np.ndarray:
+    """The Python standard library's ``.py`` sources as bytes (uint8), at most ``max_bytes``.
+
+    Walks ``sysconfig.get_paths()["stdlib"]`` in sorted order, skipping installed packages and test suites,
+    so the corpus is the same on every rank and every run with the same Python.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    chunks: list[bytes] = []
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not _skip_dir(d))
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            with open(os.path.join(dirpath, name), "rb") as f:
+                data = f.read(max_bytes - total)
+            chunks.append(data)
+            total += len(data)
+            if total >= max_bytes:
+                return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+    if total == 0:
+        raise RuntimeError(f"no .py sources found under the standard library at {root}")
+    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
+
+
+def _full_dataset(data: Any, model: Any, seed: int) -> Dataset:
+    errors = catalog.compatibility_errors(data, model)
+    if errors:
+        raise ValueError("data and model do not fit: " + "; ".join(errors))
+    if data.name == "synthetic":
+        if model.arch == "gpt":
+            return SyntheticTokens(data.num_samples, model.seq_len, model.vocab_size, seed)
+        return SyntheticImages(
+            data.num_samples,
+            model.in_channels,
+            model.image_size,
+            model.image_size,
+            model.num_classes,
+            seed,
+        )
+    if data.name == "digits":
+        return Digits()
+    if data.name == "text":
+        return TokenWindows(stdlib_text(data.max_bytes), model.seq_len)
+    if data.name == "tokens":
+        tokens, _ = read_token_file(data.path)
+        return TokenWindows(tokens, model.seq_len)
+    raise ValueError(f"unknown data.name={data.name!r}")
+
+
+def build_datasets(data: Any, model: Any, seed: int) -> tuple[Dataset, Dataset]:
+    """``(train, val)`` for ``data`` (a DataConfig) shaped for ``model`` (a GPTConfig / ViTConfig).
+
+    The last ``val_fraction`` of the samples (at least one) is the validation set, the rest (at least one)
+    is training: deterministic and disjoint. Synthetic data depends on ``seed``; the others do not.
+    """
+    full = _full_dataset(data, model, seed)
+    n = len(full)
+    if n < 2:
+        detail = ""
+        if isinstance(full, TokenWindows):
+            detail = f" ({len(full.tokens)} tokens in windows of seq_len={full.seq_len} + 1)"
+        raise ValueError(
+            f"data={data.name} gives {n} sample(s){detail}; need at least 2 (one train, one val)"
+        )
+    n_val = min(n - 1, max(1, round(n * data.val_fraction)))
+    return Slice(full, 0, n - n_val), Slice(full, n - n_val, n)

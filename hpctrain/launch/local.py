@@ -1,0 +1,226 @@
+"""``cluster=local``: start ``nproc`` worker processes on this machine and supervise them.
+
+Each worker is ``python -m hpctrain.worker RUN_DIR`` with torchrun-style variables (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT on loopback). Each runs in its own session so that the launcher can stop a
+worker together with anything it spawned (compile workers, the W&B service); workers also ask the kernel to
+kill them if the launcher dies (see :mod:`hpctrain.worker`), so no process outlives a run.
+
+When one worker fails, the others are stopped (SIGTERM, then SIGKILL after ``cluster.kill_grace_s``) and
+the launcher exits non-zero naming the rank and its error. No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.config.schema import Config
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+# After a first failure, how long to keep collecting exits before stopping the rest: when one rank dies, its
+# peers fail within a second with a connection error, and the report should name the cause, not a symptom.
+SETTLE_S = 1.0
+# Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
+PEER_ERROR_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator",
+                      "recvBytes", "Socket Timeout", "Connection refused")
+
+
+@dataclass
+class _Worker:
+    rank: int
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    exited_at: float | None = None
+
+
+@dataclass
+class _Failure:
+    rank: int
+    pid: int
+    returncode: int
+    detail: str
+    log_path: Path
+
+    exited_at: float
+
+    def describe(self) -> str:
+        return f"rank {self.rank} (pid {self.pid}) {self.detail} — log: {self.log_path}"
+
+    @property
+    def is_peer_symptom(self) -> bool:
+        return self.returncode > 0 and any(m in self.detail for m in PEER_ERROR_MARKERS)
+
+
+@dataclass
+class LocalLauncher:
+    poll_s: float = POLL_S
+    _stop_signal: int | None = field(default=None, init=False)
+
+    def launch(self, cfg: Config, run_dir: Path) -> int:
+        nproc = cfg.cluster.nproc
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for stale in logs.glob("rank*.error.json"):  # from an earlier attempt in the same run dir
+            stale.unlink()
+        port = free_port(cfg.cluster.master_addr)
+        log.info("Run directory: %s", run_dir)
+        log.info("Starting %d worker process%s (rank logs in %s)", nproc, "es" * (nproc > 1), logs)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        console_fd = _console_fd()
+        workers: list[_Worker] = []
+        try:
+            for rank in range(nproc):
+                workers.append(self._spawn(cfg, run_dir, rank, port, console_fd))
+            failures = self._supervise(workers, cfg.cluster.kill_grace_s, run_dir)
+        finally:
+            for worker in workers:
+                _kill_group(worker.proc.pid, signal.SIGKILL)  # leftovers of finished workers, if any
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if console_fd is not None:
+                os.close(console_fd)
+        if self._stop_signal is not None:
+            log.error("hpctrain: stopped by %s", signal.Signals(self._stop_signal).name)
+            return 128 + self._stop_signal
+        if failures:
+            first, *others = failures
+            print(f"hpctrain: {first.describe()}", file=sys.stderr)
+            for other in others:
+                print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
+            return 1
+        _print_outputs(run_dir)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._stop_signal = signum
+
+    def _spawn(self, cfg: Config, run_dir: Path, rank: int, port: int, console_fd: int | None) -> _Worker:
+        nproc = cfg.cluster.nproc
+        env = dict(os.environ)
+        env.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR=cfg.cluster.master_addr,
+            MASTER_PORT=str(port),
+            HPCTRAIN_LAUNCHER_PID=str(os.getpid()),
+            PYTHONUNBUFFERED="1",
+        )
+        # Ranks ≥ cores oversubscribe the CPU and every intra-op pool fights for it: split the cores.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+        pass_fds: tuple[int, ...] = ()
+        if rank == 0 and console_fd is not None:
+            env["HPCTRAIN_CONSOLE_FD"] = str(console_fd)
+            pass_fds = (console_fd,)
+        log_path = run_dir / "logs" / f"rank{rank}.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+        return _Worker(rank, proc, log_path)
+
+    def _supervise(self, workers: list[_Worker], grace_s: float, run_dir: Path) -> list[_Failure]:
+        """Wait for the workers; on the first failure, stop the rest. Failures come back cause first."""
+        failures: list[_Failure] = []
+        settle_until: float | None = None
+        while True:
+            for worker in workers:
+                if worker.exited_at is None and worker.proc.poll() is not None:
+                    worker.exited_at = time.monotonic()
+                    if worker.proc.returncode != 0:
+                        failures.append(_failure(worker, run_dir))
+            if failures and settle_until is None:
+                settle_until = time.monotonic() + SETTLE_S
+            done = all(w.exited_at is not None for w in workers)
+            settled = settle_until is not None and time.monotonic() >= settle_until
+            if self._stop_signal is not None or settled or (done and failures):
+                _stop(workers, grace_s)
+                return sorted(failures, key=lambda f: (f.is_peer_symptom, f.exited_at))
+            if done:
+                return failures
+            time.sleep(self.poll_s)
+
+
+def _stop(workers: list[_Worker], grace_s: float) -> None:
+    alive = [w for w in workers if w.proc.poll() is None]
+    for worker in alive:
+        _kill_group(worker.proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(w.proc.poll() is None for w in alive) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    for worker in alive:
+        if worker.proc.poll() is None:
+            _kill_group(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # the worker leads its own session: its group id is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _failure(worker: _Worker, run_dir: Path) -> _Failure:
+    code = worker.proc.returncode
+    assert code is not None
+    if code < 0:
+        detail = f"was killed by {signal.Signals(-code).name}"
+    else:
+        error = read_error_file(run_dir, worker.rank)
+        detail = f"failed with exit code {code}" + (f": {error}" if error else "")
+    assert worker.exited_at is not None
+    return _Failure(worker.rank, worker.proc.pid, code, detail, worker.log_path, worker.exited_at)
+
+
+def error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / "logs" / f"rank{rank}.error.json"
+
+
+def read_error_file(run_dir: Path, rank: int) -> str | None:
+    """``Type: message`` of the exception a worker recorded before exiting, if it recorded one."""
+    try:
+        record = json.loads(error_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return f"{record['type']}: {record['message']}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _console_fd() -> int | None:
+    """A duplicate of our stdout for rank 0's progress bar; None when stdout is not a real file."""
+    try:
+        sys.stdout.flush()
+        return os.dup(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _print_outputs(run_dir: Path) -> None:
+    log.info("Outputs in %s", run_dir)
+    for name, what in (("config.yaml", "config"), ("metrics.jsonl", "metrics"), ("checkpoints", "checkpoints"),
+                       ("logs", "logs")):
+        if (run_dir / name).exists():
+            log.info("  %-12s %s", what, run_dir / name)

@@ -1,0 +1,147 @@
+"""Rank 0's outputs: the console (a rich progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B.
+
+metrics.jsonl holds one JSON object per logged step. After a resume from step S, records past S (written
+before a crash, and about to be produced again) are dropped first, so every step appears once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from hpctrain.config.schema import LoggerConfig
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class MetricsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._out: IO[str] | None = None
+
+    def drop_after(self, step: int) -> None:
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.path)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._out is None:
+            self._out = open(self.path, "a")
+        self._out.write(json.dumps(record) + "\n")
+        self._out.flush()
+
+    def close(self) -> None:
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+class ConsoleLogHandler(logging.Handler):
+    """Log records through the rich console, so that they print above a live progress bar."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+
+
+def open_console() -> Console | None:
+    """Rank 0's console: the launcher's terminal (passed as a file descriptor), or None."""
+    fd = os.environ.get("HPCTRAIN_CONSOLE_FD")
+    if fd is None:
+        return None
+    return Console(file=os.fdopen(int(fd), "w", buffering=1), highlight=False)
+
+
+class Observer:
+    """Everything rank 0 shows or records about training progress."""
+
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, console: Console | None, run_config: dict[str, Any]):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.console = console
+        self.run_config = run_config
+        self.metrics = MetricsFile(run_dir / METRICS_FILE)
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._wandb: Any = None
+
+    def start(self, start_step: int, total_steps: int, wandb_run_id: str | None) -> str | None:
+        """Begin at ``start_step``; return the W&B run id to store in checkpoints (None without W&B)."""
+        self.metrics.drop_after(start_step)
+        if self.console is not None and self.cfg.progress_bar and self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(), console=self.console, transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+            self._progress.start()
+        if self.cfg.wandb and self.cfg.wandb_mode != "disabled":
+            wandb_run_id = self._start_wandb(wandb_run_id)
+        return wandb_run_id
+
+    def _start_wandb(self, run_id: str | None) -> str:
+        import wandb
+
+        run_id = run_id or wandb.util.generate_id()
+        self._wandb = wandb.init(
+            project=self.cfg.wandb_project,
+            entity=self.cfg.wandb_entity,
+            mode=self.cfg.wandb_mode,
+            dir=str(self.run_dir),
+            id=run_id,
+            resume="allow",  # the same run continues after a resume or requeue
+            name=self.run_dir.name,
+            tags=list(self.cfg.wandb_tags),
+            config=self.run_config,
+        )
+        log.info("W&B run %s (%s) in %s", run_id, self.cfg.wandb_mode, self.run_dir / "wandb")
+        return run_id
+
+    def advance(self, step: int, loss: float | None = None) -> None:
+        if self._progress is not None:
+            info = f"loss {loss:.4f}" if loss is not None else ""
+            self._progress.update(self._task, completed=step, info=info)
+
+    def log(self, record: dict[str, Any]) -> None:
+        record = {**record, "time": round(time.time(), 3)}
+        self.metrics.write(record)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if k not in ("step", "time")}, step=record["step"])
+        if self._progress is None:
+            log.info(format_record(record))
+        else:
+            self.advance(record["step"], record.get("loss"))
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        self.metrics.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def format_record(record: dict[str, Any]) -> str:
+    parts = [f"step {record['step']}"]
+    for key, fmt in (("loss", "{:.4f}"), ("val_loss", "{:.4f}"), ("val_acc", "{:.3f}"), ("lr", "{:.2e}"),
+                     ("grad_norm", "{:.3f}"), ("step_time_s", "{:.3f}s"), ("tokens_per_s", "{:,.0f} tok/s"),
+                     ("samples_per_s", "{:,.1f} samples/s"), ("mfu", "{:.1%}")):
+        if record.get(key) is not None:
+            value = fmt.format(record[key])
+            parts.append(value if key in ("step_time_s", "tokens_per_s", "samples_per_s") else f"{key} {value}")
+    return " | ".join(parts)

@@ -1,0 +1,40 @@
+"""Throughput and model FLOPs utilisation.
+
+MFU = achieved model FLOP/s ÷ peak FLOP/s, with model FLOPs per token = 6N + 12·L·H·Q·T (PaLM, Chowdhery et
+al. 2022, appendix B: N non-embedding parameters, L layers, H heads, Q head dim, T tokens per sample). The
+peak is the dense bf16 tensor-core figure of the device (vendor data sheets), or ``cluster.peak_flops``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,  # SXM; the PCIe card is 756e12, matched first below
+    "H100 PCIe": 756e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 125e12,
+    "V100": 125e12,  # fp16 tensor cores: V100 has no bf16
+}
+
+
+def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
+    """The peak used for MFU: the configured one, else the GPU's data-sheet figure, else None (no MFU)."""
+    if configured:
+        return configured
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+        if key in name:
+            return PEAK_BF16_FLOPS[key]
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world_size: int) -> float | None:
+    if not peak_flops:
+        return None
+    return flops_per_token * tokens_per_s / (peak_flops * world_size)

@@ -1,0 +1,39 @@
+"""Optimizers and the learning-rate schedule (linear warmup, cosine decay; GPT-3 paper §2.3 / nanoGPT)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from hpctrain.config.schema import OptimConfig
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimizer:
+    # Weight decay on matrices only: decaying biases, norms and embeddings' 1-D gains hurts (nanoGPT).
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if optim.name == "adamw":
+        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    if optim.name == "sgd":
+        return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, nesterov=optim.nesterov)
+    raise ValueError(f"unknown optimizer {optim.name!r}")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Multiplier of the peak lr before optimizer step ``step`` (0-based)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    decay_steps = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> LambdaLR:
+    def factor(step: int) -> float:
+        return lr_factor(step, optim.warmup_steps, total_steps, optim.min_lr_ratio)
+
+    return LambdaLR(optimizer, factor)

@@ -1,0 +1,223 @@
+"""The training loop. Read ``fit`` top to bottom; ``train_step`` is one optimizer step.
+
+Data order is defined in global samples (``GlobalBatchSampler``): each step takes the next
+``global_batch_size`` samples of a seeded stream, this rank takes its contiguous slice and splits it into
+micro-batches. Gradients of all but the last micro-batch stay local (``no_sync``), so one all-reduce per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from hpctrain.checkpoint.manager import CheckpointManager
+from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
+from hpctrain.config.io import RUN_CONFIG
+from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.validate import data_parallel_size
+from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
+from hpctrain.dist.rendezvous import DistEnv
+from hpctrain.models import build_model
+from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
+from hpctrain.observe.loggers import Observer
+from hpctrain.parallel import parallelize
+from hpctrain.train.metrics import device_peak_flops, mfu
+from hpctrain.train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # this rank's mean loss over its micro-batches (not synchronised: no host sync)
+    grad_norm: torch.Tensor  # global norm of the (unscaled) gradients before clipping
+
+
+def fit(cfg: Config, env: DistEnv, device: torch.device, run_dir: Path, observer: Observer | None) -> TrainState:
+    t = cfg.trainer
+    dp_rank, dp_size = env.rank, data_parallel_size(cfg)
+
+    # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's).
+    seed_everything(t.seed)
+    model = parallelize(build_model(cfg.model), cfg.parallel, device)
+    optimizer = build_optimizer(model, cfg.optim)
+    scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+    train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
+    sampler = GlobalBatchSampler(len(train_set), t.global_batch_size, t.seed)
+    # Per-rank streams for dropout and the like, after the shared init.
+    seed_everything(t.seed + 1 + env.rank)
+
+    state = TrainState()
+    resumable = {
+        "model_optim": ModelOptimizerState(model, optimizer),
+        "scheduler": scheduler,
+        "grad_scaler": scaler,
+        "sampler": sampler,
+        "train": state,
+        f"rng_rank{env.rank}": RNGState(),
+    }
+    checkpoints = CheckpointManager(run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG)
+    checkpoints.resume(resumable, t.resume)
+    if state.step >= t.max_steps:
+        log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
+        return state
+    if observer is not None:
+        state.wandb_run_id = observer.start(state.step, t.max_steps, state.wandb_run_id)
+    if dp_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
+        state.wandb_run_id = _broadcast_object(state.wandb_run_id)
+
+    fail_rank, fail_step = (int(x) for x in t.fail_at.split(":")) if t.fail_at else (-1, -1)
+    speed = Throughput(cfg, device, env.world_size)
+    log.info("Training from step %d to %d: %s parameters, %d rank(s) on %s", state.step, t.max_steps,
+             f"{param_count(cfg.model):,}", env.world_size, device)
+    step_start = time.perf_counter()
+    while state.step < t.max_steps:
+        if env.rank == fail_rank and state.step + 1 == fail_step:
+            raise RuntimeError(f"injected failure at step {fail_step} (trainer.fail_at={t.fail_at})")
+        indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
+        micro_batches = [train_set.get_batch(ix) for ix in split_micro_batches(indices, t.micro_batch_size)]
+        result = train_step(model, optimizer, scaler, micro_batches, device, t.precision, cfg.optim.grad_clip)
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        state.step += 1
+        speed.step_done(time.perf_counter() - step_start)
+
+        last = state.step == t.max_steps
+        evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
+        if state.step % t.log_every == 0 or evaluate_now:
+            record = {"step": state.step, "loss": _mean_over_ranks(result.loss), "lr": lr}
+            record["grad_norm"] = float(result.grad_norm)
+            record.update(speed.report())
+            if evaluate_now:
+                record.update(evaluate(model, val_set, cfg, env, device, dp_size))
+            if observer is not None:
+                observer.log(record)
+        elif observer is not None:
+            observer.advance(state.step)
+        if last or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
+            checkpoints.save(state.step, resumable)
+        step_start = time.perf_counter()
+    return state
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    device: torch.device,
+    precision: str,
+    grad_clip: float,
+) -> StepResult:
+    model.train()
+    total_loss = torch.zeros((), device=device)
+    for i, (inputs, targets) in enumerate(micro_batches):
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        is_last = i == len(micro_batches) - 1
+        with _no_sync_unless(model, is_last), _autocast(device, precision):
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+            # Each micro-batch holds an equal share of the rank's samples: the mean of means is the mean.
+            scaler.scale(loss / len(micro_batches)).backward()
+        total_loss += loss.detach()
+    scaler.unscale_(optimizer)
+    # After DDP's all-reduce every rank holds the same full gradients, so the local norm is the global one.
+    if grad_clip > 0:
+        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    else:
+        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(total_loss / len(micro_batches), grad_norm)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, val_set, cfg: Config, env: DistEnv, device: torch.device,  # type: ignore[no-untyped-def]
+             dp_size: int) -> dict[str, float]:
+    """Mean loss (and accuracy, for classifiers) over ``eval_batches`` fixed global batches of the val set."""
+    t = cfg.trainer
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    per_rank = t.global_batch_size // dp_size
+    for batch in range(t.eval_batches):
+        start = (batch * t.global_batch_size + env.rank * per_rank) % len(val_set)
+        indices = (start + np.arange(per_rank)) % len(val_set)
+        for chunk in split_micro_batches(indices, t.micro_batch_size):
+            inputs, targets = (x.to(device) for x in val_set.get_batch(chunk))
+            with _autocast(device, t.precision):
+                logits = model(inputs).float()
+            flat_logits, flat_targets = logits.flatten(0, -2), targets.flatten()
+            sums[0] += F.cross_entropy(flat_logits, flat_targets, reduction="sum").double()
+            sums[1] += (flat_logits.argmax(-1) == flat_targets).sum().double()
+            sums[2] += flat_targets.numel()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    out = {"val_loss": float(sums[0] / sums[2])}
+    if not isinstance(cfg.model, GPTConfig):
+        out["val_acc"] = float(sums[1] / sums[2])
+    return out
+
+
+class Throughput:
+    """Step times since the last report → step time, samples/s, tokens/s and MFU."""
+
+    def __init__(self, cfg: Config, device: torch.device, world_size: int) -> None:
+        self.samples_per_step = cfg.trainer.global_batch_size
+        self.tokens_per_sample = tokens_per_sample(cfg.model)
+        self.is_tokens = isinstance(cfg.model, GPTConfig)
+        self.flops_per_token = flops_per_token(cfg.model)
+        self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
+        self.world_size = world_size
+        self._times: list[float] = []
+
+    def step_done(self, seconds: float) -> None:
+        self._times.append(seconds)
+
+    def report(self) -> dict[str, float | None]:
+        step_time = sum(self._times) / max(1, len(self._times))
+        self._times.clear()
+        samples_per_s = self.samples_per_step / step_time if step_time > 0 else 0.0
+        tokens_per_s = samples_per_s * self.tokens_per_sample
+        out: dict[str, float | None] = {"step_time_s": step_time}
+        out["tokens_per_s" if self.is_tokens else "samples_per_s"] = tokens_per_s if self.is_tokens else samples_per_s
+        out["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _no_sync_unless(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[None]:
+    no_sync = getattr(model, "no_sync", None)
+    return contextlib.nullcontext() if sync or no_sync is None else no_sync()
+
+
+def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
+    dtype = AUTOCAST_DTYPES.get(precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= dist.get_world_size()
+    return float(value)
+
+
+def _broadcast_object(value: object) -> object:
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

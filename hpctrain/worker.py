@@ -1,0 +1,112 @@
+"""One training process: ``python -m hpctrain.worker RUN_DIR`` (started by a launcher, never by hand).
+
+Reads RUN_DIR/config.yaml, joins the process group, trains, and exits. On any error it records
+``logs/rank<R>.error.json`` (type, message, traceback, host) for the launcher to report, then exits 1.
+It exits through ``os._exit`` once its results are on disk: torch's C++ teardown after distributed work can
+abort a finished process (SIGABRT at exit), and the exit status must say what the run did.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+log = logging.getLogger("hpctrain.worker")
+
+
+def main(argv: list[str]) -> None:
+    _die_with_launcher()
+    run_dir = Path(argv[0])
+    rank = int(os.environ.get("RANK", "0"))
+    console = None
+    try:
+        from omegaconf import OmegaConf
+
+        from hpctrain.config.io import RUN_CONFIG, load_run_config
+        from hpctrain.dist.rendezvous import DistEnv, init_distributed
+        from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+        from hpctrain.train.trainer import fit
+
+        env = DistEnv.from_environ()
+        console = open_console() if env.is_main else None
+        _setup_logging(env.rank, ConsoleLogHandler(console) if console is not None else None)
+        cfg = load_run_config(run_dir / RUN_CONFIG)
+        device = init_distributed(env, cfg.cluster.dist_timeout_s)
+        log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
+        observer = None
+        if env.is_main:
+            plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
+            observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
+        try:
+            fit(cfg, env, device, run_dir, observer)
+        finally:
+            if observer is not None:
+                observer.close()
+        _finish(0)
+    except BaseException as err:
+        _record_error(run_dir, rank, err)
+        _finish(1)
+
+
+def _die_with_launcher() -> None:
+    """Ask the kernel for SIGKILL when the launcher dies, so a killed launcher leaves no orphans."""
+    launcher = os.environ.get("HPCTRAIN_LAUNCHER_PID")
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != int(launcher):  # it died before the request was in place
+        os._exit(1)
+
+
+def _setup_logging(rank: int, console_handler: logging.Handler | None) -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    to_file = logging.StreamHandler(sys.stderr)  # the launcher sends stderr to logs/rank<R>.log
+    to_file.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(to_file)
+    if console_handler is not None:
+        console_handler.setFormatter(logging.Formatter("%(message)s"))
+        root.addHandler(console_handler)
+
+
+def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
+    text = "".join(traceback.format_exception(err))
+    print(text, file=sys.stderr, flush=True)
+    message = str(err).strip().splitlines()
+    record = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "type": type(err).__name__,
+        "message": message[0] if message else "",
+        "traceback": text,
+    }
+    path = run_dir / "logs" / f"rank{rank}.error.json"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
+    except OSError as io_err:
+        print(f"could not write {path}: {io_err}", file=sys.stderr)
+
+
+def _finish(status: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

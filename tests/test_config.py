@@ -1,0 +1,100 @@
+"""Config composition and validation through the real command line: bad input → one line, nothing started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import hpctrain
+
+from hpctrain.cli import precheck, sweep_members
+from hpctrain.config.compose import compose, to_typed
+from hpctrain.config.io import load_run_config, write_run_config
+from hpctrain.config.schema import GPTConfig, ViTConfig
+
+# (overrides, words the one-line message must contain)
+INVALID = [
+    (["trainer.max_steps=abc"], ["trainer.max_steps", "abc", "integer"]),
+    (["trainer.foo=1"], ["trainer.foo", "unknown key", "max_steps"]),
+    (["+trainer.bogus=1"], ["trainer.bogus", "unknown key"]),
+    (["model=resnet"], ["model=resnet", "unknown option", "gpt", "vit"]),
+    (["optim=adam"], ["optim=adam", "adamw", "sgd"]),
+    (["foo=bar"], ["foo", "groups"]),
+    (["trainer.max_steps=[1"], ["cannot parse", "trainer.max_steps=[1"]),
+    (["trainer.global_batch_size=30"], ["trainer.global_batch_size=30", "16 × 2 = 32"]),
+    (["trainer.global_batch_size=32", "trainer.micro_batch_size=5"], ["micro_batch_size", "5 × 2 = 10"]),
+    (["cluster.nproc=0"], ["cluster.nproc=0", "≥ 1"]),
+    (["parallel=none", "cluster.nproc=2"], ["cluster.nproc=2", "parallel=none"]),
+    (["model=vit", "data=text"], ["data=text", "model=vit needs images", "digits"]),
+    (["model=vit", "data=digits", "model.image_size=16"], ["model.image_size=16", "8×8", "valid: 8"]),
+    (["model=vit", "data=digits", "model.patch_size=3"], ["model.patch_size=3", "image_size=8"]),
+    (["model.n_heads=5"], ["model.n_heads=5", "d_model=64"]),
+    (["model.vocab_size=100"], ["model.vocab_size=100", "256"]),
+    (["trainer.precision=fp8"], ["trainer.precision=fp8", "bf16"]),
+    (["optim.lr=-1"], ["optim.lr", "> 0"]),
+    (["data=tokens"], ["data.path", "hpctrain prepare"]),
+    (["trainer.resume=/nonexistent/step_00000010"], ["trainer.resume", "never committed"]),
+    (["logger.wandb_mode=cloud"], ["logger.wandb_mode=cloud", "offline"]),
+    (["trainer.fail_at=soon"], ["trainer.fail_at=soon", "RANK:STEP"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "words"), INVALID, ids=[" ".join(o) for o, _ in INVALID])
+def test_invalid_input_is_one_line_and_starts_nothing(tmp_path: Path, overrides: list[str], words: list[str]):
+    run_dir = tmp_path / "run"
+    result = hpctrain(*overrides, f"hydra.run.dir={run_dir}", timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hpctrain: ")
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not run_dir.exists(), "a run directory was created, so something started"
+
+
+def test_unwritable_run_dir_is_rejected(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = hpctrain(f"hydra.run.dir={blocker}/run", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"hpctrain: hydra.run.dir={blocker}/run: cannot create a directory there: "
+                                     f"{blocker} is not a directory")
+
+
+def test_cfg_job_prints_the_resolved_config(tmp_path: Path):
+    result = hpctrain("--cfg", "job", "model=vit", "data=digits", "trainer.max_steps=7", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "arch: vit" in result.stdout and "max_steps: 7" in result.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_precheck_validates_every_sweep_member():
+    assert sweep_members(["optim.lr=1e-3,3e-4", "trainer.seed=1,2", "model=gpt"]) == [
+        ["optim.lr=0.001", "trainer.seed=1", "model=gpt"],
+        ["optim.lr=0.001", "trainer.seed=2", "model=gpt"],
+        ["optim.lr=0.0003", "trainer.seed=1", "model=gpt"],
+        ["optim.lr=0.0003", "trainer.seed=2", "model=gpt"],
+    ]
+    precheck(["optim.lr=1e-3,3e-4"], multirun=True)
+    with pytest.raises(ValueError, match="trainer.global_batch_size=30"):
+        precheck(["trainer.global_batch_size=32,30"], multirun=True)
+
+
+def test_run_config_round_trip(tmp_path: Path):
+    for overrides, schema in ((["model=vit", "data=digits"], ViTConfig), (["model=gpt2_124m"], GPTConfig)):
+        composed = compose(overrides)
+        write_run_config(tmp_path, composed)
+        loaded = load_run_config(tmp_path / "config.yaml")
+        assert isinstance(loaded.model, schema)
+        assert loaded == to_typed(composed)
+
+
+def test_config_tree_is_shipped_in_the_package():
+    # Non-editable installs read conf/ from inside the package; the top-level conf/ is the same tree.
+    import hpctrain
+
+    shipped = Path(hpctrain.__file__).parent / "conf"
+    top_level = Path(__file__).resolve().parents[1] / "conf"
+    assert (shipped / "config.yaml").is_file()
+    assert top_level.resolve() == shipped.resolve()

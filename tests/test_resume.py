@@ -1,0 +1,113 @@
+"""Exact resume (2-rank DDP on gloo) and what happens to checkpoints that are incomplete or damaged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST, hpctrain, metrics
+
+from hpctrain.checkpoint import layout
+from hpctrain.checkpoint.manager import read_checkpoint
+
+# Dropout on: resume must also restore every rank's RNG streams to be exact.
+EXACT = [*FAST, "model.dropout=0.1", "trainer.max_steps=20", "trainer.log_every=1", "trainer.ckpt_every=5",
+         "trainer.eval_every=0", "cluster.nproc=2"]
+
+
+def flat_tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(flat_tensors(value, f"{prefix}{key}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            out.update(flat_tensors(value, f"{prefix}{i}."))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix.rstrip(".")] = tree
+    return out
+
+
+def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
+    state = read_checkpoint(checkpoint)["model_optim"]
+    tensors = flat_tensors(state)
+    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    return tensors
+
+
+def test_resume_after_a_crash_is_bitwise_exact(tmp_path: Path):
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    a = hpctrain(*EXACT, f"hydra.run.dir={run_a}")
+    assert a.returncode == 0, a.stderr
+
+    crashed = hpctrain(*EXACT, "trainer.fail_at=0:11", f"hydra.run.dir={run_b}")
+    assert crashed.returncode == 1
+    assert "rank 0" in crashed.stderr and "injected failure at step 11" in crashed.stderr
+    assert [p.name for p in layout.committed(run_b / "checkpoints")] == ["step_00000010", "step_00000005"]
+
+    resumed = hpctrain(*EXACT, "trainer.resume=auto", f"hydra.run.dir={run_b}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resumed from {run_b}/checkpoints/step_00000010 (step 10)" in resumed.stdout
+
+    final_a = model_and_optimizer(run_a / "checkpoints" / "step_00000020")
+    final_b = model_and_optimizer(run_b / "checkpoints" / "step_00000020")
+    assert final_a.keys() == final_b.keys()
+    unequal = [k for k in final_a if not torch.equal(final_a[k], final_b[k])]
+    assert not unequal, f"{len(unequal)} tensors differ, e.g. {unequal[:3]}"
+
+    losses_a = {r["step"]: r["loss"] for r in metrics(run_a)}
+    records_b = metrics(run_b)
+    assert [r["step"] for r in records_b] == list(range(1, 21)), "every step logged exactly once"
+    assert {r["step"]: r["loss"] for r in records_b if r["step"] > 10} == {s: losses_a[s] for s in range(11, 21)}
+
+
+def test_uncommitted_and_truncated_checkpoints_are_never_loaded(tmp_path: Path):
+    run = tmp_path / "run"
+    args = [*FAST, "trainer.max_steps=20", "trainer.ckpt_every=5", "trainer.keep_last=4", "cluster.nproc=2",
+            f"hydra.run.dir={run}"]
+    assert hpctrain(*args).returncode == 0
+    root = run / "checkpoints"
+    assert [p.name for p in layout.committed(root)] == [f"step_{s:08d}" for s in (20, 15, 10, 5)]
+
+    # A crash mid-save leaves the newest one under its temporary name: it was never committed.
+    (root / "step_00000020").rename(root / ".tmp-step_00000020")
+    # The next newest lost the end of a shard (a full disk, a copy cut short).
+    shard = max((root / "step_00000015").glob("*.distcp"), key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+
+    result = hpctrain(*args[:-1], "trainer.max_steps=25", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr
+    log = (run / "logs" / "rank0.log").read_text()
+    assert f"Skipping checkpoint {root}/step_00000015: {shard.name} has" in log
+    assert f"Resumed from {root}/step_00000010 (step 10)" in log
+    assert "step_00000020" not in log.split("Resumed from")[0], "the uncommitted checkpoint was considered"
+    assert not (root / ".tmp-step_00000020").exists()
+    assert metrics(run)[-1]["step"] == 25
+
+
+def test_explicit_resume_path_that_is_damaged_fails_without_loading(tmp_path: Path):
+    run = tmp_path / "run"
+    args = [*FAST, "trainer.max_steps=5", "cluster.nproc=1", "parallel=none", f"hydra.run.dir={run}"]
+    assert hpctrain(*args).returncode == 0
+    checkpoint = run / "checkpoints" / "step_00000005"
+    (checkpoint / ".metadata").write_bytes(b"")
+    result = hpctrain(*args, f"trainer.resume={checkpoint}")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(f"hpctrain: trainer.resume={checkpoint}: not a loadable checkpoint")
+
+
+@pytest.mark.parametrize("damage", ["missing-file", "bad-manifest"])
+def test_layout_problem_detection(tmp_path: Path, damage: str):
+    directory = tmp_path / "step_00000001"
+    directory.mkdir()
+    (directory / "a.distcp").write_bytes(b"x" * 10)
+    layout.write_manifest(directory, 1)
+    assert layout.problem_with(directory) is None
+    if damage == "missing-file":
+        (directory / "a.distcp").unlink()
+        assert layout.problem_with(directory) == "a.distcp is missing"
+    else:
+        (directory / layout.MANIFEST).write_text("{")
+        assert "unreadable manifest.json" in str(layout.problem_with(directory))
