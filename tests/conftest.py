@@ -16,11 +16,18 @@ REPO = Path(__file__).resolve().parents[1]
 FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
 
 
-def hpctrain(*args: str, cwd: Path | None = None, timeout: float = 300,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def hpctrain(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m hpctrain ARGS`` to completion, output captured."""
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd or REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:

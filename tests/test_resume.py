@@ -12,8 +12,15 @@ from hpctrain.checkpoint import layout
 from hpctrain.checkpoint.manager import read_checkpoint
 
 # Dropout on: resume must also restore every rank's RNG streams to be exact.
-EXACT = [*FAST, "model.dropout=0.1", "trainer.max_steps=20", "trainer.log_every=1", "trainer.ckpt_every=5",
-         "trainer.eval_every=0", "cluster.nproc=2"]
+EXACT = [
+    *FAST,
+    "model.dropout=0.1",
+    "trainer.max_steps=20",
+    "trainer.log_every=1",
+    "trainer.ckpt_every=5",
+    "trainer.eval_every=0",
+    "cluster.nproc=2",
+]
 
 
 def flat_tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -59,13 +66,21 @@ def test_resume_after_a_crash_is_bitwise_exact(tmp_path: Path):
     losses_a = {r["step"]: r["loss"] for r in metrics(run_a)}
     records_b = metrics(run_b)
     assert [r["step"] for r in records_b] == list(range(1, 21)), "every step logged exactly once"
-    assert {r["step"]: r["loss"] for r in records_b if r["step"] > 10} == {s: losses_a[s] for s in range(11, 21)}
+    assert {r["step"]: r["loss"] for r in records_b if r["step"] > 10} == {
+        s: losses_a[s] for s in range(11, 21)
+    }
 
 
 def test_uncommitted_and_truncated_checkpoints_are_never_loaded(tmp_path: Path):
     run = tmp_path / "run"
-    args = [*FAST, "trainer.max_steps=20", "trainer.ckpt_every=5", "trainer.keep_last=4", "cluster.nproc=2",
-            f"hydra.run.dir={run}"]
+    args = [
+        *FAST,
+        "trainer.max_steps=20",
+        "trainer.ckpt_every=5",
+        "trainer.keep_last=4",
+        "cluster.nproc=2",
+        f"hydra.run.dir={run}",
+    ]
     assert hpctrain(*args).returncode == 0
     root = run / "checkpoints"
     assert [p.name for p in layout.committed(root)] == [f"step_{s:08d}" for s in (20, 15, 10, 5)]
@@ -95,7 +110,9 @@ def test_explicit_resume_path_that_is_damaged_fails_without_loading(tmp_path: Pa
     (checkpoint / ".metadata").write_bytes(b"")
     result = hpctrain(*args, f"trainer.resume={checkpoint}")
     assert result.returncode == 2
-    assert result.stderr.strip().startswith(f"hpctrain: trainer.resume={checkpoint}: not a loadable checkpoint")
+    assert result.stderr.strip().startswith(
+        f"hpctrain: trainer.resume={checkpoint}: not a loadable checkpoint"
+    )
 
 
 @pytest.mark.parametrize("damage", ["missing-file", "bad-manifest"])

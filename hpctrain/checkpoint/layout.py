@@ -24,20 +24,27 @@ def checkpoint_name(step: int) -> str:
 
 
 def step_of(path: Path) -> int:
-    return int(path.name[len(PREFIX):])
+    return int(path.name[len(PREFIX) :])
 
 
 def committed(root: Path) -> list[Path]:
     """Committed checkpoint directories under ``root``, newest (highest step) first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+    ]
     return sorted(found, key=step_of, reverse=True)
 
 
 def write_manifest(directory: Path, step: int) -> None:
-    files = {str(p.relative_to(directory)): p.stat().st_size for p in sorted(directory.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+    files = {
+        str(p.relative_to(directory)): p.stat().st_size
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     path = directory / MANIFEST
     with open(path, "w") as out:
         json.dump({"step": step, "files": files}, out, indent=1)

@@ -1,8 +1,8 @@
 """Save, commit, prune and find checkpoints (torch.distributed.checkpoint underneath).
 
 Save: every rank writes its shards into ``.tmp-step_N``; rank 0 writes ``manifest.json`` and renames the
-directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A crash at any point leaves either
-the previous committed checkpoints untouched or the new one complete.
+directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A crash at any point leaves
+either the previous committed checkpoints untouched or the new one complete.
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
 (and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
@@ -92,7 +92,7 @@ class CheckpointManager:
         return None
 
     def _prune(self) -> None:
-        for old in layout.committed(self.root)[self.keep_last:]:
+        for old in layout.committed(self.root)[self.keep_last :]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _discard_uncommitted(self) -> None:
@@ -110,8 +110,9 @@ def _barrier() -> None:
 
 def read_checkpoint(directory: Path) -> dict[str, Any]:
     """A committed checkpoint as one plain (unsharded) dict, in this process: for inspection and export."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     problem = layout.problem_with(directory)
     if problem:

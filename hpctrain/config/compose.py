@@ -65,8 +65,12 @@ def to_typed(cfg: DictConfig) -> Config:
         known = set(field_names(schema))
         for key in node:
             if key not in known:
-                raise ConfigError(f"{group}.{key}", node._get_node(key)._value(), "unknown key",
-                                  valid=", ".join(sorted(known)))
+                raise ConfigError(
+                    f"{group}.{key}",
+                    node._get_node(key)._value(),
+                    "unknown key",
+                    valid=", ".join(sorted(known)),
+                )
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {g: cfg[g] for g in GROUPS}))
     assert isinstance(typed, Config), type(typed)
     return typed
@@ -107,8 +111,9 @@ def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
             schema = schema_of(group, _choice(group, parsed))
             valid = ", ".join(field_names(schema)) if schema else None
             return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}", valid=valid)
-        return ConfigError(full_key, parsed.get(full_key), "unknown config group or key",
-                           valid="groups " + ", ".join(GROUPS))
+        return ConfigError(
+            full_key, parsed.get(full_key), "unknown config group or key", valid="groups " + ", ".join(GROUPS)
+        )
     first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return ConfigError("", None, first_line)
 

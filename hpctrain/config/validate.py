@@ -5,13 +5,12 @@ Runs on the submitting machine (no torch import). Rules are grouped by config gr
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
-from hpctrain.config.schema import Config, GPTConfig, ViTConfig
+from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -22,7 +21,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
     _check_model(cfg.model)
-    _check_data(cfg)
+    check_data(cfg.data, cfg.model)
     _check_parallel(cfg)
     _check_optim(cfg)
     _check_trainer(cfg)
@@ -50,9 +49,12 @@ def _check_model(model: GPTConfig | ViTConfig) -> None:
     for name in ("n_layers", "d_model", "n_heads", "mlp_ratio"):
         _at_least(f"model.{name}", getattr(model, name), 1)
     if model.d_model % model.n_heads:
-        raise ConfigError("model.n_heads", model.n_heads,
-                          f"must divide model.d_model={model.d_model} "
-                          f"({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})")
+        raise ConfigError(
+            "model.n_heads",
+            model.n_heads,
+            f"must divide model.d_model={model.d_model} "
+            f"({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})",
+        )
     if not 0.0 <= model.dropout < 1.0:
         raise ConfigError("model.dropout", model.dropout, "must be in [0, 1)")
     if isinstance(model, GPTConfig):
@@ -62,20 +64,22 @@ def _check_model(model: GPTConfig | ViTConfig) -> None:
         for name in ("image_size", "patch_size", "in_channels", "num_classes"):
             _at_least(f"model.{name}", getattr(model, name), 1)
         if model.image_size % model.patch_size:
-            raise ConfigError("model.patch_size", model.patch_size,
-                              f"must divide model.image_size={model.image_size}")
+            raise ConfigError(
+                "model.patch_size", model.patch_size, f"must divide model.image_size={model.image_size}"
+            )
 
 
-def _check_data(cfg: Config) -> None:
+def check_data(data: DataConfig, model: GPTConfig | ViTConfig) -> None:
+    """Can ``data`` feed ``model``? Also called by the dataset builder in each worker."""
     from hpctrain.data.catalog import DATASET_KINDS, MODEL_INPUT_KIND, fixed_image_shape, fixed_vocab
 
-    data, model = cfg.data, cfg.model
     _one_of("data", data.name, tuple(DATASET_KINDS))
     gives, needs = DATASET_KINDS[data.name], MODEL_INPUT_KIND[model.arch]
     if gives not in ("any", needs):
         fitting = [n for n, k in DATASET_KINDS.items() if k in ("any", needs)]
-        raise ConfigError("data", data.name, f"gives {gives} but model={model.arch} needs {needs}",
-                          valid=", ".join(fitting))
+        raise ConfigError(
+            "data", data.name, f"gives {gives} but model={model.arch} needs {needs}", valid=", ".join(fitting)
+        )
     if not 0.0 < data.val_fraction <= 0.5:
         raise ConfigError("data.val_fraction", data.val_fraction, "must be in (0, 0.5]")
     _at_least("data.num_samples", data.num_samples, 2)
@@ -83,30 +87,44 @@ def _check_data(cfg: Config) -> None:
     shape = fixed_image_shape(data.name)
     if shape is not None and isinstance(model, ViTConfig):
         channels, height, width, classes = shape
-        for key, have, want in (("image_size", model.image_size, height), ("in_channels", model.in_channels,
-                                                                          channels),
-                                ("num_classes", model.num_classes, classes)):
+        for key, have, want in (
+            ("image_size", model.image_size, height),
+            ("in_channels", model.in_channels, channels),
+            ("num_classes", model.num_classes, classes),
+        ):
             if have != want:
-                raise ConfigError(f"model.{key}", have,
-                                  f"data={data.name} gives {channels}×{height}×{width} images in {classes} "
-                                  f"classes", valid=str(want))
+                raise ConfigError(
+                    f"model.{key}",
+                    have,
+                    f"data={data.name} gives {channels}×{height}×{width} images in {classes} classes",
+                    valid=str(want),
+                )
     vocab = fixed_vocab(data.name)
     if data.name == "tokens":
         vocab = _token_file_vocab(data.path)
     if vocab is not None and isinstance(model, GPTConfig) and vocab > model.vocab_size:
-        raise ConfigError("model.vocab_size", model.vocab_size,
-                          f"data={data.name} has a vocabulary of {vocab} tokens", valid=f"≥ {vocab}")
+        raise ConfigError(
+            "model.vocab_size",
+            model.vocab_size,
+            f"data={data.name} has a vocabulary of {vocab} tokens",
+            valid=f"≥ {vocab}",
+        )
 
 
 def _token_file_vocab(path: str | None) -> int:
+    from hpctrain.data.catalog import read_token_header
+
     if path is None or path == "???":
-        raise ConfigError("data.path", path, "required for data=tokens",
-                          valid="a .bin written by `hpctrain prepare`")
+        raise ConfigError(
+            "data.path", path, "required for data=tokens", valid="a .bin written by `hpctrain prepare`"
+        )
     header = Path(path).with_suffix(".json")
     if not Path(path).is_file() or not header.is_file():
-        raise ConfigError("data.path", path, f"no token file there (need {Path(path).name} and {header.name})")
+        raise ConfigError(
+            "data.path", path, f"no token file there (need {Path(path).name} and {header.name})"
+        )
     try:
-        return int(json.loads(header.read_text())["vocab_size"])
+        return int(read_token_header(path)["vocab_size"])
     except (ValueError, KeyError) as err:
         raise ConfigError("data.path", path, f"unreadable header {header.name}: {err}") from None
 
@@ -118,8 +136,9 @@ def _check_parallel(cfg: Config) -> None:
     _at_least("cluster.dist_timeout_s", cfg.cluster.dist_timeout_s, 1)
     _at_least("parallel.bucket_cap_mb", cfg.parallel.bucket_cap_mb, 0.0)
     if cfg.parallel.name == "none" and cfg.cluster.nproc != 1:
-        raise ConfigError("cluster.nproc", cfg.cluster.nproc, "parallel=none runs one process",
-                          valid="1, or parallel=ddp")
+        raise ConfigError(
+            "cluster.nproc", cfg.cluster.nproc, "parallel=none runs one process", valid="1, or parallel=ddp"
+        )
 
 
 def _check_optim(cfg: Config) -> None:
@@ -139,7 +158,14 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
-    for key in ("max_steps", "global_batch_size", "micro_batch_size", "log_every", "keep_last", "eval_batches"):
+    for key in (
+        "max_steps",
+        "global_batch_size",
+        "micro_batch_size",
+        "log_every",
+        "keep_last",
+        "eval_batches",
+    ):
         _at_least(f"trainer.{key}", getattr(t, key), 1)
     for key in ("ckpt_every", "eval_every"):
         _at_least(f"trainer.{key}", getattr(t, key), 0)
@@ -147,8 +173,12 @@ def _check_trainer(cfg: Config) -> None:
     if t.resume not in ("auto", "never"):
         problem = checkpoint_layout.problem_with(Path(t.resume))
         if problem:
-            raise ConfigError("trainer.resume", t.resume, f"not a loadable checkpoint: {problem}",
-                              valid="auto, never, or a committed checkpoints/step_* directory")
+            raise ConfigError(
+                "trainer.resume",
+                t.resume,
+                f"not a loadable checkpoint: {problem}",
+                valid="auto, never, or a committed checkpoints/step_* directory",
+            )
     if t.fail_at is not None:
         rank, _, step = t.fail_at.partition(":")
         if not (rank.isdigit() and step.isdigit()):
@@ -164,9 +194,13 @@ def _check_batch(cfg: Config) -> None:
     per_step = t.micro_batch_size * dp
     if t.global_batch_size % per_step:
         lower = max(per_step, t.global_batch_size // per_step * per_step)
-        raise ConfigError("trainer.global_batch_size", t.global_batch_size,
-                          f"must be a multiple of micro_batch_size × data-parallel size = "
-                          f"{t.micro_batch_size} × {dp} = {per_step}", valid=f"e.g. {lower} or {lower + per_step}")
+        raise ConfigError(
+            "trainer.global_batch_size",
+            t.global_batch_size,
+            f"must be a multiple of micro_batch_size × data-parallel size = "
+            f"{t.micro_batch_size} × {dp} = {per_step}",
+            valid=f"e.g. {lower} or {lower + per_step}",
+        )
 
 
 def check_writable_dir(key: str, path: Path) -> None:

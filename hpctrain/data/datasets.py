@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hpctrain.config.validate import check_data
 from hpctrain.data import catalog
 from hpctrain.data.tokenfile import read_token_file
 
@@ -217,9 +218,7 @@ def stdlib_text(max_bytes: int) -> np.ndarray:
 
 
 def _full_dataset(data: Any, model: Any, seed: int) -> Dataset:
-    errors = catalog.compatibility_errors(data, model)
-    if errors:
-        raise ValueError("data and model do not fit: " + "; ".join(errors))
+    check_data(data, model)  # raises ConfigError (a ValueError) naming the key and what fits
     if data.name == "synthetic":
         if model.arch == "gpt":
             return SyntheticTokens(data.num_samples, model.seq_len, model.vocab_size, seed)

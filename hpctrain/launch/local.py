@@ -11,6 +11,7 @@ the launcher exits non-zero naming the rank and its error. No torch import here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -31,8 +32,15 @@ POLL_S = 0.05
 # peers fail within a second with a connection error, and the report should name the cause, not a symptom.
 SETTLE_S = 1.0
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
-PEER_ERROR_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator",
-                      "recvBytes", "Socket Timeout", "Connection refused")
+PEER_ERROR_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "NCCL communicator",
+    "recvBytes",
+    "Socket Timeout",
+    "Connection refused",
+)
 
 
 @dataclass
@@ -172,10 +180,9 @@ def _stop(workers: list[_Worker], grace_s: float) -> None:
 
 
 def _kill_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)  # the worker leads its own session: its group id is its pid
-    except (ProcessLookupError, PermissionError):
-        pass
+    # The worker leads its own session: its process group id is its pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def _failure(worker: _Worker, run_dir: Path) -> _Failure:
@@ -220,7 +227,11 @@ def _console_fd() -> int | None:
 
 def _print_outputs(run_dir: Path) -> None:
     log.info("Outputs in %s", run_dir)
-    for name, what in (("config.yaml", "config"), ("metrics.jsonl", "metrics"), ("checkpoints", "checkpoints"),
-                       ("logs", "logs")):
+    for name, what in (
+        ("config.yaml", "config"),
+        ("metrics.jsonl", "metrics"),
+        ("checkpoints", "checkpoints"),
+        ("logs", "logs"),
+    ):
         if (run_dir / name).exists():
             log.info("  %-12s %s", what, run_dir / name)

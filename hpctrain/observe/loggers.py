@@ -1,4 +1,4 @@
-"""Rank 0's outputs: the console (a rich progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B.
+"""Rank 0's outputs: the console (a progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B.
 
 metrics.jsonl holds one JSON object per logged step. After a resume from step S, records past S (written
 before a crash, and about to be produced again) are dropped first, so every step appears once.
@@ -31,15 +31,18 @@ class MetricsFile:
     def drop_after(self, step: int) -> None:
         if not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+        kept = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(self.path)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._out is None:
-            self._out = open(self.path, "a")
+            self._out = open(self.path, "a")  # noqa: SIM115 - held open across steps, closed by close()
         self._out.write(json.dumps(record) + "\n")
         self._out.flush()
 
@@ -86,8 +89,13 @@ class Observer:
         self.metrics.drop_after(start_step)
         if self.console is not None and self.cfg.progress_bar and self.console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                TimeRemainingColumn(), console=self.console, transient=False,
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
             )
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
             self._progress.start()
@@ -122,7 +130,9 @@ class Observer:
         record = {**record, "time": round(time.time(), 3)}
         self.metrics.write(record)
         if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if k not in ("step", "time")}, step=record["step"])
+            self._wandb.log(
+                {k: v for k, v in record.items() if k not in ("step", "time")}, step=record["step"]
+            )
         if self._progress is None:
             log.info(format_record(record))
         else:
@@ -138,10 +148,20 @@ class Observer:
 
 def format_record(record: dict[str, Any]) -> str:
     parts = [f"step {record['step']}"]
-    for key, fmt in (("loss", "{:.4f}"), ("val_loss", "{:.4f}"), ("val_acc", "{:.3f}"), ("lr", "{:.2e}"),
-                     ("grad_norm", "{:.3f}"), ("step_time_s", "{:.3f}s"), ("tokens_per_s", "{:,.0f} tok/s"),
-                     ("samples_per_s", "{:,.1f} samples/s"), ("mfu", "{:.1%}")):
+    for key, fmt in (
+        ("loss", "{:.4f}"),
+        ("val_loss", "{:.4f}"),
+        ("val_acc", "{:.3f}"),
+        ("lr", "{:.2e}"),
+        ("grad_norm", "{:.3f}"),
+        ("step_time_s", "{:.3f}s"),
+        ("tokens_per_s", "{:,.0f} tok/s"),
+        ("samples_per_s", "{:,.1f} samples/s"),
+        ("mfu", "{:.1%}"),
+    ):
         if record.get(key) is not None:
             value = fmt.format(record[key])
-            parts.append(value if key in ("step_time_s", "tokens_per_s", "samples_per_s") else f"{key} {value}")
+            parts.append(
+                value if key in ("step_time_s", "tokens_per_s", "samples_per_s") else f"{key} {value}"
+            )
     return " | ".join(parts)

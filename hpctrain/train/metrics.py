@@ -34,7 +34,9 @@ def device_peak_flops(device: torch.device, configured: float | None) -> float |
     return None
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world_size: int) -> float | None:
+def mfu(
+    flops_per_token: float, tokens_per_s: float, peak_flops: float | None, world_size: int
+) -> float | None:
     if not peak_flops:
         return None
     return flops_per_token * tokens_per_s / (peak_flops * world_size)

@@ -15,7 +15,10 @@ def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimiz
     # Weight decay on matrices only: decaying biases, norms and embeddings' 1-D gains hurts (nanoGPT).
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": optim.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     if optim.name == "adamw":
         return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
     if optim.name == "sgd":

@@ -44,7 +44,9 @@ class StepResult:
     grad_norm: torch.Tensor  # global norm of the (unscaled) gradients before clipping
 
 
-def fit(cfg: Config, env: DistEnv, device: torch.device, run_dir: Path, observer: Observer | None) -> TrainState:
+def fit(
+    cfg: Config, env: DistEnv, device: torch.device, run_dir: Path, observer: Observer | None
+) -> TrainState:
     t = cfg.trainer
     dp_rank, dp_size = env.rank, data_parallel_size(cfg)
 
@@ -80,8 +82,14 @@ def fit(cfg: Config, env: DistEnv, device: torch.device, run_dir: Path, observer
 
     fail_rank, fail_step = (int(x) for x in t.fail_at.split(":")) if t.fail_at else (-1, -1)
     speed = Throughput(cfg, device, env.world_size)
-    log.info("Training from step %d to %d: %s parameters, %d rank(s) on %s", state.step, t.max_steps,
-             f"{param_count(cfg.model):,}", env.world_size, device)
+    log.info(
+        "Training from step %d to %d: %s parameters, %d rank(s) on %s",
+        state.step,
+        t.max_steps,
+        f"{param_count(cfg.model):,}",
+        env.world_size,
+        device,
+    )
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         if env.rank == fail_rank and state.step + 1 == fail_step:
@@ -145,8 +153,14 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, val_set, cfg: Config, env: DistEnv, device: torch.device,  # type: ignore[no-untyped-def]
-             dp_size: int) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    val_set,
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,  # type: ignore[no-untyped-def]
+    dp_size: int,
+) -> dict[str, float]:
     """Mean loss (and accuracy, for classifiers) over ``eval_batches`` fixed global batches of the val set."""
     t = cfg.trainer
     model.eval()
@@ -192,7 +206,9 @@ class Throughput:
         samples_per_s = self.samples_per_step / step_time if step_time > 0 else 0.0
         tokens_per_s = samples_per_s * self.tokens_per_sample
         out: dict[str, float | None] = {"step_time_s": step_time}
-        out["tokens_per_s" if self.is_tokens else "samples_per_s"] = tokens_per_s if self.is_tokens else samples_per_s
+        out["tokens_per_s" if self.is_tokens else "samples_per_s"] = (
+            tokens_per_s if self.is_tokens else samples_per_s
+        )
         out["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
         return {k: v for k, v in out.items() if v is not None}
 

@@ -1,0 +1,43 @@
+"""Session-wide real Slurm cluster (3 nodes, accounting) for the tests under tests/slurm.
+
+Skipped when it cannot start (not root, no apt, ...), unless CI=true or HPCTRAIN_REQUIRE_SLURM=1:
+then the tests fail with the reason, so a CI machine can never silently skip them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from .cluster import SlurmClusterError, SlurmTestCluster
+
+
+def _required() -> bool:
+    return os.environ.get("CI", "").lower() == "true" or os.environ.get("HPCTRAIN_REQUIRE_SLURM") == "1"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestCluster]:
+    """A running 3-node cluster; SLURM_CONF/PATH are exported for the whole session.
+
+    Exported because submitit and anything else that shells out to sbatch/sacct from this
+    process must reach this cluster, and a Slurm client without SLURM_CONF falls back to DNS
+    look-ups that leave the machine.
+    """
+    cluster = SlurmTestCluster(tmp_path_factory.mktemp("slurm"), num_nodes=3)
+    try:
+        cluster.start(timeout=90)
+    except (SlurmClusterError, OSError) as exc:
+        reason = f"Slurm test cluster could not start: {exc}"
+        if _required():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in cluster.env().items():
+                mp.setenv(key, value)
+            yield cluster
+    finally:
+        cluster.stop()
