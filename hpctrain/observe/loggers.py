@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import string
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -106,7 +108,8 @@ class Observer:
     def _start_wandb(self, run_id: str | None) -> str:
         import wandb
 
-        run_id = run_id or wandb.util.generate_id()
+        # W&B run ids: 8 characters of [a-z0-9], as its own generator makes (not a public API).
+        run_id = run_id or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
         self._wandb = wandb.init(
             project=self.cfg.wandb_project,
             entity=self.cfg.wandb_entity,

@@ -114,7 +114,7 @@ def ensure_packages(accounting: bool = True) -> None:
     if not missing:
         return
     packages = [*CORE_PACKAGES, *(ACCOUNTING_PACKAGES if accounting else ())]
-    if any(_which(tool) is None for tool in ("ip",)):
+    if _which("ip") is None:
         packages.append("iproute2")
     hint = "apt-get install -y --no-install-recommends " + " ".join(packages)
     if os.geteuid() != 0:
@@ -542,6 +542,9 @@ class SlurmTestCluster:
             # Fresh state every start: stale job state or a stale datadir only cause confusion.
             shutil.rmtree(self.workdir / sub, ignore_errors=True)
             (self.workdir / sub).mkdir(parents=True)
+        for name in self.node_names:
+            # slurmd creates its spool dir late and logs an error for its socket dir meanwhile.
+            (self.workdir / "spool" / name).mkdir()
         self._sockets.mkdir(parents=True, exist_ok=True)
         # munged warns when its socket directory is not traversable; jobs may run as any user.
         self._sockets.chmod(0o755)
@@ -598,6 +601,7 @@ class SlurmTestCluster:
             "SlurmdParameters=config_overrides",
             "JobAcctGatherType=jobacct_gather/none",
             "JobCompType=jobcomp/none",
+            "MailProg=/bin/true",  # the default (/usr/bin/mail) is not installed: an error per start
         ]
         if self.accounting:
             lines += [

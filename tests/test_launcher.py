@@ -1,0 +1,125 @@
+"""The local launcher end to end: the embedded default run, dying workers, a dying launcher, W&B offline."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import FAST, REPO, hpctrain, metrics, worker_pids
+
+from hpctrain.checkpoint.manager import read_checkpoint
+
+
+def test_bare_command_trains_and_says_where_outputs_are(tmp_path: Path):
+    started = time.monotonic()
+    result = hpctrain(cwd=tmp_path, timeout=240)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    run_dirs = list((tmp_path / "outputs").glob("*/*"))
+    assert len(run_dirs) == 1
+    run = run_dirs[0].resolve()
+    assert f"Outputs in {run}" in result.stdout
+    for name in ("config.yaml", "metrics.jsonl", "checkpoints", "logs"):
+        assert str(run / name) in result.stdout
+    losses = [r["loss"] for r in metrics(run)]
+    assert len(losses) >= 10
+    assert losses[-1] < 0.7 * losses[0], f"loss did not decrease enough: {losses}"
+    assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    print(f"default run: {elapsed:.1f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
+
+
+def _start(run: Path, *extra: str) -> subprocess.Popen[str]:
+    args = [*FAST, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.ckpt_every=0", *extra]
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", *args, f"hydra.run.dir={run}"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_training(run: Path, proc: subprocess.Popen[str], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run / "metrics.jsonl").exists() and len(metrics(run)) >= 3:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    raise AssertionError("training did not start")
+
+
+def _rank_pid(run: Path, rank: int) -> int:
+    match = re.search(r"rank \d+/\d+ on .*, pid (\d+)", (run / "logs" / f"rank{rank}.log").read_text())
+    assert match, f"rank {rank} did not log its pid"
+    return int(match.group(1))
+
+
+def _assert_no_workers_left(run: Path, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while worker_pids(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not worker_pids(run), f"orphans: {worker_pids(run)}"
+
+
+def test_sigkilled_worker_stops_the_run_and_is_named(run_dir: Path):
+    proc = _start(run_dir)
+    try:
+        _wait_for_training(run_dir, proc)
+        victim = _rank_pid(run_dir, 1)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert took < 30
+    first = stderr.strip().splitlines()[0]
+    assert first.startswith(f"hpctrain: rank 1 (pid {victim}) was killed by SIGKILL"), stderr
+    _assert_no_workers_left(run_dir)
+
+
+def test_killed_launcher_leaves_no_workers(run_dir: Path):
+    proc = _start(run_dir)
+    try:
+        _wait_for_training(run_dir, proc)
+        assert len(worker_pids(run_dir)) == 2
+        proc.kill()  # SIGKILL: the launcher gets no chance to clean up
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _assert_no_workers_left(run_dir)
+
+
+def test_interrupted_launcher_stops_workers(run_dir: Path):
+    proc = _start(run_dir)
+    try:
+        _wait_for_training(run_dir, proc)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT
+    _assert_no_workers_left(run_dir)
+
+
+def test_wandb_offline_run_id_survives_resume(run_dir: Path):
+    args = [*FAST, "logger=wandb", "logger.progress_bar=false", "cluster.nproc=1", "parallel=none",
+            f"hydra.run.dir={run_dir}"]
+    assert hpctrain(*args, "trainer.max_steps=4").returncode == 0
+    first_id = read_checkpoint(run_dir / "checkpoints" / "step_00000004")["train"]["wandb_run_id"]
+    assert re.fullmatch(r"[a-z0-9]{8}", first_id)
+    assert hpctrain(*args, "trainer.max_steps=8").returncode == 0
+    assert read_checkpoint(run_dir / "checkpoints" / "step_00000008")["train"]["wandb_run_id"] == first_id
+    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{first_id}") for name in runs), runs
