@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# bench/reference_ddp.py holds the hand-written DDP loop that parity tests compare against.
+sys.path.insert(0, str(REPO / "bench"))
 
 # Small and fast: a 2-layer GPT on 200 kB of the standard library's sources.
 FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]

@@ -114,8 +114,14 @@ def test_interrupted_launcher_stops_workers(run_dir: Path):
 
 
 def test_wandb_offline_run_id_survives_resume(run_dir: Path):
-    args = [*FAST, "logger=wandb", "logger.progress_bar=false", "cluster.nproc=1", "parallel=none",
-            f"hydra.run.dir={run_dir}"]
+    args = [
+        *FAST,
+        "logger=wandb",
+        "logger.progress_bar=false",
+        "cluster.nproc=1",
+        "parallel=none",
+        f"hydra.run.dir={run_dir}",
+    ]
     assert hpctrain(*args, "trainer.max_steps=4").returncode == 0
     first_id = read_checkpoint(run_dir / "checkpoints" / "step_00000004")["train"]["wandb_run_id"]
     assert re.fullmatch(r"[a-z0-9]{8}", first_id)

@@ -1,10 +1,12 @@
 """A real multi-node Slurm cluster on this one machine, for the test suite and for humans.
 
 Every node is its own network + hostname (+ mount) namespace (``node1``, ``node2``, ... at
-10.77.0.11, .12, ... on a bridge whose host side, 10.77.0.1, is the controller ``ctl``), so
-``SLURM_JOB_NODELIST``, hostnames, gloo and rendezvous behave as on a real cluster. With
-``accounting=True`` a private MariaDB + slurmdbd record jobs, so ``sacct`` (which submitit uses
-for job state) works. Needs root; Debian's Slurm packages are installed on first use.
+10.77.0.11, .12, ... on a bridge ``hpct-br0`` whose host side, 10.77.0.1, is the controller
+``ctl``; the first free 10.N.0.0/24 if 10.77.0.0/24 is taken), so ``SLURM_JOB_NODELIST``,
+hostnames, gloo and rendezvous behave as on a real cluster. Every daemon is private to the
+cluster (its own munged, key and socket; with ``accounting=True`` its own MariaDB + slurmdbd, so
+``sacct``, which submitit uses for job state, works), on non-default ports (16817-16819), with
+all state under the workdir. Needs root; Debian's Slurm packages are installed on first use.
 
 From a shell (root)::
 
@@ -21,7 +23,8 @@ From Python::
         cluster.run(["sinfo"])               # SLURM_CONF is always set for you
         os.environ.update(cluster.env())     # before submitit / sbatch from this process
 
-Only one cluster can run on a machine at a time (fixed bridge, netns names and ports). Anything
+Only one cluster can run on a machine at a time (fixed bridge, netns names and ports; the owner
+is recorded in /run/hpct-slurm-test-cluster.json). Anything
 left by a crashed run (``hpct-*`` namespaces and links, daemons carrying this harness's marker
 variable) is cleaned before the next start; a cluster whose owner is still alive, or one brought
 ``up`` from the shell, is never touched: stop it with ``down`` first.
@@ -31,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -57,6 +62,7 @@ PARTITION = "debug"
 MARKER_ENV = "HPCT_SLURM_TEST_CLUSTER"
 # Who owns the running cluster; lets a new start tell a crashed run from a live one.
 REGISTRY = Path("/run/hpct-slurm-test-cluster.json")
+LOCKFILE = Path("/run/hpct-slurm-test-cluster.lock")
 DEFAULT_WORKDIR = Path("/tmp/hpct-slurm")
 # Non-default ports so a real Slurm installation on the same machine is never disturbed.
 SLURMCTLD_PORT = 16817
@@ -396,9 +402,12 @@ class SlurmTestCluster:
             raise SlurmClusterError("the Slurm test cluster needs root (network namespaces, bridge)")
         ensure_packages(self.accounting)
         deadline = time.monotonic() + timeout
-        clean_stale_state(self.workdir)
-        self._subnet = _pick_subnet()
-        self._register(owner_pid=os.getpid())
+        # Under a lock: a sweep by a concurrent start must not see our half-made namespaces.
+        with open(LOCKFILE, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            clean_stale_state(self.workdir)
+            self._subnet = _pick_subnet()
+            self._register(owner_pid=os.getpid(), exclusive=True)
         self._started = True  # from here on stop() has something to undo
         try:
             self._prepare_workdir()
@@ -421,8 +430,9 @@ class SlurmTestCluster:
 
     def stop(self) -> None:
         """Tear everything down (idempotent): jobs, stragglers, daemons, namespaces, links."""
-        if self._subnet is None and not self._load_state():
-            # Never started and no saved state: still sweep anything marked with our workdir.
+        if (self._subnet is None and not self._load_state()) or not self._shared_names_are_ours():
+            # Never started (no saved state), or the namespaces and bridge now belong to another
+            # live cluster: only sweep processes marked with our own workdir.
             _kill_and_wait(_marked_pids(str(self.workdir)), grace=2.0)
             self._started = False
             return
@@ -524,13 +534,30 @@ class SlurmTestCluster:
         self._sockdir = Path(state["sockdir"])
         return True
 
-    def _register(self, owner_pid: int | None) -> None:
+    def _register(self, owner_pid: int | None, exclusive: bool = False) -> None:
         entry = {
             "workdir": str(self.workdir),
             "owner_pid": owner_pid,
             "owner_start": _pid_starttime(owner_pid) if owner_pid is not None else None,
         }
-        REGISTRY.write_text(json.dumps(entry) + "\n")
+        if not exclusive:
+            REGISTRY.write_text(json.dumps(entry) + "\n")
+            return
+        # O_EXCL: of two sessions starting at once, exactly one gets the bridge and namespaces.
+        try:
+            fd = os.open(REGISTRY, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            reg = _read_registry() or {}
+            raise SlurmClusterError(
+                f"another Slurm test cluster is starting or running (workdir {reg.get('workdir')})"
+            ) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _shared_names_are_ours(self) -> bool:
+        """False when bridge/netns names belong to another live cluster (never tear those down)."""
+        reg = _read_registry()
+        return reg is None or reg.get("workdir") == str(self.workdir) or not _registry_owner_alive(reg)
 
     def detach(self) -> None:
         """Hand ownership to nobody: the cluster outlives this process until `down`."""
@@ -645,9 +672,6 @@ class SlurmTestCluster:
                 + "\n"
             )
             dbd.chmod(0o600)  # slurmdbd refuses a config others can read
-            # The client library reads /etc/mysql's socket (/run/mysqld) unless a later option
-            # file overrides it; $MYSQL_HOME/my.cnf is read after /etc, so point it at ours.
-            (etc / "my.cnf").write_text(f"[client]\nsocket={sock / 'mysqld.sock'}\n")
 
     # ---- network ---------------------------------------------------------------------------
 
@@ -671,9 +695,9 @@ class SlurmTestCluster:
 
     def _daemon_env(self) -> dict[str, str]:
         env = {**os.environ, **self.env(), MARKER_ENV: str(self.workdir)}
-        # slurmdbd's MariaDB client would use /run/mysqld/mysqld.sock; point it at ours.
-        env["MYSQL_UNIX_PORT"] = env["MARIADB_UNIX_PORT"] = str(self._sockets / "mysqld.sock")
-        env["MYSQL_HOME"] = env["MARIADB_HOME"] = str(self.workdir / "etc")
+        # slurmdbd's MariaDB client would use /run/mysqld/mysqld.sock (it reads no option files,
+        # so $MYSQL_HOME/my.cnf does not help); libmariadb's env variable points it at ours.
+        env["MYSQL_UNIX_PORT"] = str(self._sockets / "mysqld.sock")
         env["PATH"] = os.pathsep.join([env["PATH"], *SBIN_DIRS])
         return env
 
@@ -698,10 +722,10 @@ class SlurmTestCluster:
 
     def _in_namespace(self, hostname: str, command: str, netns: str | None) -> list[str]:
         """Wrap `command` to run with its own hostname, hosts and resolv.conf (and netns)."""
-        etc = self.workdir / "etc"
+        hosts, resolv = (shlex.quote(str(self.workdir / "etc" / f)) for f in ("hosts", "resolv.conf"))
         script = (
-            f"hostname {hostname} && mount --bind {etc / 'hosts'} /etc/hosts && "
-            f"mount --bind {etc / 'resolv.conf'} /etc/resolv.conf && exec {command}"
+            f"hostname {hostname} && mount --bind {hosts} /etc/hosts && "
+            f"mount --bind {resolv} /etc/resolv.conf && exec {command}"
         )
         # nsenter, not `ip netns exec`: the latter remounts /sys and slurmd then fails with
         # "No filesystem mounted on /sys/fs/cgroup".
@@ -779,13 +803,13 @@ class SlurmTestCluster:
         self._wait_for(lambda: _tcp_accepts(addr, SLURMDBD_PORT), deadline, "slurmdbd port")
 
     def _start_slurmctld(self, deadline: float) -> None:
-        cmd = f"slurmctld -f {self.conf_path}"
+        cmd = f"slurmctld -f {shlex.quote(str(self.conf_path))}"
         self._launch("slurmctld", self._in_namespace(CONTROLLER_NAME, cmd, netns=None))
         addr = self.controller_addr
         self._wait_for(lambda: _tcp_accepts(addr, SLURMCTLD_PORT), deadline, "slurmctld port")
 
     def _start_slurmd(self, name: str) -> None:
-        cmd = f"slurmd -f {self.conf_path}"
+        cmd = f"slurmd -f {shlex.quote(str(self.conf_path))}"
         self._launch(f"slurmd-{name}", self._in_namespace(name, cmd, netns=self._netns(name)))
 
     def _wait_ready(self, deadline: float) -> None:
