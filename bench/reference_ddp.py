@@ -21,6 +21,7 @@ def reference_worker(
 ) -> None:
     """Train; rank 0 saves ``{"weights": state_dict, "window_times": [seconds per step, per window]}``."""
     from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.validate import global_batch_size
     from hpctrain.data import GlobalBatchSampler, build_datasets
     from hpctrain.models import build_model
 
@@ -47,8 +48,8 @@ def reference_worker(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     train_set, _ = build_datasets(cfg.data, cfg.model, t.seed)
-    sampler = GlobalBatchSampler(len(train_set), t.global_batch_size, t.seed)
-    per_rank = t.global_batch_size // world_size
+    sampler = GlobalBatchSampler(len(train_set), global_batch_size(cfg), t.seed)
+    per_rank = global_batch_size(cfg) // world_size
     micro_steps = per_rank // t.micro_batch_size
     window_times = []
     window_start = time.perf_counter()

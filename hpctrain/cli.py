@@ -112,6 +112,6 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
         print(f"hpctrain: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_CONFIG) from None
     write_run_config(run_dir, cfg)
-    status = get_launcher(typed.cluster).launch(typed, run_dir)
+    status = get_launcher(typed).launch(typed, run_dir)
     if status:
         raise SystemExit(status)

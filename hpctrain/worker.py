@@ -1,9 +1,14 @@
-"""One training process: ``python -m hpctrain.worker RUN_DIR`` (started by a launcher, never by hand).
+"""One training process.
 
-Reads RUN_DIR/config.yaml, joins the process group, trains, and exits. On any error it records
-``logs/rank<R>.error.json`` (type, message, traceback, host) for the launcher to report, then exits 1.
-It exits through ``os._exit`` once its results are on disk: torch's C++ teardown after distributed work can
-abort a finished process (SIGABRT at exit), and the exit status must say what the run did.
+- ``python -m hpctrain.worker RUN_DIR``: started by the local launcher, an sbatch template's srun, or
+  torchrun. Exits 0 or 1 through ``os._exit`` once its results are on disk: torch's C++ teardown after
+  distributed work can abort a finished process (SIGABRT at exit), and the exit status must say what the
+  run did.
+- :func:`run`: the same as a function, for submitit's tasks (an error propagates, so Slurm marks the job
+  FAILED and submitit records the exception).
+
+Either way the process reads RUN_DIR/config.yaml, joins the process group, trains, and on an error first
+records ``logs/rank<R>.error.json`` (type, message, traceback, host) for launchers and ``hpctrain status``.
 """
 
 from __future__ import annotations
@@ -23,42 +28,53 @@ PR_SET_PDEATHSIG = 1
 log = logging.getLogger("hpctrain.worker")
 
 
-def main(argv: list[str]) -> None:
-    _die_with_launcher()
-    run_dir = Path(argv[0])
-    rank = int(os.environ.get("RANK", "0"))
-    console = None
+def run(run_dir: Path) -> None:
+    """Train this process's rank of the run in ``run_dir``; raise (after recording it) on failure."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     try:
-        from omegaconf import OmegaConf
-
-        from hpctrain.config.io import RUN_CONFIG, load_run_config
-        from hpctrain.dist.rendezvous import DistEnv, init_distributed
-        from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
-        from hpctrain.train.trainer import fit
-
-        env = DistEnv.from_environ()
-        console = open_console() if env.is_main else None
-        _setup_logging(env.rank, ConsoleLogHandler(console) if console is not None else None)
-        cfg = load_run_config(run_dir / RUN_CONFIG)
-        device = init_distributed(env, cfg.cluster.dist_timeout_s)
-        log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
-        observer = None
-        if env.is_main:
-            plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
-            observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
-        try:
-            fit(cfg, env, device, run_dir, observer)
-        finally:
-            if observer is not None:
-                observer.close()
-        _finish(0)
+        _train(run_dir)
     except BaseException as err:
         _record_error(run_dir, rank, err)
+        raise
+
+
+def main(argv: list[str]) -> None:
+    _die_with_launcher()
+    try:
+        run(Path(argv[0]))
+    except BaseException:
         _finish(1)
+    _finish(0)
+
+
+def _train(run_dir: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.io import RUN_CONFIG, load_run_config
+    from hpctrain.dist.rendezvous import DistEnv, init_distributed, record_topology
+    from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.train.trainer import fit
+
+    env = DistEnv.from_environ()
+    console = open_console() if env.is_main else None
+    _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
+    cfg = load_run_config(run_dir / RUN_CONFIG)
+    device = init_distributed(env, cfg.cluster.dist_timeout_s)
+    log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
+    record_topology(env, run_dir / "ranks.json")
+    observer = None
+    if env.is_main:
+        plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
+        observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
+    try:
+        fit(cfg, env, device, run_dir, observer)
+    finally:
+        if observer is not None:
+            observer.close()
 
 
 def _die_with_launcher() -> None:
-    """Ask the kernel for SIGKILL when the launcher dies, so a killed launcher leaves no orphans."""
+    """Ask the kernel for SIGKILL when the local launcher dies, so a killed launcher leaves no orphans."""
     launcher = os.environ.get("HPCTRAIN_LAUNCHER_PID")
     if launcher is None or not sys.platform.startswith("linux"):
         return
@@ -68,12 +84,20 @@ def _die_with_launcher() -> None:
         os._exit(1)
 
 
-def _setup_logging(rank: int, console_handler: logging.Handler | None) -> None:
+def _setup_logging(run_dir: Path, rank: int, console_handler: logging.Handler | None) -> None:
+    """Every rank logs to logs/rank<R>.log; rank 0 also to the console (a terminal, or Slurm's output)."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    to_file = logging.StreamHandler(sys.stderr)  # the launcher sends stderr to logs/rank<R>.log
-    to_file.setFormatter(logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s"))
+    stamped = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    if "HPCTRAIN_LAUNCHER_PID" in os.environ:
+        to_file: logging.Handler = logging.StreamHandler(sys.stderr)  # the local launcher redirects it there
+    else:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+    to_file.setFormatter(stamped)
     root.addHandler(to_file)
+    if console_handler is None and rank == 0 and "HPCTRAIN_LAUNCHER_PID" not in os.environ:
+        console_handler = logging.StreamHandler(sys.stdout)
     if console_handler is not None:
         console_handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(console_handler)

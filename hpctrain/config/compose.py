@@ -71,7 +71,8 @@ def to_typed(cfg: DictConfig) -> Config:
                     "unknown key",
                     valid=", ".join(sorted(known)),
                 )
-    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), {g: cfg[g] for g in GROUPS}))
+    run_keys = {key: cfg[key] for key in cfg if key != "hydra"}
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), run_keys))
     assert isinstance(typed, Config), type(typed)
     return typed
 

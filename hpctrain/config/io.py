@@ -26,10 +26,10 @@ def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
 def load_run_config(path: Path) -> Config:
     """Read a config written by :func:`write_run_config` back into typed dataclasses."""
     raw = OmegaConf.load(path)
-    groups = {}
+    typed_raw = {key: raw[key] for key in raw}
     for group, schemas in GROUP_SCHEMAS.items():
         schema = MODEL_SCHEMAS[raw.model.arch] if group == "model" else next(iter(schemas.values()))
-        groups[group] = OmegaConf.merge(OmegaConf.structured(schema), raw[group])
-    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), groups))
+        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(schema), raw[group])
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), typed_raw))
     assert isinstance(typed, Config)
     return typed

@@ -74,17 +74,45 @@ class ParallelConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where the run executes. ``local``: ``nproc`` worker processes on this machine."""
+    """Where the run executes.
+
+    ``kind=local``: ``nproc`` worker processes on this machine. ``kind=slurm``: a batch job of ``nodes`` ×
+    ``tasks_per_node`` tasks (one per GPU on GPU clusters, one per CPU slot on CPU clusters).
+    """
 
     name: str = "local"
-    launcher: str = "local"
+    kind: str = "local"  # local | slurm
+    # --- local
     nproc: int = 2
     master_addr: str = "127.0.0.1"
+    kill_grace_s: float = 5.0  # after one rank failed, how long the others get to stop before SIGKILL
+    # --- slurm: what reaches sbatch / srun (validated: no shell metacharacters, or quoted)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"  # any Slurm time format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+    mem: str | None = None  # per node, Slurm syntax (e.g. 480G; 0 = all of it)
+    constraint: str | None = None
+    exclude: str | None = None
+    job_name: str = "hpctrain"
+    signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
+    signal_lead_s: int = 120
+    env: dict[str, str] = field(default_factory=dict)  # exported in the job (values quoted)
+    setup: list[str] = field(default_factory=list)  # commands run before the tasks start, e.g. module load
+    container_image: str | None = None  # pyxis/enroot: srun --container-image
+    container_mounts: list[str] = field(default_factory=list)  # src:dst[:flags]
+    array_parallelism: int = 64  # sweep members running at once
+    sbatch_template: str = "srun"  # for launcher=sbatch: srun (one task per GPU) | torchrun (one per node)
+    max_requeues: int = 3
+    # --- both
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
+    cost_per_gpu_hour: float | None = None
     dist_timeout_s: int = 300
-    # Seconds the launcher waits for the other ranks to stop after one failed, before SIGKILL.
-    kill_grace_s: float = 5.0
 
 
 @dataclass
@@ -108,7 +136,7 @@ class OptimConfig:
 class TrainerConfig:
     max_steps: int = 300
     seed: int = 1234
-    global_batch_size: int = 32
+    global_batch_size: int | None = None  # None: micro_batch_size × data-parallel size (no accumulation)
     micro_batch_size: int = 16
     precision: str = "fp32"  # fp32 | bf16 | fp16
     log_every: int = 25
@@ -133,6 +161,9 @@ class LoggerConfig:
 
 @dataclass
 class Config:
+    # auto: local processes for cluster.kind=local, submitit for Slurm; sbatch: render sbatch_templates/.
+    launcher: str = "auto"
+    dry_run: bool = False  # print what would be started or submitted, start nothing
     model: Any = MISSING
     data: DataConfig = MISSING
     parallel: ParallelConfig = MISSING

@@ -6,22 +6,37 @@ Runs on the submitting machine (no torch import). Rules are grouped by config gr
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
+from hpctrain.slurm.spec import (
+    ENV_NAME,
+    SAFE_CONSTRAINT,
+    SAFE_CONTAINER,
+    SAFE_MOUNT,
+    SAFE_SLURM_TOKEN,
+    TIME_FORMATS_HELP,
+    parse_time_limit,
+)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 PARALLEL_STRATEGIES = ("none", "ddp")
-LAUNCHERS = ("local",)
+CLUSTER_KINDS = ("local", "slurm")
+LAUNCHERS = {"local": ("auto", "local"), "slurm": ("auto", "submitit", "sbatch")}
+SBATCH_TEMPLATES = ("srun", "torchrun")
+# USR1 is left to NCCL; KILL and STOP cannot be caught.
+WARNING_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
 def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
     _check_model(cfg.model)
     check_data(cfg.data, cfg.model)
+    _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
     _check_trainer(cfg)
@@ -31,8 +46,13 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
         check_writable_dir("hydra.run.dir", Path(run_dir))
 
 
+def world_size(cfg: Config) -> int:
+    c = cfg.cluster
+    return c.nproc if c.kind == "local" else c.nodes * c.tasks_per_node
+
+
 def data_parallel_size(cfg: Config) -> int:
-    return 1 if cfg.parallel.name == "none" else cfg.cluster.nproc
+    return 1 if cfg.parallel.name == "none" else world_size(cfg)
 
 
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -129,15 +149,79 @@ def _token_file_vocab(path: str | None) -> int:
         raise ConfigError("data.path", path, f"unreadable header {header.name}: {err}") from None
 
 
+def _check_cluster(cfg: Config) -> None:
+    c = cfg.cluster
+    _one_of("cluster.kind", c.kind, CLUSTER_KINDS)
+    _one_of("launcher", cfg.launcher, LAUNCHERS[c.kind])
+    _at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
+    if c.kind == "local":
+        _at_least("cluster.nproc", c.nproc, 1)
+        return
+    for key in ("nodes", "tasks_per_node", "cpus_per_task", "array_parallelism"):
+        _at_least(f"cluster.{key}", getattr(c, key), 1)
+    for key in ("gpus_per_node", "max_requeues", "signal_lead_s"):
+        _at_least(f"cluster.{key}", getattr(c, key), 0)
+    if c.gpus_per_node and c.tasks_per_node > c.gpus_per_node:
+        raise ConfigError(
+            "cluster.tasks_per_node",
+            c.tasks_per_node,
+            f"one task per GPU, and cluster.gpus_per_node={c.gpus_per_node}",
+            valid=f"1..{c.gpus_per_node}",
+        )
+    try:
+        minutes = parse_time_limit(c.time)
+    except ValueError:
+        raise ConfigError("cluster.time", c.time, "not a Slurm time limit", valid=TIME_FORMATS_HELP) from None
+    if c.signal_lead_s >= minutes * 60:
+        raise ConfigError(
+            "cluster.signal_lead_s",
+            c.signal_lead_s,
+            f"the warning would come before the job starts: cluster.time={c.time} is {minutes * 60} s",
+            valid=f"< {minutes * 60}",
+        )
+    _one_of("cluster.signal", c.signal, WARNING_SIGNALS)
+    _one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
+    for key in ("partition", "account", "qos", "exclude", "job_name", "mem"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_TOKEN.match(value):
+            raise ConfigError(
+                f"cluster.{key}",
+                value,
+                "contains characters a shell or sbatch would act on",
+                valid="letters, digits and _ . , : @ % + = [ ] -",
+            )
+    if c.constraint is not None and not SAFE_CONSTRAINT.match(c.constraint):
+        raise ConfigError(
+            "cluster.constraint",
+            c.constraint,
+            "not a Slurm feature expression",
+            valid="features joined by & | , with [ ] ( ) *",
+        )
+    for name in c.env:
+        if not ENV_NAME.match(name):
+            raise ConfigError(f"cluster.env.{name}", c.env[name], "not a valid environment variable name")
+    for line in c.setup:
+        try:
+            shlex.split(line)
+        except ValueError as err:
+            raise ConfigError("cluster.setup", line, f"cannot be split into words: {err}") from None
+    if c.container_image is not None and not SAFE_CONTAINER.match(c.container_image):
+        raise ConfigError("cluster.container_image", c.container_image, "not an image reference or path")
+    for mount in c.container_mounts:
+        if not SAFE_MOUNT.match(mount):
+            raise ConfigError("cluster.container_mounts", mount, "not a mount", valid="SRC:DST[:FLAGS]")
+
+
 def _check_parallel(cfg: Config) -> None:
     _one_of("parallel", cfg.parallel.name, PARALLEL_STRATEGIES)
-    _one_of("cluster.launcher", cfg.cluster.launcher, LAUNCHERS)
-    _at_least("cluster.nproc", cfg.cluster.nproc, 1)
-    _at_least("cluster.dist_timeout_s", cfg.cluster.dist_timeout_s, 1)
     _at_least("parallel.bucket_cap_mb", cfg.parallel.bucket_cap_mb, 0.0)
-    if cfg.parallel.name == "none" and cfg.cluster.nproc != 1:
+    if cfg.parallel.name == "none" and world_size(cfg) != 1:
+        key = "cluster.nproc" if cfg.cluster.kind == "local" else "cluster.nodes"
         raise ConfigError(
-            "cluster.nproc", cfg.cluster.nproc, "parallel=none runs one process", valid="1, or parallel=ddp"
+            key,
+            getattr(cfg.cluster, key.split(".")[1]),
+            f"parallel=none runs one process, this gives {world_size(cfg)}",
+            valid="a single process, or parallel=ddp",
         )
 
 
@@ -158,9 +242,10 @@ def _check_optim(cfg: Config) -> None:
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
+    if t.global_batch_size is not None:
+        _at_least("trainer.global_batch_size", t.global_batch_size, 1)
     for key in (
         "max_steps",
-        "global_batch_size",
         "micro_batch_size",
         "log_every",
         "keep_last",
@@ -189,10 +274,20 @@ def _check_logger(cfg: Config) -> None:
     _one_of("logger.wandb_mode", cfg.logger.wandb_mode, WANDB_MODES)
 
 
+def global_batch_size(cfg: Config) -> int:
+    """Samples per optimizer step: as configured, or one micro-batch per data-parallel rank."""
+    t = cfg.trainer
+    return (
+        t.global_batch_size
+        if t.global_batch_size is not None
+        else t.micro_batch_size * data_parallel_size(cfg)
+    )
+
+
 def _check_batch(cfg: Config) -> None:
     t, dp = cfg.trainer, data_parallel_size(cfg)
     per_step = t.micro_batch_size * dp
-    if t.global_batch_size % per_step:
+    if t.global_batch_size is not None and t.global_batch_size % per_step:
         lower = max(per_step, t.global_batch_size // per_step * per_step)
         raise ConfigError(
             "trainer.global_batch_size",

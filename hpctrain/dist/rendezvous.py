@@ -1,19 +1,25 @@
 """Who am I, who are my peers: read the launcher's environment and join torch.distributed.
 
-The local launcher (and torchrun) export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT. The process group uses NCCL with one GPU per local rank when CUDA is present, gloo otherwise,
-and a timeout, so that a peer that never arrives (or dies) fails the run instead of hanging it.
+The local launcher and torchrun export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT; a task started by srun (submitit, or an sbatch template) has SLURM_PROCID & co instead, from
+which :func:`hpctrain.slurm.spec.task_from_environ` derives the same (first node, port from the job id).
+The process group uses NCCL with one GPU per local rank when CUDA is present, gloo otherwise, and a
+timeout, so that a peer that never arrives (or dies) fails the run instead of hanging it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from hpctrain.slurm.spec import task_from_environ
 
 
 @dataclass(frozen=True)
@@ -29,9 +35,14 @@ class DistEnv:
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
         env = dict(os.environ if environ is None else environ)
+        if "RANK" not in env:
+            task = task_from_environ(env)
+            if task is not None:
+                return cls(task.rank, task.local_rank, task.world_size, task.local_world_size, task.master_addr,
+                           task.master_port, socket.gethostname())
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise RuntimeError(f"not started by a launcher: {', '.join(missing)} unset")
+            raise RuntimeError(f"not started by a launcher: {', '.join(missing)} unset and not in an srun step")
         world_size = int(env["WORLD_SIZE"])
         return cls(
             rank=int(env["RANK"]),
@@ -60,12 +71,29 @@ def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    dist.init_process_group(
-        backend=backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
-        device_id=device if backend == "nccl" else None,
-    )
+    try:
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if backend == "nccl" else None,
+        )
+    except Exception as err:
+        raise RuntimeError(f"rank {env.rank} on {env.hostname} could not join the {env.world_size}-rank process "
+                           f"group at {env.master_addr}:{env.master_port} ({backend}, timeout {timeout_s} s): "
+                           f"{err}") from err
     return device
+
+
+def record_topology(env: DistEnv, path: Path) -> list[dict[str, object]]:
+    """Gather every rank's host and pid; rank 0 writes them to ``path`` (ranks.json) for people and tools."""
+    me = {"rank": env.rank, "local_rank": env.local_rank, "host": env.hostname, "pid": os.getpid()}
+    everyone: list[dict[str, object]] = [{} for _ in range(env.world_size)]
+    dist.all_gather_object(everyone, me)
+    if env.is_main:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(everyone, indent=1))
+        tmp.replace(path)
+    return everyone

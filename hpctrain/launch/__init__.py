@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 from hpctrain.config.io import write_run_config
-from hpctrain.config.schema import ClusterConfig
+from hpctrain.config.schema import Config
 from hpctrain.launch.base import Launcher
 
 
-def get_launcher(cluster: ClusterConfig) -> Launcher:
-    if cluster.launcher == "local":
+def get_launcher(cfg: Config) -> Launcher:
+    """The launcher for a validated config: ``launcher=auto`` means local processes or submitit."""
+    if cfg.cluster.kind == "local":
         from hpctrain.launch.local import LocalLauncher
 
         return LocalLauncher()
-    raise ValueError(f"unknown launcher {cluster.launcher!r}")
+    if cfg.launcher == "sbatch":
+        from hpctrain.launch.sbatch import SbatchLauncher
+
+        return SbatchLauncher()
+    from hpctrain.launch.slurm import SubmititLauncher
+
+    return SubmititLauncher()
 
 
 __all__ = ["Launcher", "get_launcher", "write_run_config"]

@@ -76,6 +76,17 @@ class LocalLauncher:
 
     def launch(self, cfg: Config, run_dir: Path) -> int:
         nproc = cfg.cluster.nproc
+        if cfg.dry_run:
+            log.info("Dry run: nothing started.")
+            log.info(
+                "Plan: %d local process%s (parallel=%s), each: %s -m hpctrain.worker %s",
+                nproc,
+                "es" * (nproc > 1),
+                cfg.parallel.name,
+                sys.executable,
+                run_dir,
+            )
+            return 0
         logs = run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for stale in logs.glob("rank*.error.json"):  # from an earlier attempt in the same run dir

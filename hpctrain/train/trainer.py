@@ -23,7 +23,7 @@ from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
-from hpctrain.config.validate import data_parallel_size
+from hpctrain.config.validate import data_parallel_size, global_batch_size
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.dist.rendezvous import DistEnv
 from hpctrain.models import build_model
@@ -57,7 +57,8 @@ def fit(
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
     train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
-    sampler = GlobalBatchSampler(len(train_set), t.global_batch_size, t.seed)
+    batch_size = global_batch_size(cfg)
+    sampler = GlobalBatchSampler(len(train_set), batch_size, t.seed)
     # Per-rank streams for dropout and the like, after the shared init.
     seed_everything(t.seed + 1 + env.rank)
 
@@ -165,9 +166,10 @@ def evaluate(
     t = cfg.trainer
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    per_rank = t.global_batch_size // dp_size
+    batch_size = global_batch_size(cfg)
+    per_rank = batch_size // dp_size
     for batch in range(t.eval_batches):
-        start = (batch * t.global_batch_size + env.rank * per_rank) % len(val_set)
+        start = (batch * batch_size + env.rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
         for chunk in split_micro_batches(indices, t.micro_batch_size):
             inputs, targets = (x.to(device) for x in val_set.get_batch(chunk))
@@ -189,7 +191,7 @@ class Throughput:
     """Step times since the last report → step time, samples/s, tokens/s and MFU."""
 
     def __init__(self, cfg: Config, device: torch.device, world_size: int) -> None:
-        self.samples_per_step = cfg.trainer.global_batch_size
+        self.samples_per_step = global_batch_size(cfg)
         self.tokens_per_sample = tokens_per_sample(cfg.model)
         self.is_tokens = isinstance(cfg.model, GPTConfig)
         self.flops_per_token = flops_per_token(cfg.model)

@@ -1,0 +1,143 @@
+"""``cluster.kind=slurm`` through submitit: one multi-node job per run, one job array per sweep.
+
+Submission returns as soon as Slurm has queued the job. The job runs the package as it was at submit time
+(a snapshot under the run or sweep directory), with ``nodes × tasks_per_node`` tasks that each become one
+rank (:func:`hpctrain.launch.slurm_task.run_task`). No torch import on this path: it runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config.schema import ClusterConfig, Config
+from hpctrain.launch.jobscript import container_srun_args, setup_lines
+from hpctrain.launch.records import JOB_RECORD, JobRecord, SweepMember, SweepRecord, write_json
+from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.slurm.commands import check_client
+from hpctrain.slurm.spec import parse_time_limit
+
+log = logging.getLogger(__name__)
+
+SLURM_DIR = "slurm"  # submitit's folder: pickled job, its sbatch script, the tasks' stdout/stderr
+
+
+def submitit_parameters(cluster: ClusterConfig, snapshot: Path) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "job_name": cluster.job_name,
+        "partition": cluster.partition,
+        "account": cluster.account,
+        "qos": cluster.qos,
+        "time": parse_time_limit(cluster.time),
+        "nodes": cluster.nodes,
+        "ntasks_per_node": cluster.tasks_per_node,
+        "cpus_per_task": cluster.cpus_per_task,
+        "gpus_per_node": cluster.gpus_per_node or None,
+        "mem": cluster.mem,
+        "constraint": cluster.constraint,
+        "exclude": cluster.exclude,
+        "signal_delay_s": cluster.signal_lead_s,
+        "setup": setup_lines(cluster, snapshot),
+        "srun_args": container_srun_args(cluster) or None,
+        "array_parallelism": cluster.array_parallelism,
+        "stderr_to_stdout": True,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _executor(cluster: ClusterConfig, folder: Path, snapshot: Path) -> Any:
+    import submitit
+
+    executor = submitit.SlurmExecutor(folder=folder / "%j")
+    executor.update_parameters(**submitit_parameters(cluster, snapshot))
+    return executor
+
+
+class SubmititLauncher:
+    def launch(self, cfg: Config, run_dir: Path) -> int:
+        snapshot = run_dir / SNAPSHOT_DIR
+        if cfg.dry_run:
+            print_dry_run(cfg, run_dir, submitit_parameters(cfg.cluster, snapshot))
+            return 0
+        check_client()
+        snapshot_package(run_dir)
+        from hpctrain.launch.slurm_task import run_task
+
+        job = _executor(cfg.cluster, run_dir / SLURM_DIR, snapshot).submit(run_task, str(run_dir))
+        output = str(run_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
+        record = JobRecord(
+            job.job_id, "submitit", cfg.cluster.name, cfg.cluster.nodes, cfg.cluster.tasks_per_node, output
+        )
+        write_json(run_dir / JOB_RECORD, record)
+        print_submitted(record, run_dir)
+        return 0
+
+
+def submit_array(
+    cluster: ClusterConfig, run_dirs: list[Path], overrides: list[list[str]], sweep_dir: Path
+) -> SweepRecord:
+    """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]``."""
+    check_client()
+    snapshot = snapshot_package(sweep_dir)
+    from hpctrain.launch.slurm_task import run_task
+
+    executor = _executor(cluster, sweep_dir / SLURM_DIR, snapshot)
+    with executor.batch():
+        jobs = [executor.submit(run_task, str(d)) for d in run_dirs]
+    members = []
+    for index, (job, run_dir, member_overrides) in enumerate(zip(jobs, run_dirs, overrides, strict=True)):
+        output = str(sweep_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
+        write_json(
+            run_dir / JOB_RECORD,
+            JobRecord(job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output),
+        )
+        members.append(SweepMember(index, member_overrides, str(run_dir), job.job_id))
+    record = SweepRecord(jobs[0].job_id.split("_")[0], cluster.name, members)
+    return record
+
+
+def print_submitted(record: JobRecord, run_dir: Path) -> None:
+    ranks = record.nodes * record.tasks_per_node
+    log.info(
+        "Submitted Slurm job %s (%d node%s × %d task%s = %d ranks, %s)",
+        record.job_id,
+        record.nodes,
+        "s" * (record.nodes > 1),
+        record.tasks_per_node,
+        "s" * (record.tasks_per_node > 1),
+        ranks,
+        record.launcher,
+    )
+    log.info("  run directory  %s", run_dir)
+    log.info("  rank 0 log     %s", run_dir / "logs" / "rank0.log")
+    log.info("  Slurm output   %s", record.slurm_output.replace("%j", record.job_id))
+    log.info(
+        "  follow it      hpctrain status %s   |   hpctrain logs %s -f   |   hpctrain cancel %s",
+        run_dir,
+        run_dir,
+        run_dir,
+    )
+
+
+def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) -> None:
+    c = cfg.cluster
+    log.info("Dry run: nothing submitted.")
+    log.info(
+        "Plan: %d node%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
+        c.nodes,
+        "s" * (c.nodes > 1),
+        c.tasks_per_node,
+        "s" * (c.tasks_per_node > 1),
+        c.nodes * c.tasks_per_node,
+        f"{c.gpus_per_node} GPUs per node" if c.gpus_per_node else "CPU",
+        f"parallel={cfg.parallel.name}",
+        c.time,
+        c.partition or "(default)",
+    )
+    log.info("Run directory: %s", run_dir)
+    if isinstance(parameters, str):
+        log.info("sbatch script:\n%s", parameters)
+    else:
+        log.info("submitit parameters:\n%s", json.dumps(parameters, indent=1))

@@ -1,0 +1,134 @@
+"""Pure functions about Slurm's formats and environment: no subprocess, no torch, easy to test.
+
+- time limits in every format sbatch accepts, to minutes;
+- which strings may reach an ``#SBATCH`` line or a shell unquoted;
+- node lists (``node[1-3,7],gpu-a01``) expanded to host names;
+- a task's rank, local rank, world size and rendezvous address from the variables srun sets.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+# Partition, account, qos, constraint, exclude, job name: what Slurm itself accepts in practice, and no
+# character a shell would act on (no space, quote, $, `, ;, &, |, <, >, parentheses, backslash, newline).
+SAFE_SLURM_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=\[\]\-]+$")
+# Constraints may combine features with & and | inside an #SBATCH line (not a shell): allow those too.
+SAFE_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@%+=\[\]\-&|*()]+$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Container image references (docker://, registry/image:tag, squashfs paths) and mount specs src:dst[:flags].
+SAFE_CONTAINER = re.compile(r"^[A-Za-z0-9_./:@+#\-]+$")
+SAFE_MOUNT = re.compile(r"^[A-Za-z0-9_./\-]+:[A-Za-z0-9_./\-]+(:[a-z,]+)?$")
+
+_TIME_FORMATS = [
+    (re.compile(r"^(?P<m>\d+)$"), "MM"),
+    (re.compile(r"^(?P<m>\d+):(?P<s>\d+)$"), "MM:SS"),
+    (re.compile(r"^(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"), "HH:MM:SS"),
+    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+)$"), "D-HH"),
+    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+)$"), "D-HH:MM"),
+    (re.compile(r"^(?P<d>\d+)-(?P<h>\d+):(?P<m>\d+):(?P<s>\d+)$"), "D-HH:MM:SS"),
+]
+TIME_FORMATS_HELP = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
+
+
+def parse_time_limit(text: str) -> int:
+    """Minutes in a Slurm time limit (seconds round up, as Slurm does). ValueError if it does not parse."""
+    text = text.strip()
+    for pattern, _ in _TIME_FORMATS:
+        match = pattern.match(text)
+        if match:
+            parts = {k: int(v) for k, v in match.groupdict().items()}
+            seconds = (
+                (parts.get("d", 0) * 24 + parts.get("h", 0)) * 60 + parts.get("m", 0)
+            ) * 60 + parts.get("s", 0)
+            if seconds <= 0:
+                raise ValueError(f"time limit {text!r} is zero")
+            return math.ceil(seconds / 60)
+    raise ValueError(f"time limit {text!r} is not one of {TIME_FORMATS_HELP}")
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``node[1-3,07],gpu-a01`` → ``[node1, node2, node3, node07, gpu-a01]`` (zero padding kept)."""
+    hosts: list[str] = []
+    for item in _split_top_level(nodelist):
+        match = re.fullmatch(r"([^\[\]]*)\[([^\]]+)\](.*)", item)
+        if not match:
+            hosts.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not high:
+                hosts.extend(expand_nodelist(f"{prefix}{low}{suffix}"))
+                continue
+            width = len(low)
+            for number in range(int(low), int(high) + 1):
+                hosts.extend(expand_nodelist(f"{prefix}{number:0{width}d}{suffix}"))
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    if current:
+        items.append(current)
+    return [i for i in items if i]
+
+
+def rendezvous_port(job_id: str) -> int:
+    """A port every task of a job derives alike, spread over 20000–39999 so jobs sharing a node differ."""
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    return 20000 + int(digits) % 20000
+
+
+@dataclass(frozen=True)
+class SlurmTask:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    job_id: str
+    node_id: int
+
+
+def task_from_environ(env: dict[str, str]) -> SlurmTask | None:
+    """This task's place in the job from the variables srun sets (None outside an srun step).
+
+    The rendezvous host is the job's first node; the port comes from the job id, so every task agrees
+    without talking. Array tasks each have their own SLURM_JOB_ID, hence their own port.
+    """
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return None
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    job_id = env["SLURM_JOB_ID"]
+    return SlurmTask(
+        rank=int(env["SLURM_PROCID"]),
+        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        world_size=int(env["SLURM_NTASKS"]),
+        local_world_size=_tasks_on_this_node(env),
+        master_addr=nodes[0],
+        master_port=rendezvous_port(job_id),
+        job_id=job_id,
+        node_id=int(env.get("SLURM_NODEID", "0")),
+    )
+
+
+def _tasks_on_this_node(env: dict[str, str]) -> int:
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1": counts per node, run-length encoded.
+    counts: list[int] = []
+    for item in env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1")).split(","):
+        count, _, repeat = item.partition("(x")
+        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    node = int(env.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else counts[-1]
