@@ -1,6 +1,8 @@
 """``python -m hpctrain`` / ``hpctrain``: compose a run with Hydra, check it, hand it to a launcher.
 
     hpctrain [OVERRIDES...]             train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
+    hpctrain status|logs|cancel TARGET  a run dir, a sweep dir or a Slurm job id
+    hpctrain summary SWEEP_DIR          final metrics of every member, as a table and a CSV
     hpctrain prepare INPUT... --out F   write a token file for ``data=tokens``
 
 Every bad input is caught by :func:`precheck` before Hydra creates a run directory or any process starts,
@@ -25,7 +27,19 @@ def _prepare(argv: list[str]) -> int:
     return prepare_main(argv)
 
 
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {"prepare": _prepare}
+def _jobs(command: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        from hpctrain import jobs
+
+        return jobs.main([command, *argv])
+
+    return run
+
+
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "prepare": _prepare,
+    **{name: _jobs(name) for name in ("status", "logs", "cancel", "summary")},
+}
 
 
 def main(argv: list[str] | None = None) -> int:

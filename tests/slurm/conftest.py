@@ -2,12 +2,16 @@
 
 Skipped when it cannot start (not root, no apt, ...), unless CI=true or HPCTRAIN_REQUIRE_SLURM=1:
 then the tests fail with the reason, so a CI machine can never silently skip them.
+
+HPCTRAIN_SLURM_TEST_WORKDIR=DIR reuses a cluster brought up by hand with
+``python -m tests.slurm.cluster up --workdir DIR`` (and leaves it running), for fast edit-test cycles.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +30,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
     process must reach this cluster, and a Slurm client without SLURM_CONF falls back to DNS
     look-ups that leave the machine.
     """
+    existing = os.environ.get("HPCTRAIN_SLURM_TEST_WORKDIR")
+    if existing:
+        cluster = SlurmTestCluster.from_workdir(Path(existing))
+        with pytest.MonkeyPatch.context() as mp:
+            for key, value in cluster.env().items():
+                mp.setenv(key, value)
+            yield cluster
+        return
     cluster = SlurmTestCluster(tmp_path_factory.mktemp("slurm"), num_nodes=3)
     try:
         cluster.start(timeout=90)
