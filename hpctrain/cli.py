@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.config.errors import ConfigError
+from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER, Config
 
 EXIT_BAD_CONFIG = 2
 
@@ -56,28 +57,37 @@ def train(argv: list[str]) -> int:
 
     args = get_args_parser().parse_intermixed_args(argv)
     informational = args.help or args.hydra_help or args.info or args.shell_completion
+    overrides = list(args.overrides)
     if not informational:
         try:
-            precheck(args.overrides, multirun=args.multirun)
+            first = precheck(overrides, multirun=args.multirun)
         except ConfigError as err:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
+        chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
+        if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
+            overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
     flags = [a for a in argv if a not in args.overrides]
-    return _run_hydra([*flags, *args.overrides])
+    return _run_hydra([*flags, *overrides])
 
 
-def precheck(overrides: list[str], multirun: bool) -> None:
-    """Compose and validate every run the command would start; raise ConfigError for the first bad one."""
+def precheck(overrides: list[str], multirun: bool) -> Config:
+    """Compose and validate every run the command would start; raise ConfigError for the first bad one.
+    Returns the first run's config."""
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.validate import check_writable_dir, validate
 
+    checked = []
     for member in sweep_members(overrides) if multirun else [overrides]:
         cfg = compose(member)
-        validate(to_typed(cfg))
+        typed = to_typed(cfg)
+        validate(typed)
+        checked.append(typed)
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
         else:
             check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+    return checked[0]
 
 
 def sweep_members(overrides: list[str]) -> list[list[str]]:

@@ -184,6 +184,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 MODEL_SCHEMAS: dict[str, type] = GROUP_SCHEMAS["model"]
+SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
 def register_configs() -> None:
@@ -192,6 +193,13 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="hpctrain_schema", node=Config)
+    # Sweeps on Slurm: one job array (hydra_plugins/hpctrain_slurm_launcher), chosen by hpctrain.cli.
+    cs.store(
+        group="hydra/launcher",
+        name=SLURM_ARRAY_LAUNCHER,
+        provider="hpctrain",
+        node={"_target_": "hydra_plugins.hpctrain_slurm_launcher.launcher.SlurmArrayLauncher"},
+    )
     for group, schemas in GROUP_SCHEMAS.items():
         for name, node in schemas.items():
             cs.store(group=f"schema/{group}", name=name, node=node)

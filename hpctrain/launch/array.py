@@ -1,0 +1,177 @@
+"""A Hydra multirun on a Slurm cluster becomes ONE job array, and the command returns once it is queued.
+
+hydra-submitit-launcher submits one job per member and then blocks until every job has ended (hydra issues
+#2479, #692): a sweep ties up a login-node shell for days. Here every member's run directory and config are
+prepared first (all validated before anything is submitted), then one ``sbatch --array`` goes out, and a
+``sweep.json`` manifest lets ``hpctrain status | summary | cancel`` find the members later.
+
+Sweepers that need results to choose the next trials (Optuna, Ax, ...) still work: for them the launcher
+waits for its batch and returns each member's final validation loss (or loss) as the objective.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hpctrain.config.compose import to_typed
+from hpctrain.config.errors import ConfigError
+from hpctrain.config.io import write_run_config
+from hpctrain.config.schema import Config
+from hpctrain.config.validate import validate
+from hpctrain.launch.records import SWEEP_RECORD, SweepRecord, read_sweep, write_json
+
+log = logging.getLogger(__name__)
+
+POLL_S = 10.0
+
+
+def launch_array(
+    hydra_context: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+) -> list[Any]:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobStatus
+
+    sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    members: list[tuple[Config, Path, list[str], DictConfig]] = []
+    for offset, overrides in enumerate(job_overrides):
+        index = initial_job_idx + offset
+        sweep_config = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+        with open_dict(sweep_config.hydra.job):
+            sweep_config.hydra.job.id = str(index)
+            sweep_config.hydra.job.num = index
+        HydraConfig.instance().set_config(sweep_config)
+        typed = to_typed(sweep_config)
+        validate(typed)
+        members.append(
+            (typed, sweep_dir / str(sweep_config.hydra.sweep.subdir), list(overrides), sweep_config)
+        )
+    _check_one_shape([m[0] for m in members], [m[2] for m in members])
+
+    first = members[0][0]
+    if first.dry_run:
+        log.info(
+            "Dry run: nothing submitted. A job array of %d members would run in %s:", len(members), sweep_dir
+        )
+        for _, run_dir, overrides, _ in members:
+            log.info("  %s  %s", run_dir.name, " ".join(overrides) or "(no overrides)")
+        return [_job_return(m[3], m[2], m[1], JobStatus.COMPLETED, None) for m in members]
+
+    for _, run_dir, overrides, sweep_config in members:
+        write_run_config(run_dir, sweep_config)
+        (run_dir / ".hydra").mkdir(exist_ok=True)
+        OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+
+    from hpctrain.launch.slurm import submit_array
+
+    record = submit_array(first.cluster, [m[1] for m in members], [m[2] for m in members], sweep_dir)
+    previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
+    if previous is not None:
+        record.members = previous.members + record.members
+    write_json(sweep_dir / SWEEP_RECORD, record)
+    _print_submitted(record, sweep_dir, len(members), first.cluster.array_parallelism)
+
+    results: dict[str, float | None] = {}
+    if not _is_basic_sweeper(config):
+        results = wait_for_objectives(
+            [m.job_id for m in record.members[-len(members) :]], [m[1] for m in members]
+        )
+    returns = []
+    for member, (_, run_dir, overrides, sweep_config) in zip(
+        record.members[-len(members) :], members, strict=True
+    ):
+        value: Any = results.get(member.job_id, member.job_id)
+        status = JobStatus.FAILED if results and value is None else JobStatus.COMPLETED
+        if status is JobStatus.FAILED:
+            value = RuntimeError(f"sweep member {member.index} (job {member.job_id}) did not finish")
+        returns.append(_job_return(sweep_config, overrides, run_dir, status, value))
+    return returns
+
+
+def _check_one_shape(configs: list[Config], overrides: list[list[str]]) -> None:
+    """A job array has one resource shape: members may differ in anything but the cluster profile."""
+    for typed, member_overrides in zip(configs[1:], overrides[1:], strict=True):
+        if typed.cluster != configs[0].cluster or typed.launcher != configs[0].launcher:
+            differing = [
+                k for k in vars(typed.cluster) if getattr(typed.cluster, k) != getattr(configs[0].cluster, k)
+            ]
+            key = f"cluster.{differing[0]}" if differing else "launcher"
+            raise ConfigError(
+                key,
+                " ".join(member_overrides),
+                "sweep members differ in their cluster settings, but one job array has one shape",
+                valid="sweep the cluster settings as separate multiruns",
+            )
+
+
+def _is_basic_sweeper(config: DictConfig) -> bool:
+    return "BasicSweeper" in str(config.hydra.sweeper.get("_target_", "BasicSweeper"))
+
+
+def wait_for_objectives(job_ids: list[str], run_dirs: list[Path]) -> dict[str, float | None]:
+    """Block until the jobs end; each one's final val_loss (else loss), or None if it did not complete."""
+    from hpctrain.slurm.commands import job_states
+
+    log.info("Waiting for %d sweep members (the sweeper needs their results)", len(job_ids))
+    while True:
+        states = job_states(job_ids)
+        if all(j in states and states[j].final for j in job_ids):
+            break
+        time.sleep(POLL_S)
+    results: dict[str, float | None] = {}
+    for job_id, run_dir in zip(job_ids, run_dirs, strict=True):
+        results[job_id] = _final_objective(run_dir) if states[job_id].state == "COMPLETED" else None
+    return results
+
+
+def _final_objective(run_dir: Path) -> float | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not records:
+        return None
+    last = records[-1]
+    return float(last.get("val_loss", last["loss"]))
+
+
+def _job_return(
+    sweep_config: DictConfig, overrides: list[str], run_dir: Path, status: Any, value: Any
+) -> Any:
+    from hydra.core.utils import JobReturn
+
+    job_return = JobReturn()
+    job_return.overrides = overrides
+    job_return.cfg = sweep_config
+    job_return.hydra_cfg = sweep_config
+    job_return.working_dir = str(run_dir)
+    job_return.task_name = str(sweep_config.hydra.job.name)
+    job_return.status = status
+    job_return._return_value = value
+    return job_return
+
+
+def _print_submitted(record: SweepRecord, sweep_dir: Path, count: int, parallelism: int) -> None:
+    log.info(
+        "Submitted job array %s: %d member%s, at most %d running at once",
+        record.array_job_id,
+        count,
+        "s" * (count > 1),
+        parallelism,
+    )
+    log.info("  sweep directory  %s (manifest: %s)", sweep_dir, SWEEP_RECORD)
+    for member in record.members[-count:]:
+        log.info("  %-10s %s  %s", member.job_id, Path(member.run_dir).name, " ".join(member.overrides))
+    log.info(
+        "  follow it        hpctrain status %s   |   hpctrain summary %s   |   hpctrain cancel %s",
+        sweep_dir,
+        sweep_dir,
+        sweep_dir,
+    )

@@ -1,0 +1,113 @@
+"""``launcher=sbatch``: render an sbatch script from the composed config, write it, submit it with sbatch.
+
+The script is ``<run dir>/job.sbatch``, rendered from ``hpctrain/sbatch_templates/<cluster.sbatch_template>
+.sbatch.j2``: ``srun`` (one Slurm task per rank) or ``torchrun`` (one task per node, torchrun starts the
+ranks). It is a plain file a person can read, edit and submit again. ``dry_run=true`` writes and prints it
+and submits nothing. No torch import on this path: it runs on login nodes.
+
+Every config value that reaches the script was validated (:func:`hpctrain.config.validate._check_cluster`)
+or is quoted here or in the template (the ``quote`` filter is :func:`shlex.quote`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+import jinja2
+
+from hpctrain.config.errors import ConfigError
+from hpctrain.config.schema import Config
+from hpctrain.launch.jobscript import container_srun_args, setup_lines
+from hpctrain.launch.records import JOB_RECORD, JobRecord, write_json
+from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
+from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.slurm.commands import check_client, run
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
+SCRIPT = "job.sbatch"
+EXIT_BAD_CONFIG = 2
+
+
+def template_path(name: str) -> Path:
+    return TEMPLATE_DIR / f"{name}.sbatch.j2"
+
+
+def slurm_output(run_dir: Path) -> str:
+    """Where the job's stdout/stderr go: ``<run dir>/slurm/%j.out`` (Slurm puts the job id for ``%j``)."""
+    return str(run_dir / SLURM_DIR / "%j.out")
+
+
+def render_script(cfg: Config, run_dir: Path) -> str:
+    """The sbatch script for the run in ``run_dir`` (absolute), from ``cluster.sbatch_template``."""
+    c = cfg.cluster
+    run_dir = run_dir.absolute()
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in str(run_dir)):
+        # A newline would end an #SBATCH line or a comment early and start a shell line of its own.
+        raise ConfigError("hydra.run.dir", str(run_dir), "contains a control character (newline, tab, ...)")
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # a shell script, not HTML: quoting is explicit, with the quote filter
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    environment.filters["quote"] = lambda value: shlex.quote(str(value))
+    template = environment.get_template(template_path(c.sbatch_template).name)
+    # In a container, the image's python runs the job; otherwise the interpreter that submits, as submitit does.
+    python = "python" if c.container_image else sys.executable
+    # Slurm expands %-patterns in --output: a literal % in the run directory is written %%.
+    output = str(run_dir / SLURM_DIR).replace("%", "%%") + "/%j.out"
+    return template.render(
+        run_dir=str(run_dir),
+        job_name=c.job_name,
+        partition=c.partition,
+        account=c.account,
+        qos=c.qos,
+        time=c.time.strip(),
+        nodes=c.nodes,
+        tasks_per_node=c.tasks_per_node,
+        cpus_per_task=c.cpus_per_task,
+        gpus_per_node=c.gpus_per_node,
+        mem=c.mem,
+        constraint=c.constraint,
+        exclude=c.exclude,
+        signal=c.signal,
+        signal_lead_s=c.signal_lead_s,
+        output=output,
+        setup_lines=setup_lines(c, run_dir / SNAPSHOT_DIR),
+        srun_args=container_srun_args(c),
+        python=python,
+    )
+
+
+class SbatchLauncher:
+    def launch(self, cfg: Config, run_dir: Path) -> int:
+        run_dir = run_dir.absolute()
+        try:
+            script = render_script(cfg, run_dir)
+        except ConfigError as err:
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        path = run_dir / SCRIPT
+        path.write_text(script)
+        path.chmod(0o755)
+        if cfg.dry_run:
+            print_dry_run(cfg, run_dir, script)
+            log.info("Written to %s; submit it with: sbatch %s", path, shlex.quote(str(path)))
+            return 0
+        check_client()
+        snapshot_package(run_dir)
+        # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
+        (run_dir / SLURM_DIR).mkdir(parents=True, exist_ok=True)
+        job_id = run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
+        c = cfg.cluster
+        record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir))
+        write_json(run_dir / JOB_RECORD, record)
+        print_submitted(record, run_dir)
+        return 0

@@ -1,0 +1,1 @@
+"""Hydra finds launcher plugins in the ``hydra_plugins`` namespace package; the logic lives in hpctrain."""

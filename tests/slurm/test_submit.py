@@ -1,0 +1,192 @@
+"""Submitting through submitit to the real test cluster: multi-node runs, sweeps as one array, snapshots,
+and bad inputs that never reach Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, hpctrain, metrics
+
+from hpctrain.launch.records import read_job, read_sweep
+from hpctrain.slurm.commands import JobState, job_states
+
+SMALL = [
+    "cluster=slurm_test",
+    "trainer.max_steps=10",
+    "data.max_bytes=200000",
+    "logger=jsonl",
+    "trainer.eval_batches=1",
+]
+
+
+def wait_final(job_ids: list[str], timeout: float = 180) -> dict[str, JobState]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = job_states(job_ids)
+        if all(j in states and states[j].final for j in job_ids):
+            return states
+        time.sleep(1)
+    raise AssertionError(f"jobs did not finish in {timeout} s: {job_states(job_ids)}")
+
+
+def queued_jobs() -> list[str]:
+    out = subprocess.run(["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    started = time.monotonic()
+    result = hpctrain(*SMALL, f"hydra.run.dir={run}")
+    submit_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    record = read_job(run)
+    assert record is not None and record.nodes == 2 and record.tasks_per_node == 2
+    assert f"Submitted Slurm job {record.job_id} (2 nodes × 2 tasks = 4 ranks" in result.stdout
+    assert f"hpctrain status {run}" in result.stdout
+    assert submit_s < 10, "submission must return once the job is queued, not wait for it"
+
+    state = wait_final([record.job_id])[record.job_id]
+    assert state.state == "COMPLETED", (state, (run / "logs" / "rank0.log").read_text()[-2000:])
+    ranks = json.loads((run / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert {r["host"] for r in ranks} == {"node1", "node2"}
+    assert sorted(r["host"] for r in ranks) == ["node1", "node1", "node2", "node2"]
+    assert metrics(run)[-1]["step"] == 10
+    assert (run / "checkpoints" / "step_00000010").is_dir()
+
+
+def test_sweep_is_one_job_array(slurm_cluster, tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    result = hpctrain("-m", *SMALL, "cluster.nodes=1", "optim.lr=1e-3,3e-4,1e-4", f"hydra.sweep.dir={sweep}")
+    assert result.returncode == 0, result.stderr
+    record = read_sweep(sweep)
+    assert record is not None and len(record.members) == 3
+    assert {m.job_id for m in record.members} == {f"{record.array_job_id}_{i}" for i in range(3)}
+    assert f"Submitted job array {record.array_job_id}: 3 members" in result.stdout
+
+    states = wait_final([m.job_id for m in record.members])
+    assert {s.state for s in states.values()} == {"COMPLETED"}, states
+    sacct = subprocess.run(
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--format=JobID",
+            "--jobs",
+            record.array_job_id,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    array_ids = {line.split("_")[0] for line in sacct.stdout.split()}
+    assert array_ids == {record.array_job_id}, sacct.stdout
+    for member, lr in zip(record.members, ("0.001", "0.0003", "0.0001"), strict=True):
+        assert f"optim.lr={lr}" in member.overrides
+        assert metrics(Path(member.run_dir))[-1]["step"] == 10
+
+    summary = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "summary", str(sweep)], capture_output=True, text=True, cwd=REPO
+    )
+    assert summary.returncode == 0, summary.stderr
+    for member in record.members:
+        assert member.job_id in summary.stdout or Path(member.run_dir).name in summary.stdout
+    rows = (sweep / "summary.csv").read_text().strip().splitlines()
+    assert len(rows) == 4  # header + 3 members
+
+
+def test_job_runs_the_code_as_submitted(slurm_cluster, tmp_path: Path):
+    # A working tree of the package that the user edits after submitting.
+    tree = tmp_path / "src"
+    shutil.copytree(REPO / "hpctrain", tree / "hpctrain", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": str(tree)}
+    # Occupy every node so the job stays queued while the tree changes.
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 60"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        _wait_running(blocker)
+        run = tmp_path / "run"
+        result = hpctrain(*SMALL, f"hydra.run.dir={run}", env=env)
+        assert result.returncode == 0, result.stderr
+        record = read_job(run)
+        assert record is not None
+        assert job_states([record.job_id])[record.job_id].state == "PENDING"
+        trainer = tree / "hpctrain" / "train" / "trainer.py"
+        trainer.write_text(trainer.read_text() + '\nraise RuntimeError("edited after submit")\n')
+    finally:
+        subprocess.run(["scancel", blocker], check=True)
+    state = wait_final([record.job_id])[record.job_id]
+    assert state.state == "COMPLETED", (run / "logs" / "rank0.log").read_text()[-2000:]
+    assert "edited after submit" not in (run / "code" / "hpctrain" / "train" / "trainer.py").read_text()
+
+
+def _wait_running(job_id: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while job_states([job_id])[job_id].state != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job_id} did not start"
+        time.sleep(0.5)
+
+
+BAD_SUBMISSIONS = [
+    (["cluster=nope"], "cluster=nope: unknown option"),
+    (["cluster=slurm_test", "cluster.nodes=0"], "cluster.nodes=0: must be ≥ 1"),
+    (["cluster=a100x32", "cluster.tasks_per_node=9"], "cluster.tasks_per_node=9: one task per GPU"),
+    (["cluster=slurm_test", "cluster.job_name='x; touch /tmp/hpctrain-pwned'"], "cluster.job_name=x; touch"),
+    (["cluster=slurm_test", "cluster.time=2h"], "cluster.time=2h: not a Slurm time limit"),
+    (["cluster=slurm_test", "cluster.partition='debug$(id)'"], "cluster.partition=debug$(id)"),
+    (["cluster=slurm_test", "cluster.container_mounts=['/a:/b;ls']"], "cluster.container_mounts=/a:/b;ls"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_SUBMISSIONS, ids=[m for _, m in BAD_SUBMISSIONS])
+def test_bad_input_submits_nothing(slurm_cluster, tmp_path: Path, overrides: list[str], message: str):
+    before = queued_jobs()
+    run = tmp_path / "run"
+    result = hpctrain(*overrides, f"hydra.run.dir={run}")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hpctrain: {message}"), result.stderr
+    assert queued_jobs() == before
+    assert not run.exists()
+    assert not Path("/tmp/hpctrain-pwned").exists()
+
+
+def test_dry_run_prints_the_plan_and_submits_nothing(slurm_cluster, tmp_path: Path):
+    before = queued_jobs()
+    result = hpctrain(*SMALL, "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr
+    assert "Dry run: nothing submitted." in result.stdout
+    assert "2 nodes × 2 tasks = 4 ranks" in result.stdout and '"ntasks_per_node": 2' in result.stdout
+    assert queued_jobs() == before
+    assert read_job(tmp_path / "run") is None
+
+
+def test_submit_path_does_not_import_torch(slurm_cluster, tmp_path: Path):
+    code = (
+        "import sys; from hpctrain.cli import main; main(sys.argv[1:]); "
+        "assert 'torch' not in sys.modules, 'torch imported on the submit path'"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, *SMALL, f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ},
+    )
+    assert result.returncode == 0, result.stderr
+    record = read_job(tmp_path / "run")
+    assert record is not None
+    subprocess.run(["scancel", record.job_id], check=True)
