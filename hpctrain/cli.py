@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from omegaconf import DictConfig
+
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER, Config
 
@@ -60,10 +62,12 @@ def train(argv: list[str]) -> int:
     overrides = list(args.overrides)
     if not informational:
         try:
-            first = precheck(overrides, multirun=args.multirun)
+            first, composed = precheck(overrides, multirun=args.multirun)
         except ConfigError as err:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
+        if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
+            return _run_single(composed)
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
@@ -71,9 +75,9 @@ def train(argv: list[str]) -> int:
     return _run_hydra([*flags, *overrides])
 
 
-def precheck(overrides: list[str], multirun: bool) -> Config:
+def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
     """Compose and validate every run the command would start; raise ConfigError for the first bad one.
-    Returns the first run's config."""
+    Returns the first run's config, typed and as composed (with Hydra's node)."""
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.validate import check_writable_dir, validate
 
@@ -82,7 +86,7 @@ def precheck(overrides: list[str], multirun: bool) -> Config:
         cfg = compose(member)
         typed = to_typed(cfg)
         validate(typed)
-        checked.append(typed)
+        checked.append((typed, cfg))
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
         else:
@@ -106,6 +110,35 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
         else:
             axes.append([override.input_line])
     return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _run_single(cfg: DictConfig) -> int:
+    """One run from the config the precheck composed, through Hydra's own ``run_job`` (output directory,
+    logging, .hydra/ files, callbacks), sparing the two further compositions ``hydra.main`` would make:
+    submitting from a login node should take about a second."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    from hpctrain.config.compose import CONF_DIR
+
+    try:
+        from hydra._internal.callbacks import Callbacks
+    except ImportError:  # Hydra moved it in 1.4
+        from hydra.core.callbacks import Callbacks  # type: ignore[no-redef]
+
+    with open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(cfg)
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        result = run_job(_task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=result)
+    _ = result.return_value  # re-raises what the task raised
+    return 0
 
 
 def _run_hydra(argv: list[str]) -> int:
