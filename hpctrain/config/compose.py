@@ -72,6 +72,12 @@ def to_typed(cfg: DictConfig) -> Config:
                     valid=", ".join(sorted(known)),
                 )
     run_keys = {key: cfg[key] for key in cfg if key != "hydra"}
+    top_level = set(field_names(Config))
+    for key in run_keys:
+        if key not in top_level:
+            raise ConfigError(
+                key, cfg._get_node(key)._value(), "unknown key", valid=", ".join(sorted(top_level))
+            )
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), run_keys))
     assert isinstance(typed, Config), type(typed)
     return typed
@@ -141,8 +147,9 @@ def _missing_option(message: str) -> tuple[str | None, str | None]:
 
 def _expected_type(full_key: str) -> str:
     group, _, name = full_key.partition(".")
-    schemas = GROUP_SCHEMAS.get(group, {})
-    for schema in schemas.values():
+    schemas = GROUP_SCHEMAS.get(group, {}).values() if name else [Config]
+    name = name or group
+    for schema in schemas:
         for f in dataclasses.fields(schema):
             if f.name == name:
                 return _TYPE_WORDS.get(str(f.type), str(f.type))
