@@ -114,6 +114,15 @@ def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
         return ConfigError(full_key, parsed.get(full_key), f"expected {_expected_type(full_key)}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
         group, _, rest = full_key.partition(".")
+        if group in GROUPS and "." in rest:  # a new key inside a mapping such as cluster.env
+            mapping = full_key.rsplit(".", 1)[0]
+            given = next((k for k in parsed if k.startswith(mapping)), mapping)
+            return ConfigError(
+                full_key,
+                parsed.get(given),
+                f"{mapping} has no such key yet",
+                valid=f"add one with +{full_key}=VALUE",
+            )
         if group in GROUPS and rest:
             schema = schema_of(group, _choice(group, parsed))
             valid = ", ".join(field_names(schema)) if schema else None

@@ -14,7 +14,12 @@ from hpctrain.config.schema import ClusterConfig
 
 
 def setup_lines(cluster: ClusterConfig, snapshot: Path) -> list[str]:
-    lines = [f"export PYTHONPATH={shlex.quote(str(snapshot))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+    # The snapshot goes first on the path, and PYTHONSAFEPATH (Python ≥ 3.11) keeps `python -m` from putting
+    # the job's working directory — often a checkout of this package — ahead of it.
+    lines = [
+        f"export PYTHONPATH={shlex.quote(str(snapshot))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        "export PYTHONSAFEPATH=1",
+    ]
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in cluster.env.items()]
     lines += [shlex.join(shlex.split(line)) for line in cluster.setup]
     return lines

@@ -20,6 +20,7 @@ import jinja2
 
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
+from hpctrain.config.validate import validate
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.records import JOB_RECORD, JobRecord, write_json
 from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
@@ -43,7 +44,11 @@ def slurm_output(run_dir: Path) -> str:
 
 
 def render_script(cfg: Config, run_dir: Path) -> str:
-    """The sbatch script for the run in ``run_dir`` (absolute), from ``cluster.sbatch_template``."""
+    """The sbatch script for the run in ``run_dir``, from ``cluster.sbatch_template``.
+
+    Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote.
+    """
+    validate(cfg)
     c = cfg.cluster
     run_dir = run_dir.absolute()
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in str(run_dir)):
@@ -59,7 +64,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
     )
     environment.filters["quote"] = lambda value: shlex.quote(str(value))
     template = environment.get_template(template_path(c.sbatch_template).name)
-    # In a container, the image's python runs the job; otherwise the interpreter that submits, as submitit does.
+    # In a container the image's python runs the job; otherwise the submitting interpreter, as with submitit.
     python = "python" if c.container_image else sys.executable
     # Slurm expands %-patterns in --output: a literal % in the run directory is written %%.
     output = str(run_dir / SLURM_DIR).replace("%", "%%") + "/%j.out"

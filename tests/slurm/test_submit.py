@@ -105,13 +105,17 @@ def test_sweep_is_one_job_array(slurm_cluster, tmp_path: Path):
 
 
 def test_job_runs_the_code_as_submitted(slurm_cluster, tmp_path: Path):
-    # A working tree of the package that the user edits after submitting.
+    # A checkout of the package that the user submits from (their working directory, so it is what the
+    # submitting `python -m` imports), then edits while the job waits. The job starts in that same directory:
+    # the checkout must not shadow the snapshot there. Its trainer logs a marker at submit time that neither
+    # the installed package nor the edited checkout has.
     tree = tmp_path / "src"
     shutil.copytree(REPO / "hpctrain", tree / "hpctrain", ignore=shutil.ignore_patterns("__pycache__"))
-    env = {"PYTHONPATH": str(tree)}
+    trainer = tree / "hpctrain" / "train" / "trainer.py"
+    trainer.write_text(trainer.read_text() + '\nlog.warning("code marker: as submitted")\n')
     # Occupy every node so the job stays queued while the tree changes.
     blocker = subprocess.run(
-        ["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 60"],
+        ["sbatch", "--parsable", "-N3", "--exclusive", "--output=/dev/null", "--wrap", "sleep 60"],
         capture_output=True,
         text=True,
         check=True,
@@ -119,17 +123,24 @@ def test_job_runs_the_code_as_submitted(slurm_cluster, tmp_path: Path):
     try:
         _wait_running(blocker)
         run = tmp_path / "run"
-        result = hpctrain(*SMALL, f"hydra.run.dir={run}", env=env)
+        result = hpctrain(*SMALL, f"hydra.run.dir={run}", cwd=tree)
         assert result.returncode == 0, result.stderr
         record = read_job(run)
         assert record is not None
         assert job_states([record.job_id])[record.job_id].state == "PENDING"
-        trainer = tree / "hpctrain" / "train" / "trainer.py"
-        trainer.write_text(trainer.read_text() + '\nraise RuntimeError("edited after submit")\n')
+        trainer.write_text(
+            trainer.read_text().replace(
+                'log.warning("code marker: as submitted")', 'raise RuntimeError("edited after submit")'
+            )
+        )
     finally:
         subprocess.run(["scancel", blocker], check=True)
     state = wait_final([record.job_id])[record.job_id]
-    assert state.state == "COMPLETED", (run / "logs" / "rank0.log").read_text()[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert state.state == "COMPLETED", log[-2000:]
+    # Logged when the trainer module is imported, before the rank log exists: it is in Slurm's output.
+    outputs = "".join(p.read_text() for p in (run / "slurm").rglob("*.out"))
+    assert "code marker: as submitted" in outputs, "the job did not run the snapshot"
     assert "edited after submit" not in (run / "code" / "hpctrain" / "train" / "trainer.py").read_text()
 
 

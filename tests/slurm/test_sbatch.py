@@ -1,0 +1,212 @@
+"""``launcher=sbatch`` on the real test cluster: the srun and torchrun templates, dry runs, quoting, failures.
+
+The jobs are submitted together by one module fixture (the cluster runs them side by side where nodes
+allow), then each test waits for its own. Every job is tiny: 10 steps of the 2-layer GPT on 200 kB.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import FAST, hpctrain, metrics
+
+from hpctrain.config.compose import compose, to_typed
+from hpctrain.launch.sbatch import render_script
+from hpctrain.slurm.commands import job_states, run
+
+from .cluster import SlurmTestCluster
+
+# 2 nodes × 2 tasks on node1 + node2 (node3 excluded, so where the ranks run is known).
+TWO_BY_TWO = ["cluster=slurm_test", "trainer.max_steps=10", "trainer.seed=7", "cluster.exclude=node3", *FAST]
+ONE_NODE = ["cluster=slurm_test", "cluster.nodes=1", "trainer.max_steps=10", *FAST]
+
+
+def _submit(run_dir: Path, *overrides: str) -> str:
+    result = hpctrain(*overrides, f"hydra.run.dir={run_dir}", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((run_dir / "job.json").read_text())["job_id"]
+
+
+def _wait_final(job_id: str, run_dir: Path, timeout: float = 120) -> str:
+    """Poll squeue/sacct until the job is in a final state; return it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = job_states([job_id]).get(job_id)
+        if state is not None and state.final:
+            return state.state
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"job {job_id} not final after {timeout} s: {state}\n{_slurm_output(run_dir)}"
+            )
+        time.sleep(0.5)
+
+
+def _slurm_output(run_dir: Path) -> str:
+    """The last lines of whatever Slurm wrote for the run (for failure messages)."""
+    files = sorted((run_dir / "slurm").rglob("*.out"))
+    return "\n".join(f"--- {f}\n" + "\n".join(f.read_text().splitlines()[-30:]) for f in files)
+
+
+def _final_loss(run_dir: Path) -> float:
+    return [row for row in metrics(run_dir) if "loss" in row][-1]["loss"]
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """Submit every run of this module at once: name → (run dir, job id)."""
+    root = tmp_path_factory.mktemp("sbatch")
+    pwned = root / "pwned"
+    runs = {
+        "sbatch": [*TWO_BY_TWO, "launcher=sbatch"],
+        "torchrun": [*ONE_NODE, "launcher=sbatch", "cluster.sbatch_template=torchrun"],
+        "submitit": TWO_BY_TWO,
+        # Fails on rank 1 at step 3; also carries shell code in cluster.setup / .env that must not run.
+        "failing": [
+            *ONE_NODE,
+            "launcher=sbatch",
+            "trainer.fail_at=1:3",
+            f"cluster.setup=['echo hi; touch {pwned}_setup']",
+            f"+cluster.env.X='$(touch {pwned}_env)'",
+        ],
+    }
+    submitted = {}
+    for name, overrides in runs.items():
+        run_dir = root / name
+        submitted[name] = (run_dir, _submit(run_dir, *overrides))
+    submitted["pwned"] = (pwned, "")
+    return submitted
+
+
+def test_sbatch_and_submitit_train_alike(jobs: dict[str, tuple]) -> None:
+    sbatch_dir, sbatch_job = jobs["sbatch"]
+    submitit_dir, submitit_job = jobs["submitit"]
+    assert _wait_final(sbatch_job, sbatch_dir) == "COMPLETED", _slurm_output(sbatch_dir)
+    assert _wait_final(submitit_job, submitit_dir) == "COMPLETED", _slurm_output(submitit_dir)
+
+    record = json.loads((sbatch_dir / "job.json").read_text())
+    assert record["launcher"] == "sbatch"
+    assert record["slurm_output"] == str(sbatch_dir / "slurm" / "%j.out")
+    assert (sbatch_dir / "slurm" / f"{sbatch_job}.out").is_file()
+    assert (sbatch_dir / "code" / "hpctrain" / "worker.py").is_file()
+    script = (sbatch_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=2" in script
+    assert "\nexec srun " in script
+
+    ranks = json.loads((sbatch_dir / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert sorted(r["host"] for r in ranks) == ["node1", "node1", "node2", "node2"]
+    assert metrics(sbatch_dir)[-1]["step"] == 10
+    # Same seed, same world size, same rank order: the same training, bit for bit.
+    assert _final_loss(sbatch_dir) == _final_loss(submitit_dir)
+
+
+def test_torchrun_template_completes(jobs: dict[str, tuple]) -> None:
+    run_dir, job_id = jobs["torchrun"]
+    assert _wait_final(job_id, run_dir) == "COMPLETED", _slurm_output(run_dir)
+    script = (run_dir / "job.sbatch").read_text()
+    assert "torch.distributed.run" in script and "--nproc-per-node=2" in script
+    ranks = json.loads((run_dir / "ranks.json").read_text())
+    assert [r["local_rank"] for r in ranks] == [0, 1]
+    assert len({r["host"] for r in ranks}) == 1
+    assert metrics(run_dir)[-1]["step"] == 10
+
+
+def test_failing_run_ends_failed_and_setup_runs_nothing(jobs: dict[str, tuple]) -> None:
+    run_dir, job_id = jobs["failing"]
+    assert _wait_final(job_id, run_dir) == "FAILED", _slurm_output(run_dir)
+    error = json.loads((run_dir / "logs" / "rank1.error.json").read_text())
+    assert "injected failure at step 3" in error["message"]
+    pwned = jobs["pwned"][0]
+    assert not Path(f"{pwned}_setup").exists()
+    assert not Path(f"{pwned}_env").exists()
+
+
+def test_dry_run_prints_script_and_submits_nothing(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    name = f"hpctdry{uuid.uuid4().hex[:8]}"
+    run_dir = tmp_path / "dry"
+    result = hpctrain(
+        *TWO_BY_TWO, "launcher=sbatch", "dry_run=true", f"cluster.job_name={name}", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout + result.stderr
+    assert "Dry run: nothing submitted." in printed
+    assert f"#SBATCH --job-name={name}" in printed and "exec srun --kill-on-bad-exit=1" in printed
+    assert (run_dir / "job.sbatch").read_text().strip() in printed
+    assert not (run_dir / "job.json").exists()
+    assert not (run_dir / "code").exists()
+    # Nothing of that name was ever queued (a name, not a job count: other jobs share the cluster).
+    assert run(["squeue", "--noheader", "--name", name]).strip() == ""
+    assert run(["sacct", "--noheader", "--allocations", "--name", name]).strip() == ""
+
+
+def test_setup_and_env_values_are_never_executed(tmp_path: Path) -> None:
+    run_dir = tmp_path / "render"
+    result = hpctrain(
+        "cluster=slurm_test",
+        "launcher=sbatch",
+        "dry_run=true",
+        f"cluster.setup=['echo hi; touch {tmp_path}/pwned2','echo `touch {tmp_path}/pwned3`']",
+        f"+cluster.env.X='$(touch {tmp_path}/pwned)'",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = (run_dir / "job.sbatch").read_text()
+    # The part of the job that runs before srun: the exports and the setup commands.
+    setup = script[script.index("set -euo pipefail") : script.index("\nexec srun")]
+    ran = subprocess.run(
+        ["bash", "-c", setup + '\nprintf "X=%s\\n" "$X"'], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert f"hi; touch {tmp_path}/pwned2" in ran.stdout
+    assert f"X=$(touch {tmp_path}/pwned)" in ran.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["render"]
+
+
+@pytest.mark.parametrize("job_name", ["a;touch x", "$(touch x)", "a b", "x\ny"])
+def test_unsafe_job_name_is_rejected_before_anything_is_written(tmp_path: Path, job_name: str) -> None:
+    run_dir = tmp_path / "bad"
+    result = hpctrain(
+        "cluster=slurm_test", "launcher=sbatch", f"cluster.job_name='{job_name}'", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: cluster.job_name="), result.stderr
+    assert not run_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_templates_render_every_option_as_valid_bash(tmp_path: Path) -> None:
+    overrides = [
+        "cluster=a100x32",
+        "launcher=sbatch",
+        "cluster.account=proj",
+        "cluster.qos=high",
+        "cluster.exclude='gpu[01-03]'",
+        "cluster.container_image='nvcr.io#nvidia/pytorch:25.01-py3'",
+        "cluster.container_mounts=[/data:/data:ro]",
+    ]
+    run_dir = tmp_path / "it's a run %j"
+    for template in ("srun", "torchrun"):
+        cfg = to_typed(compose([*overrides, f"cluster.sbatch_template={template}"]))
+        script = render_script(cfg, run_dir)
+        checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        for line in (
+            "#SBATCH --account=proj",
+            "#SBATCH --qos=high",
+            "#SBATCH --exclude=gpu[01-03]",
+            "#SBATCH --constraint=a100_80gb",
+            "#SBATCH --gpus-per-node=8",
+            "#SBATCH --mem=0",
+            "#SBATCH --signal=USR2@300",
+            "#SBATCH --output='" + str(run_dir).replace("'", "'\"'\"'").replace("%", "%%") + "/slurm/%j.out'",
+            "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts=/data:/data:ro",
+        ):
+            assert line in script, (template, line)
+        assert "{{" not in script and "{%" not in script
+    assert "#SBATCH --cpus-per-task=96" in script  # torchrun: one task per node holds 8 × 12 CPUs
