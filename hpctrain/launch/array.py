@@ -29,7 +29,7 @@ from hpctrain.launch.records import SWEEP_RECORD, SweepRecord, read_sweep, write
 
 log = logging.getLogger(__name__)
 
-POLL_S = 10.0
+POLL_S = 5.0  # sacct queries go to slurmdbd: poll gently
 
 
 def launch_array(

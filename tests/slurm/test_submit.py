@@ -201,3 +201,24 @@ def test_submit_path_does_not_import_torch(slurm_cluster, tmp_path: Path):
     record = read_job(tmp_path / "run")
     assert record is not None
     subprocess.run(["scancel", record.job_id], check=True)
+
+
+def test_optuna_sweeper_gets_the_objective_from_the_array(slurm_cluster, tmp_path: Path):
+    # A sweeper that chooses trials from results: the launcher waits for its batch and returns final losses.
+    sweep = tmp_path / "optuna"
+    result = hpctrain(
+        "-m",
+        *SMALL,
+        "cluster.nodes=1",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.n_jobs=2",
+        "optim.lr=interval(0.0001,0.01)",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr
+    record = read_sweep(sweep)
+    assert record is not None and len(record.members) == 2
+    finals = [metrics(Path(m.run_dir))[-1] for m in record.members]
+    best = min(r["val_loss"] for r in finals)
+    assert f"Best value: {best}" in result.stdout
