@@ -16,30 +16,32 @@ from omegaconf import MISSING
 
 
 @dataclass
-class GPTConfig:
-    """A GPT-style decoder (pre-norm blocks, causal attention, learned positions)."""
+class TransformerConfig:
+    """What every model here is made of: pre-norm transformer blocks."""
 
-    arch: str = "gpt"
+    arch: str = MISSING
     n_layers: int = 2
     d_model: int = 64
     n_heads: int = 4
     mlp_ratio: int = 4
     dropout: float = 0.0
+
+
+@dataclass
+class GPTConfig(TransformerConfig):
+    """A GPT-style decoder (causal attention, learned positions)."""
+
+    arch: str = "gpt"
     vocab_size: int = 256
     seq_len: int = 64
     tie_embeddings: bool = True
 
 
 @dataclass
-class ViTConfig:
-    """A Vision Transformer (patch embedding, class token, pre-norm blocks)."""
+class ViTConfig(TransformerConfig):
+    """A Vision Transformer (patch embedding, class token)."""
 
     arch: str = "vit"
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
     image_size: int = 8
     patch_size: int = 2
     in_channels: int = 1
