@@ -48,29 +48,48 @@ def main(argv: list[str]) -> None:
 
 
 def _train(run_dir: Path) -> None:
+    from hpctrain.resilience.signals import StopSignals
+
+    # First of all: a pre-emption signal that arrives while torch is still importing must not be lost (nor,
+    # for USR2, kill the process, its default action).
+    signals = StopSignals({"USR2", "TERM"})
+
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
     from hpctrain.dist.rendezvous import DistEnv, init_distributed, record_topology
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.resilience import requeue, walltime
+    from hpctrain.resilience.stop import StopCheck
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
     console = open_console() if env.is_main else None
     _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
     cfg = load_run_config(run_dir / RUN_CONFIG)
+    signals.listen(cfg.cluster.signal)
     device = init_distributed(env, cfg.cluster.dist_timeout_s)
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, run_dir / "ranks.json")
+    job_id = requeue.slurm_job_id()
+    end_time = walltime.job_end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:
         plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
     try:
-        fit(cfg, env, device, run_dir, observer)
+        result = fit(cfg, env, device, run_dir, observer, StopCheck(signals, end_time, env.is_main, device))
     finally:
         if observer is not None:
             observer.close()
+    if result.stopped_by is None:
+        return
+    if job_id is None:
+        log.info("Stopped at step %d; continue with trainer.resume=auto", result.state.step)
+        return
+    requeue.requeue_or_fail(
+        job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
+    )
 
 
 def _die_with_launcher() -> None:

@@ -12,7 +12,6 @@ the launcher exits non-zero naming the rank and its error. No torch import here.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config.schema import Config
+from hpctrain.launch.records import is_peer_symptom, read_error_file
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +31,6 @@ POLL_S = 0.05
 # After a first failure, how long to keep collecting exits before stopping the rest: when one rank dies, its
 # peers fail within a second with a connection error, and the report should name the cause, not a symptom.
 SETTLE_S = 1.0
-# Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
-PEER_ERROR_MARKERS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Broken pipe",
-    "NCCL communicator",
-    "recvBytes",
-    "Socket Timeout",
-    "Connection refused",
-)
 
 
 @dataclass
@@ -66,7 +56,7 @@ class _Failure:
 
     @property
     def is_peer_symptom(self) -> bool:
-        return self.returncode > 0 and any(m in self.detail for m in PEER_ERROR_MARKERS)
+        return self.returncode > 0 and is_peer_symptom(self.detail)
 
 
 @dataclass
@@ -206,19 +196,6 @@ def _failure(worker: _Worker, run_dir: Path) -> _Failure:
         detail = f"failed with exit code {code}" + (f": {error}" if error else "")
     assert worker.exited_at is not None
     return _Failure(worker.rank, worker.proc.pid, code, detail, worker.log_path, worker.exited_at)
-
-
-def error_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / "logs" / f"rank{rank}.error.json"
-
-
-def read_error_file(run_dir: Path, rank: int) -> str | None:
-    """``Type: message`` of the exception a worker recorded before exiting, if it recorded one."""
-    try:
-        record = json.loads(error_file(run_dir, rank).read_text())
-    except (OSError, ValueError):
-        return None
-    return f"{record['type']}: {record['message']}"
 
 
 def free_port(host: str) -> int:

@@ -2,17 +2,32 @@
 
 <run dir>/job.json      one run: its Slurm job id, launcher, cluster, size, where Slurm writes output
 <sweep dir>/sweep.json  a sweep: its array job id and one entry per member (overrides, run dir, job id)
+<run dir>/logs/rank<R>.error.json  what a failed rank raised (type, message, traceback, host), written by
+                        :mod:`hpctrain.worker`, read by the local launcher and ``hpctrain status``
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 JOB_RECORD = "job.json"
 SWEEP_RECORD = "sweep.json"
+METRICS_FILE = "metrics.jsonl"  # written by rank 0 (hpctrain.observe.loggers), read by status and summary
+# Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
+PEER_ERROR_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "NCCL communicator",
+    "recvBytes",
+    "Socket Timeout",
+    "Connection refused",
+)
 
 
 @dataclass
@@ -60,3 +75,46 @@ def read_sweep(sweep_dir: Path) -> SweepRecord | None:
     raw = json.loads(path.read_text())
     raw["members"] = [SweepMember(**m) for m in raw["members"]]
     return SweepRecord(**raw)
+
+
+def error_file(run_dir: Path, rank: int) -> Path:
+    return run_dir / "logs" / f"rank{rank}.error.json"
+
+
+def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
+    """The record a failed rank wrote (rank, host, pid, type, message, traceback), if it wrote one."""
+    try:
+        record = json.loads(error_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "type" in record else None
+
+
+def read_error_file(run_dir: Path, rank: int) -> str | None:
+    """``Type: message`` of the exception a worker recorded before exiting, if it recorded one."""
+    record = read_error_record(run_dir, rank)
+    return None if record is None else f"{record['type']}: {record.get('message', '')}"
+
+
+def is_peer_symptom(message: str) -> bool:
+    """Whether an error only says that another rank went away (the cause is elsewhere)."""
+    return any(marker in message for marker in PEER_ERROR_MARKERS)
+
+
+def error_last_line(record: dict[str, Any]) -> str:
+    """The last line of the recorded traceback (``Type: message``), as Python prints it last."""
+    lines = [line for line in str(record.get("traceback", "")).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else f"{record['type']}: {record.get('message', '')}"
+
+
+def first_error(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
+    """The error of the lowest rank that failed on its own, else of the lowest rank that failed at all."""
+    ranks = sorted(
+        int(m.group(1))
+        for path in (run_dir / "logs").glob("rank*.error.json")
+        if (m := re.fullmatch(r"rank(\d+)\.error\.json", path.name))
+    )
+    found = [(rank, record) for rank in ranks if (record := read_error_record(run_dir, rank)) is not None]
+    causes = [(rank, r) for rank, r in found if not is_peer_symptom(error_last_line(r))]
+    chosen = causes or found
+    return chosen[0] if chosen else None

@@ -43,6 +43,8 @@ def submitit_parameters(cluster: ClusterConfig, snapshot: Path) -> dict[str, Any
         "srun_args": container_srun_args(cluster) or None,
         "array_parallelism": cluster.array_parallelism,
         "stderr_to_stdout": True,
+        # Requeueable even where JobRequeue=0: on pre-emption the job requeues itself (hpctrain.resilience).
+        "additional_parameters": {"requeue": True},
     }
     return {k: v for k, v in params.items() if v is not None}
 

@@ -19,10 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hpctrain.config.schema import LoggerConfig
+from hpctrain.launch.records import METRICS_FILE
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
 
 
 class MetricsFile:

@@ -1,4 +1,4 @@
-"""Slurm's client commands (sbatch, squeue, sacct, scancel), always with a configuration in place.
+"""Slurm's client commands (sbatch, squeue, sacct, scancel, scontrol), always with a configuration in place.
 
 A Slurm client that finds no configuration falls back to DNS SRV look-ups (configless mode); on a machine
 that is not meant to do that, every call would try to leave it. So a client runs only when SLURM_CONF or
@@ -7,7 +7,9 @@ that is not meant to do that, every call would try to leave it. So a client runs
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -68,36 +70,105 @@ class JobState:
         return self.state in FINAL_STATES
 
 
+# A job id as squeue/sacct take it: 123, or 123_4 for one member of a job array.
+JOB_ID = re.compile(r"\d+(_\d+)?")
+
+
 def job_states(job_ids: list[str]) -> dict[str, JobState]:
-    """Each job's current state: squeue while it is queued or running, else sacct's record."""
+    """Each job's current state: squeue while it is queued or running, else sacct's record.
+
+    For a job array's id, the answer holds its members (``12_0``, ``12_1``, or ``12_[2-5]`` for members that
+    never started) instead. Ids that are not Slurm job ids, or that Slurm does not know, are left out.
+    """
+    job_ids = [j for j in dict.fromkeys(job_ids) if JOB_ID.fullmatch(j)]
     if not job_ids:
         return {}
     states: dict[str, JobState] = {}
-    out = run(["squeue", "--noheader", "--jobs", ",".join(job_ids), "--format", "%i|%T|%N|%M|%r"])
+    # --array: one line per array member, even for pending members (squeue folds them into 12_[0-3]).
+    args = ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", "%i|%T|%N|%M|%r"]
+    try:
+        out = run(args)
+    except RuntimeError as err:  # a single id that left slurmctld's memory: "Invalid job id specified"
+        if "Invalid job id" not in str(err):
+            raise
+        out = ""
     for line in out.splitlines():
         job, state, nodes, elapsed, reason = line.split("|")
         states[job] = JobState(job, state, "", nodes, elapsed, "" if reason == "None" else reason)
     missing = [j for j in job_ids if j not in states]
     if missing:
-        out = run(
-            [
-                "sacct",
-                "--noheader",
-                "--parsable2",
-                "--allocations",
-                "--jobs",
-                ",".join(missing),
-                "--format",
-                "JobID,State,ExitCode,NodeList,Elapsed",
-            ]
+        states.update(
+            {j: s for j, s in _sacct(missing).items() if j in missing or j.split("_")[0] in missing}
         )
-        for line in out.splitlines():
-            job, state, exit_code, nodes, elapsed = line.split("|")
-            # "CANCELLED by 0" → CANCELLED; sacct lists a requeued job once per run, the last is current.
-            states[job] = JobState(job, state.split()[0], exit_code, nodes, elapsed)
+    # Array members that never started have no record of their own, only the array's (12_[0-3]).
+    unstarted = [j for j in missing if j not in states and "_" in j]
+    if unstarted:
+        arrays = _sacct(sorted({j.split("_")[0] for j in unstarted}))
+        for job in unstarted:
+            array, index = job.split("_")
+            for key, record in arrays.items():
+                if key.split("_")[0] == array and int(index) in _array_indices(key):
+                    states[job] = JobState(job, record.state, record.exit_code, record.nodes, record.elapsed)
     return states
 
 
+def _sacct(job_ids: list[str]) -> dict[str, JobState]:
+    out = run(
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            "--jobs",
+            ",".join(job_ids),
+            "--format",
+            "JobID,State,ExitCode,NodeList,Elapsed",
+        ]
+    )
+    states: dict[str, JobState] = {}
+    for line in out.splitlines():
+        job, state, exit_code, nodes, elapsed = line.split("|")
+        # "CANCELLED by 0" → CANCELLED; sacct lists a requeued job once per run, the last is current.
+        states[job] = JobState(job, state.split()[0], exit_code, nodes, elapsed)
+    return states
+
+
+def _array_indices(job_id: str) -> set[int]:
+    """The member indices sacct folds into one record: ``12_[0-3,7%2]`` → {0, 1, 2, 3, 7}; ``12_5`` → {5}."""
+    _, _, spec = job_id.partition("_")
+    indices: set[int] = set()
+    for part in spec.strip("[]").split("%")[0].split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (high.isdigit() or not high):
+            indices.update(range(int(low), int(high or low) + 1))
+    return indices
+
+
+def show_job(job_id: str) -> dict[str, str] | None:
+    """``scontrol show job``'s fields (StdOut, WorkDir, JobState, ...) while slurmctld still knows the job.
+
+    For an array id, the first member's record.
+    """
+    try:
+        out = run(["scontrol", "--oneliner", "show", "job", job_id])
+    except RuntimeError as err:
+        if "Invalid job id" in str(err):
+            return None
+        raise
+    line = next((line for line in out.splitlines() if line.strip()), "")
+    # Fields are Key=Value separated by spaces; a value may itself hold spaces (Command=, Comment=).
+    parts = re.split(r"(?:^|\s)([A-Za-z][\w:/]*)=", line)
+    fields = {key: value.strip() for key, value in zip(parts[1::2], parts[2::2], strict=True)}
+    return fields or None
+
+
 def cancel(job_ids: list[str]) -> None:
+    """scancel for good. A job that is stopped by SIGTERM saves a checkpoint and requeues itself
+    (:mod:`hpctrain.resilience`), and it cannot tell scancel's SIGTERM from pre-emption's: so the jobs are
+    first made non-requeueable (``Requeue=0``), which makes their ``scontrol requeue`` fail."""
+    for job_id in job_ids:
+        # Fails for a job that already ended, or where a site forbids it: scancel still stops the job.
+        with contextlib.suppress(RuntimeError):
+            run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
     if job_ids:
         run(["scancel", *job_ids])

@@ -30,6 +30,8 @@ from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer
 from hpctrain.parallel import parallelize
+from hpctrain.parallel.apply import prime_ddp_buckets
+from hpctrain.resilience.stop import StopCheck
 from hpctrain.train.metrics import device_peak_flops, mfu
 from hpctrain.train.optim import build_optimizer, build_scheduler
 
@@ -44,9 +46,20 @@ class StepResult:
     grad_norm: torch.Tensor  # global norm of the (unscaled) gradients before clipping
 
 
+@dataclass
+class FitResult:
+    state: TrainState
+    stopped_by: str | None  # why training stopped before max_steps (a checkpoint of that step is saved)
+
+
 def fit(
-    cfg: Config, env: DistEnv, device: torch.device, run_dir: Path, observer: Observer | None
-) -> TrainState:
+    cfg: Config,
+    env: DistEnv,
+    device: torch.device,
+    run_dir: Path,
+    observer: Observer | None,
+    stop: StopCheck | None = None,
+) -> FitResult:
     t = cfg.trainer
     dp_rank, dp_size = env.rank, data_parallel_size(cfg)
 
@@ -57,6 +70,7 @@ def fit(
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
     train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
+    prime_ddp_buckets(model, train_set.get_batch([0])[0].to(device))
     batch_size = global_batch_size(cfg)
     sampler = GlobalBatchSampler(len(train_set), batch_size, t.seed)
     # Per-rank streams for dropout and the like, after the shared init.
@@ -75,7 +89,7 @@ def fit(
     checkpoints.resume(resumable, t.resume)
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
-        return state
+        return FitResult(state, None)
     if observer is not None:
         state.wandb_run_id = observer.start(state.step, t.max_steps, state.wandb_run_id)
     if dp_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
@@ -91,6 +105,7 @@ def fit(
         env.world_size,
         device,
     )
+    save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         if env.rank == fail_rank and state.step + 1 == fail_step:
@@ -101,7 +116,8 @@ def fit(
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         state.step += 1
-        speed.step_done(time.perf_counter() - step_start)
+        step_s = time.perf_counter() - step_start
+        speed.step_done(step_s)
 
         last = state.step == t.max_steps
         evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
@@ -115,10 +131,16 @@ def fit(
                 observer.log(record)
         elif observer is not None:
             observer.advance(state.step)
-        if last or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
+        stopped_by = stop(step_s, save_s) if stop is not None else None
+        if last or stopped_by or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
+            save_start = time.perf_counter()
             checkpoints.save(state.step, resumable)
+            save_s = time.perf_counter() - save_start
+        if stopped_by:
+            log.info("Stopped by %s after step %d; checkpoint saved (%.1f s)", stopped_by, state.step, save_s)
+            return FitResult(state, stopped_by)
         step_start = time.perf_counter()
-    return state
+    return FitResult(state, None)
 
 
 def train_step(

@@ -1,0 +1,82 @@
+"""After a stop with a checkpoint saved: requeue the Slurm job (once, from rank 0), up to a cap.
+
+Slurm counts the job's requeues in SLURM_RESTART_COUNT, whoever asked for them, so the cap holds across
+pre-emptions, time limits and faults alike. Past ``cluster.max_requeues`` the job ends FAILED, saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+
+log = logging.getLogger(__name__)
+
+
+class RequeueCapReached(RuntimeError):
+    pass
+
+
+def slurm_job_id() -> str | None:
+    """The job to requeue: set inside a Slurm job, unless the local launcher started this process."""
+    if "HPCTRAIN_LAUNCHER_PID" in os.environ:
+        return None
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def restart_count() -> int:
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
+def cancelled(job_id: str) -> bool:
+    """Did someone scancel the job? Then its SIGTERM is no pre-emption: requeueing would undo the cancel.
+
+    Accounting shows "CANCELLED by <uid>" as soon as scancel runs, while a signal alone (pre-emption
+    schemes, ``scancel --signal``) leaves the job RUNNING. Without accounting, a job Slurm is already ending
+    (COMPLETING) is taken as cancelled: not requeueing a job is the safe mistake.
+    """
+    sacct = subprocess.run(
+        ["sacct", "--noheader", "--allocations", "--jobs", job_id, "--format", "State%40"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if sacct.returncode == 0 and sacct.stdout.strip():
+        return sacct.stdout.split()[0] == "CANCELLED"
+    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30)
+    return "JobState=COMPLETING" in show.stdout or "JobState=CANCELLED" in show.stdout
+
+
+def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_main: bool) -> None:
+    """Requeue ``job_id`` (rank 0 asks), or raise RequeueCapReached on every rank when the cap is reached.
+    A job that was cancelled is left to end."""
+    if cancelled(job_id):
+        log.info(
+            "Stopped by %s at step %d (checkpoint saved): the job was cancelled, not requeueing", reason, step
+        )
+        return
+    done = restart_count()
+    if done >= max_requeues:
+        raise RequeueCapReached(
+            f"stopped by {reason} at step {step} (checkpoint saved), but the job was already requeued {done} "
+            f"time{'s' * (done != 1)} and cluster.max_requeues={max_requeues}: not requeueing. "
+            "Resubmit with trainer.resume=auto to continue."
+        )
+    if is_main:
+        log.info(
+            "Stopped by %s at step %d; requeueing job %s (requeue %d of at most %d)",
+            reason,
+            step,
+            job_id,
+            done + 1,
+            max_requeues,
+        )
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            # A pre-empting partition with PreemptMode=REQUEUE requeues the job itself: then this is a no-op.
+            log.warning(
+                "scontrol requeue %s failed (%s); the checkpoint of step %d is saved either way",
+                job_id,
+                result.stderr.strip(),
+                step,
+            )

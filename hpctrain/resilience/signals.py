@@ -1,0 +1,37 @@
+"""Pre-emption and time-limit signals, noticed on every rank and acted on by all at a step boundary.
+
+Slurm sends the warning signal (``--signal=USR2@<lead>``, never USR1, which NCCL may take) and, on pre-emption
+or at the time limit, SIGTERM to every task. A handler here only sets a flag: saving a checkpoint from inside
+a signal handler would run collectives at an arbitrary point of the step. At the next step boundary the ranks
+agree on the flags with one all-reduce (MAX), so a signal that reached any rank stops all of them together.
+submitit installs its own USR2 handler that checkpoints global rank 0 only (submitit #9); ours replaces it.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+WALLTIME = 1000  # stop code for the walltime guard; signal numbers are the other codes
+
+
+def describe(code: int) -> str:
+    if code == WALLTIME:
+        return "the time limit is near (walltime guard)"
+    return f"SIG{signal.Signals(code).name.removeprefix('SIG')}"
+
+
+class StopSignals:
+    """Remember the first stop signal this process receives."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.received = 0
+        for name in sorted(names):
+            self.listen(name)
+
+    def listen(self, name: str) -> None:
+        signal.signal(getattr(signal, f"SIG{name}"), self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if not self.received:
+            self.received = signum
