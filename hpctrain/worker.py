@@ -14,14 +14,17 @@ records ``logs/rank<R>.error.json`` (type, message, traceback, host) for launche
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import signal
-import socket
 import sys
+import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpctrain.resilience.watchdog import Heartbeat
 
 PR_SET_PDEATHSIG = 1
 
@@ -58,9 +61,11 @@ def _train(run_dir: Path) -> None:
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
     from hpctrain.dist.rendezvous import DistEnv, init_distributed, record_topology
+    from hpctrain.launch.records import is_peer_symptom
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.resilience import requeue, walltime
     from hpctrain.resilience.stop import StopCheck
+    from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, read_heartbeats
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
@@ -77,9 +82,27 @@ def _train(run_dir: Path) -> None:
     if env.is_main:
         plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
+    all_ranks = list(range(env.world_size))
+
+    def on_hang(culprit: Heartbeat | None, why: str) -> None:
+        requeue.respond_to_fault(run_dir, job_id, culprit, why, env.rank, all_ranks, cfg.cluster.max_requeues)
+
+    t = cfg.trainer
+    watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
-        result = fit(cfg, env, device, run_dir, observer, StopCheck(signals, end_time, env.is_main, device))
+        stop = StopCheck(signals, end_time, env.is_main, device)
+        result = fit(cfg, env, device, run_dir, observer, stop, watchdog)
+    except Exception as err:
+        if job_id is not None and is_peer_symptom(str(err)):
+            # A peer died: wait until its heartbeat is visibly stale, then name it and requeue without it.
+            time.sleep(STALE_AFTER_S + 1)
+            beats = read_heartbeats(run_dir)
+            culprit, why = find_culprit(beats, time.time())
+            live = [b.rank for b in beats if culprit is None or b.rank != culprit.rank]
+            requeue.respond_to_fault(run_dir, job_id, culprit, why, env.rank, live, cfg.cluster.max_requeues)
+        raise
     finally:
+        watchdog.close()
         if observer is not None:
             observer.close()
     if result.stopped_by is None:
@@ -123,25 +146,15 @@ def _setup_logging(run_dir: Path, rank: int, console_handler: logging.Handler | 
 
 
 def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
+    from hpctrain.launch.records import write_error_record
+
     text = "".join(traceback.format_exception(err))
     print(text, file=sys.stderr, flush=True)
     message = str(err).strip().splitlines()
-    record = {
-        "rank": rank,
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "type": type(err).__name__,
-        "message": message[0] if message else "",
-        "traceback": text,
-    }
-    path = run_dir / "logs" / f"rank{rank}.error.json"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        tmp.replace(path)
+        write_error_record(run_dir, rank, type(err).__name__, message[0] if message else "", text)
     except OSError as io_err:
-        print(f"could not write {path}: {io_err}", file=sys.stderr)
+        print(f"could not record the error in {run_dir / 'logs'}: {io_err}", file=sys.stderr)
 
 
 def _finish(status: int) -> None:

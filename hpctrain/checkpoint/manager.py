@@ -4,26 +4,48 @@ Save: every rank writes its shards into ``.tmp-step_N``; rank 0 writes ``manifes
 directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A crash at any point leaves
 either the previous committed checkpoints untouched or the new one complete.
 
+Asynchronous save (``blocking=False``): ``save`` returns once every tensor has been copied off the live
+state (staging; the copy buffers are kept and reused by the next save), and a background thread writes the
+shards with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default
+group for its own collectives). The write is committed (manifest, rename, prune; rank 0) by the next
+``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after every rank has reported
+its shards written, so rank 0's completion means every rank's shards are on disk. Until then it is only a
+``.tmp-`` directory, so a crash mid-write leaves the committed checkpoints as they were.
+
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
 (and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
 partial checkpoint is never loaded.
+
+Resume on another world size: model and optimizer reshard through DCP (keys are parameter names), the
+sampler counts global samples. Per-rank RNG streams (``rng_rank{r}``) are matched by rank: a rank the
+checkpoint has no stream for starts a fresh, deterministic one (from its seed, rank and the step); streams of
+ranks that no longer exist are ignored.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+import re
 import shutil
+import time
 from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
 
 from hpctrain.checkpoint import layout
 
 log = logging.getLogger(__name__)
+
+RNG_KEY = re.compile(r"rng_rank(\d+)")
 
 
 class CheckpointNotLoadable(RuntimeError):
@@ -31,31 +53,93 @@ class CheckpointNotLoadable(RuntimeError):
 
 
 class CheckpointManager:
-    def __init__(self, root: Path, keep_last: int, rank: int, config_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        keep_last: int,
+        rank: int,
+        config_file: Path | None = None,
+        commit_delay_s: float = 0.0,
+    ) -> None:
         self.root = root
         self.keep_last = keep_last
         self.rank = rank
         self.config_file = config_file
+        self.commit_delay_s = commit_delay_s  # test-only (trainer.save_delay_s): a window to crash mid-save
+        self._pending: _PendingSave | None = None
+        self._group: dist.ProcessGroup | None = None
+        self._stager = BufferStager()
 
-    def save(self, step: int, state: Mapping[str, Any]) -> Path:
+    def save(self, step: int, state: Mapping[str, Any], blocking: bool = True) -> Path:
+        """Checkpoint ``state`` as step ``step`` (collective: every rank calls it); return its final path.
+
+        ``blocking=False``: return as soon as the state is staged (copied), so the caller may change the
+        weights again; the shards are written in the background and committed by the next ``save`` or by
+        ``wait()``. Either way a save still pending from before is finished and committed first."""
+        self.wait()
         final = self.root / layout.checkpoint_name(step)
         tmp = self.root / f"{layout.TMP_PREFIX}{final.name}"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt at this step that never committed
             tmp.mkdir(parents=True)
+        group = None if blocking else self._background_group()
         _barrier()
-        dcp.save(dict(state), checkpoint_id=tmp)  # returns once every rank's shards and .metadata are written
-        if self.rank == 0:
-            if self.config_file is not None:
-                shutil.copy2(self.config_file, tmp / self.config_file.name)
-            layout.write_manifest(tmp, step)
-            if final.exists():  # re-saving a step after a resume from an older checkpoint
-                shutil.rmtree(final)
-            tmp.rename(final)
-            layout.fsync_dir(self.root)
-            self._prune()
-        _barrier()
+        if blocking:
+            # Returns once every rank's shards and .metadata are written.
+            dcp.save(dict(state), checkpoint_id=tmp)
+            self._commit(step, tmp, final)
+            _barrier()
+        else:
+            future = dcp.async_save(
+                dict(state), checkpoint_id=tmp, process_group=group, async_stager=self._stager
+            )
+            assert isinstance(future, Future), type(future)  # synchronous staging: a plain upload future
+            self._pending = _PendingSave(step, tmp, final, future)
         return final
+
+    def wait(self) -> None:
+        """Finish and commit the pending asynchronous save, if any (collective when one is pending)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        started = time.perf_counter()
+        pending.future.result()  # re-raises this rank's write failure (DCP fails every rank alike)
+        self._commit(pending.step, pending.tmp, pending.final)
+        _barrier()
+        log.info(
+            "Committed %s (asynchronous save; waited %.2f s for it)",
+            pending.final.name,
+            time.perf_counter() - started,
+        )
+
+    @property
+    def pending(self) -> bool:
+        """Whether an asynchronous save is written or waits to be committed."""
+        return self._pending is not None
+
+    def close(self) -> None:
+        """Finish any pending save and free the staging buffers (they hold a copy of the whole state)."""
+        self.wait()
+        self._stager.close()
+
+    def _commit(self, step: int, tmp: Path, final: Path) -> None:
+        if self.rank != 0:
+            return
+        time.sleep(self.commit_delay_s)
+        if self.config_file is not None:
+            shutil.copy2(self.config_file, tmp / self.config_file.name)
+        layout.write_manifest(tmp, step)
+        if final.exists():  # re-saving a step after a resume from an older checkpoint
+            shutil.rmtree(final)
+        tmp.rename(final)
+        layout.fsync_dir(self.root)
+        self._prune()
+
+    def _background_group(self) -> dist.ProcessGroup | None:
+        """A gloo group of all ranks for the writer thread's collectives (made on first use: collective)."""
+        if self._group is None and dist.is_available() and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def resume(self, state: Mapping[str, Any], policy: str) -> Path | None:
         """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory)."""
@@ -81,7 +165,11 @@ class CheckpointManager:
 
     def _load(self, directory: Path, state: Mapping[str, Any]) -> str | None:
         try:
-            dcp.load(dict(state), checkpoint_id=directory)
+            metadata = dcp.FileSystemReader(directory).read_metadata()
+            saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+            # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
+            absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
+            dcp.load({k: v for k, v in state.items() if k not in absent}, checkpoint_id=directory)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException
@@ -89,6 +177,27 @@ class CheckpointManager:
             # Each tensor of every state is overwritten by whichever checkpoint loads next, so falling
             # back leaves nothing of this one behind.
             return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        step = layout.step_of(directory)
+        saved_ranks = sorted(int(m.group(1)) for key in saved if (m := RNG_KEY.fullmatch(key)))
+        for key in absent:
+            seed = state[key].fresh_stream(int(RNG_KEY.fullmatch(key).group(1)), step)
+            log.info(
+                "%s has no RNG state for %s (saved by %d rank(s)): fresh stream seeded %d",
+                directory.name,
+                key,
+                len(saved_ranks),
+                seed,
+            )
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        gone = [r for r in saved_ranks if r >= world_size]
+        if gone and self.rank == 0:
+            log.info(
+                "%s was saved by %d ranks, this run has %d: RNG states of ranks %s are not used",
+                directory.name,
+                len(saved_ranks),
+                world_size,
+                ", ".join(map(str, gone)),
+            )
         return None
 
     def _prune(self) -> None:
@@ -101,6 +210,76 @@ class CheckpointManager:
                 log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
+
+
+class BufferStager(AsyncStager):
+    """Stages a state dict for ``dcp.async_save``: every tensor is copied into a CPU buffer (pinned with CUDA)
+    that is kept, per key, for the next save, so staging costs one memcpy of the state and no allocation
+    (fresh buffers page-fault on first touch: many times slower). DCP's own stager caches by storage weak
+    reference, which is lost whenever the storage's Python wrapper is collected.
+
+    A buffer is reused only once the write that read it has finished: ``CheckpointManager`` waits for a
+    pending save before staging the next. Tensors that share memory (tied weights) are staged once; DTensors
+    are staged by their local shard; other tensor subclasses and unknown objects are deep-copied."""
+
+    _synchronize_after_execute = False  # staging is complete when stage() returns
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        used: dict[str, torch.Tensor] = {}
+        staged = self._copy(state_dict, "", used, {})
+        self._buffers = used  # buffers of keys that are gone are freed
+        return staged
+
+    def close(self) -> None:
+        self._buffers = {}
+
+    @torch.no_grad()
+    def _copy(self, obj: Any, path: str, used: dict[str, torch.Tensor], memo: dict[Any, Any]) -> Any:
+        if isinstance(obj, dict):
+            return {k: self._copy(v, f"{path}/{k}", used, memo) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+            return type(obj)(self._copy(v, f"{path}/{i}", used, memo) for i, v in enumerate(obj))
+        if isinstance(obj, DTensor):
+            local = self._copy(obj.to_local(), path, used, memo)
+            return DTensor.from_local(
+                local, obj.device_mesh, obj.placements, run_check=False, shape=obj.size(), stride=obj.stride()
+            )
+        if type(obj) is torch.Tensor:
+            view = (
+                obj.untyped_storage().data_ptr(),
+                obj.storage_offset(),
+                obj.shape,
+                obj.stride(),
+                obj.dtype,
+            )
+            if obj.untyped_storage().data_ptr() != 0 and view in memo:
+                return memo[view]
+            buffer = self._buffers.get(path)
+            if (
+                buffer is None
+                or buffer.shape != obj.shape
+                or buffer.dtype != obj.dtype
+                or (buffer.stride() != obj.stride())
+            ):
+                pin = obj.device.type == "cuda"
+                buffer = torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, pin_memory=pin)
+            buffer.copy_(obj)
+            used[path] = memo[view] = buffer
+            return buffer
+        if obj is None or isinstance(obj, (int, float, bool, str, bytes)):
+            return obj
+        return copy.deepcopy(obj)
+
+
+@dataclass
+class _PendingSave:
+    step: int
+    tmp: Path
+    final: Path
+    future: Future
 
 
 def _barrier() -> None:

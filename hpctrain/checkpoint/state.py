@@ -50,7 +50,20 @@ class RNGState:
     """This rank's generators (python, numpy, torch CPU, CUDA), saved under a per-rank key.
 
     Pickled to bytes: DCP would otherwise split the numpy state tuple and reload it with torch's
-    weights-only unpickler, which refuses numpy arrays."""
+    weights-only unpickler, which refuses numpy arrays.
+
+    ``seed`` (default: torch's current initial seed, i.e. this rank's seed when made right after
+    ``seed_everything``) is what :meth:`fresh_stream` derives a stream from when a checkpoint has no state
+    for this rank (it was written by fewer ranks)."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.seed = torch.initial_seed() if seed is None else int(seed)
+
+    def fresh_stream(self, rank: int, step: int) -> int:
+        """Seed every generator from (seed, rank, step), deterministically; return the seed used."""
+        fresh = int(np.random.SeedSequence([self.seed, rank, step]).generate_state(1)[0])
+        seed_everything(fresh)
+        return fresh
 
     def state_dict(self) -> dict[str, Any]:
         return {"pickle": pickle.dumps(self._capture())}

@@ -146,9 +146,21 @@ class TrainerConfig:
     eval_batches: int = 4
     ckpt_every: int = 100  # 0: only at the end
     keep_last: int = 2
+    # Write checkpoints in the background (DCP async_save): training waits only for the copy of the state.
+    # Saves on a stop signal and at the end are synchronous.
+    async_checkpoint: bool = False
     resume: str = "auto"  # auto | never | a checkpoint directory
-    # Test-only fault injection: "RANK:STEP" makes that rank raise at that step.
+    # Hang watchdog: a step that runs watchdog_factor × the recent median and at least watchdog_min_s seconds
+    # is a hang: every rank dumps its Python stacks, the culprit's node is recorded and excluded, the job
+    # requeues. 0 disables it.
+    watchdog_factor: float = 20.0
+    watchdog_min_s: float = 300.0
+    # Test-only fault injection, "RANK:STEP": that rank raises (fail_at) or sleeps forever (hang_at; in a
+    # Slurm job's first start only) in that step; save_delay_s holds every checkpoint uncommitted that long
+    # after its shards are written.
     fail_at: str | None = None
+    hang_at: str | None = None
+    save_delay_s: float = 0.0
 
 
 @dataclass

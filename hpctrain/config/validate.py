@@ -264,10 +264,13 @@ def _check_trainer(cfg: Config) -> None:
                 f"not a loadable checkpoint: {problem}",
                 valid="auto, never, or a committed checkpoints/step_* directory",
             )
-    if t.fail_at is not None:
-        rank, _, step = t.fail_at.partition(":")
+    for key in ("fail_at", "hang_at"):
+        value = getattr(t, key)
+        rank, _, step = (value or "0:0").partition(":")
         if not (rank.isdigit() and step.isdigit()):
-            raise ConfigError("trainer.fail_at", t.fail_at, "expected RANK:STEP", valid="e.g. 1:5")
+            raise ConfigError(f"trainer.{key}", value, "expected RANK:STEP", valid="e.g. 1:5")
+    for key in ("watchdog_factor", "watchdog_min_s", "save_delay_s"):
+        _at_least(f"trainer.{key}", getattr(t, key), 0.0)
 
 
 def _check_logger(cfg: Config) -> None:

@@ -9,7 +9,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,6 +81,23 @@ def read_sweep(sweep_dir: Path) -> SweepRecord | None:
 
 def error_file(run_dir: Path, rank: int) -> Path:
     return run_dir / "logs" / f"rank{rank}.error.json"
+
+
+def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace: str = "") -> None:
+    """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json."""
+    record = {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "type": kind,
+        "message": message,
+        "traceback": trace,
+    }
+    path = error_file(run_dir, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
 
 
 def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:

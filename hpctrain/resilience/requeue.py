@@ -6,9 +6,15 @@ pre-emptions, time limits and faults alike. Past ``cluster.max_requeues`` the jo
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
+import time
+from pathlib import Path
+
+from hpctrain.resilience.watchdog import Heartbeat
+from hpctrain.slurm.spec import expand_nodelist
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +86,89 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
                 result.stderr.strip(),
                 step,
             )
+
+
+def respond_to_fault(
+    run_dir: Path,
+    job_id: str | None,
+    culprit: Heartbeat | None,
+    why: str,
+    rank: int,
+    live_ranks: list[int],
+    max_requeues: int,
+) -> None:
+    """After a hang or a dead rank: record the culprit, and let one surviving rank requeue the job without
+    the culprit's node (when the partition has enough other nodes), within the requeue cap."""
+    where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
+    log.error("Fault: %s — %s", where, why)
+    actor = min((r for r in live_ranks if culprit is None or r != culprit.rank), default=rank)
+    if rank != actor:
+        return
+    record = {
+        "time": time.time(),
+        "job_id": job_id,
+        "rank": culprit.rank if culprit else None,
+        "host": culprit.host if culprit else None,
+        "step": culprit.step if culprit else None,
+        "why": why,
+    }
+    with open(run_dir / FAULTS, "a") as out:
+        out.write(json.dumps(record) + "\n")
+    if job_id is None or cancelled(job_id):
+        return
+    done = restart_count()
+    if done >= max_requeues:
+        log.error(
+            "Not requeueing: the job was already requeued %d time(s) and cluster.max_requeues=%d",
+            done,
+            max_requeues,
+        )
+        return
+    exclude = _exclusion(job_id, culprit.host) if culprit else None
+    # Held while the exclusion is updated, so the scheduler cannot start it on the bad node in between.
+    _scontrol("requeuehold", job_id)
+    if exclude:
+        _scontrol("update", f"JobId={job_id}", f"ExcNodeList={exclude}")
+        log.info(
+            "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
+        )
+    _scontrol("release", job_id)
+
+
+FAULTS = "faults.jsonl"
+
+
+def _scontrol(*args: str) -> None:
+    result = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        log.warning("scontrol %s failed: %s", " ".join(args), result.stderr.strip())
+
+
+def _exclusion(job_id: str, host: str) -> str | None:
+    """The job's excluded nodes plus ``host``, or None when too few nodes would remain to run it."""
+    show = subprocess.run(
+        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
+    fields = dict(item.split("=", 1) for item in show.split() if "=" in item)
+    excluded = (
+        [] if fields.get("ExcNodeList", "(null)") == "(null)" else expand_nodelist(fields["ExcNodeList"])
+    )
+    partition = fields.get("Partition", os.environ.get("SLURM_JOB_PARTITION", ""))
+    nodes = subprocess.run(
+        ["sinfo", "--noheader", "--partition", partition, "--format", "%N"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
+    available = {n for item in nodes for n in expand_nodelist(item)} - set(excluded) - {host}
+    needed = int(os.environ.get("SLURM_JOB_NUM_NODES", fields.get("NumNodes", "1").split("-")[0]))
+    if len(available) < needed:
+        log.warning(
+            "Not excluding %s: only %d other node(s) in partition %s, the job needs %d",
+            host,
+            len(available),
+            partition,
+            needed,
+        )
+        return None
+    return ",".join(sorted({*excluded, host}))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,7 @@ from hpctrain.observe.loggers import Observer
 from hpctrain.parallel import parallelize
 from hpctrain.parallel.apply import prime_ddp_buckets
 from hpctrain.resilience.stop import StopCheck
+from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.train.metrics import device_peak_flops, mfu
 from hpctrain.train.optim import build_optimizer, build_scheduler
 
@@ -58,7 +61,8 @@ def fit(
     device: torch.device,
     run_dir: Path,
     observer: Observer | None,
-    stop: StopCheck | None = None,
+    stop: StopCheck,
+    watchdog: Watchdog,
 ) -> FitResult:
     t = cfg.trainer
     dp_rank, dp_size = env.rank, data_parallel_size(cfg)
@@ -85,7 +89,9 @@ def fit(
         "train": state,
         f"rng_rank{env.rank}": RNGState(),
     }
-    checkpoints = CheckpointManager(run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG)
+    checkpoints = CheckpointManager(
+        run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, commit_delay_s=t.save_delay_s
+    )
     checkpoints.resume(resumable, t.resume)
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
@@ -96,6 +102,9 @@ def fit(
         state.wandb_run_id = _broadcast_object(state.wandb_run_id)
 
     fail_rank, fail_step = (int(x) for x in t.fail_at.split(":")) if t.fail_at else (-1, -1)
+    # A requeued job does not hang again: it is the first start's hang that the test observes.
+    first_start = not os.environ.get("SLURM_RESTART_COUNT")
+    hang_rank, hang_step = (int(x) for x in t.hang_at.split(":")) if t.hang_at and first_start else (-1, -1)
     speed = Throughput(cfg, device, env.world_size)
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s",
@@ -106,18 +115,25 @@ def fit(
         device,
     )
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
+    stopped_by: str | None = None
     step_start = time.perf_counter()
     while state.step < t.max_steps:
+        watchdog.enter(state.step + 1, "data")
         if env.rank == fail_rank and state.step + 1 == fail_step:
             raise RuntimeError(f"injected failure at step {fail_step} (trainer.fail_at={t.fail_at})")
+        if env.rank == hang_rank and state.step + 1 == hang_step:
+            log.warning("Hanging at step %d on purpose (trainer.hang_at=%s)", hang_step, t.hang_at)
+            threading.Event().wait()
         indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
         micro_batches = [train_set.get_batch(ix) for ix in split_micro_batches(indices, t.micro_batch_size)]
+        watchdog.enter(state.step + 1, "compute")
         result = train_step(model, optimizer, scaler, micro_batches, device, t.precision, cfg.optim.grad_clip)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         state.step += 1
         step_s = time.perf_counter() - step_start
         speed.step_done(step_s)
+        watchdog.step_done(step_s)
 
         last = state.step == t.max_steps
         evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
@@ -131,16 +147,20 @@ def fit(
                 observer.log(record)
         elif observer is not None:
             observer.advance(state.step)
-        stopped_by = stop(step_s, save_s) if stop is not None else None
+        stopped_by = stop(step_s, save_s)
         if last or stopped_by or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
+            watchdog.enter(state.step, "checkpoint")
             save_start = time.perf_counter()
-            checkpoints.save(state.step, resumable)
+            checkpoints.save(
+                state.step, resumable, blocking=not t.async_checkpoint or last or bool(stopped_by)
+            )
             save_s = time.perf_counter() - save_start
         if stopped_by:
             log.info("Stopped by %s after step %d; checkpoint saved (%.1f s)", stopped_by, state.step, save_s)
-            return FitResult(state, stopped_by)
+            break
         step_start = time.perf_counter()
-    return FitResult(state, None)
+    checkpoints.close()
+    return FitResult(state, stopped_by)
 
 
 def train_step(

@@ -1,0 +1,182 @@
+"""Notice a hung or dead rank, say which node it was on, and get the job running again elsewhere.
+
+Each rank runs a watchdog thread. The training loop only stores where it is (step, phase) in memory; the
+thread writes that to ``heartbeats/rank<R>.json`` once a second (off the hot path) and checks the age of the
+current step. A step older than ``watchdog_factor`` × the median of recent steps (and ``watchdog_min_s``) is
+a hang: the thread dumps every Python stack of its process into the rank log (faulthandler), works out the
+culprit from all ranks' heartbeats, and — on one rank — records it and requeues the job without that node.
+
+Who is the culprit: ranks blocked in a collective wait for the rank that has not reached it, so the rank at
+the earliest (step, phase) is the one the others wait for; a rank whose heartbeat stopped is dead.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpctrain.launch.records import write_error_record
+
+log = logging.getLogger(__name__)
+
+PHASES = ("startup", "data", "compute", "checkpoint")  # in the order a step goes through them
+HEARTBEAT_S = 1.0
+STALE_AFTER_S = 3 * HEARTBEAT_S
+EXIT_HUNG = 3
+
+
+@dataclass
+class Heartbeat:
+    rank: int
+    host: str
+    pid: int
+    step: int
+    phase: str
+    since: float  # when this (step, phase) began
+    written: float
+
+
+def heartbeat_dir(run_dir: Path) -> Path:
+    return run_dir / "heartbeats"
+
+
+def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
+    beats = []
+    for path in sorted(heartbeat_dir(run_dir).glob("rank*.json")):
+        try:
+            beats.append(Heartbeat(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue  # being replaced right now
+    return beats
+
+
+def find_culprit(beats: list[Heartbeat], now: float) -> tuple[Heartbeat | None, str]:
+    """The rank the others are waiting for, and why; (None, reason) when the heartbeats cannot tell."""
+    dead = [b for b in beats if now - b.written > STALE_AFTER_S]
+    if dead:
+        return dead[0], f"its heartbeat stopped {now - dead[0].written:.0f} s ago (the process is gone)"
+    if not beats:
+        return None, "no heartbeats"
+    position = {b.rank: (b.step, PHASES.index(b.phase) if b.phase in PHASES else 0) for b in beats}
+    earliest = min(position.values())
+    behind = [b for b in beats if position[b.rank] == earliest]
+    if len(behind) == len(beats):
+        return None, f"every rank is at step {beats[0].step} ({beats[0].phase}): no single rank is behind"
+    culprit = behind[0]
+    return (
+        culprit,
+        f"it is still in step {culprit.step} ({culprit.phase}) while the others wait in a collective",
+    )
+
+
+class Watchdog:
+    def __init__(
+        self,
+        run_dir: Path,
+        rank: int,
+        host: str,
+        factor: float,
+        min_s: float,
+        on_hang: Callable[[Heartbeat | None, str], None],
+    ) -> None:
+        self.run_dir = run_dir
+        self.rank = rank
+        self.host = host
+        self.factor = factor
+        self.min_s = min_s
+        self.on_hang = on_hang
+        self.step = 0
+        self.phase = "startup"
+        self.since = time.time()
+        self.recent: deque[float] = deque(maxlen=50)
+        self._stop = threading.Event()
+        heartbeat_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="hpctrain-watchdog", daemon=True)
+        self._thread.start()
+
+    # --- called by the training loop: plain attribute writes, nothing else on the hot path
+    def enter(self, step: int, phase: str) -> None:
+        self.step, self.phase, self.since = step, phase, time.time()
+
+    def step_done(self, seconds: float) -> None:
+        self.recent.append(seconds)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # --- the thread
+    def _run(self) -> None:
+        step_started = (self.step, time.time())
+        while not self._stop.wait(HEARTBEAT_S):
+            self._write_heartbeat()
+            if self.step != step_started[0]:
+                step_started = (self.step, time.time())
+            limit = self._limit()
+            if limit is not None and time.time() - step_started[1] > limit:
+                self._fire(time.time() - step_started[1], limit)
+                return
+
+    def _limit(self) -> float | None:
+        if self.factor <= 0 or len(self.recent) < 3:
+            return None  # no baseline yet: start-up hangs are the process-group timeout's job
+        return max(self.factor * statistics.median(self.recent), self.min_s)
+
+    def _write_heartbeat(self) -> None:
+        beat = Heartbeat(self.rank, self.host, os.getpid(), self.step, self.phase, self.since, time.time())
+        path = heartbeat_dir(self.run_dir) / f"rank{self.rank}.json"
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(beat)))
+            tmp.replace(path)
+        except OSError as err:
+            log.warning("heartbeat not written: %s", err)
+
+    def _fire(self, age: float, limit: float) -> None:
+        log.error(
+            "Hang: rank %d on %s has been in step %d (%s) for %.0f s, over its limit of %.0f s (median step "
+            "%.3f s); dumping every thread's stack",
+            self.rank,
+            self.host,
+            self.step,
+            self.phase,
+            age,
+            limit,
+            statistics.median(self.recent),
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        faulthandler.dump_traceback(file=_log_stream(), all_threads=True)
+        for _ in range(int(STALE_AFTER_S / HEARTBEAT_S) + 1):  # every rank's heartbeat catches up meanwhile
+            self._write_heartbeat()
+            time.sleep(HEARTBEAT_S)
+        culprit, why = find_culprit(read_heartbeats(self.run_dir), time.time())
+        where = f"rank {culprit.rank} on {culprit.host}" if culprit else "no single rank"
+        write_error_record(
+            self.run_dir,
+            self.rank,
+            "Hang",
+            f"step {self.step} ({self.phase}) ran {age:.0f} s, "
+            f"over the watchdog's {limit:.0f} s; culprit: {where} ({why})",
+        )
+        self.on_hang(culprit, why)
+        logging.shutdown()
+        os._exit(EXIT_HUNG)  # the main thread is stuck: only this ends the process promptly
+
+
+def _log_stream():  # type: ignore[no-untyped-def]
+    """The rank log's open file when logging goes to one, else stderr (which a launcher redirects)."""
+    for handler in logging.getLogger().handlers:
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.FileHandler) and stream is not None:
+            return stream
+    return sys.stderr

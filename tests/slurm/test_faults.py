@@ -1,0 +1,101 @@
+"""Faults on the real 3-node test cluster: a rank that dies or hangs is named, its node recorded and excluded,
+and the job requeues itself and finishes from its last complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import hpctrain, metrics
+
+from hpctrain.launch.records import read_job
+
+from .test_preemption import last_step, resumes, submit, wait_until
+from .test_submit import wait_final
+
+FAULTY = [
+    "cluster=slurm_test",
+    "trainer.max_steps=40",
+    "trainer.log_every=1",
+    "trainer.ckpt_every=5",
+    "trainer.eval_every=0",
+    "data.max_bytes=200000",
+    "trainer.eval_batches=1",
+    "logger=jsonl",
+    "cluster.dist_timeout_s=60",
+]
+
+
+def faults(run: Path) -> list[dict]:
+    path = run / "faults.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_sigkilled_rank_requeues_without_its_node(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    job_id = submit(run, *FAULTY)
+    wait_until(lambda: last_step(run) >= 12, "training past the step-10 checkpoint")
+    victim = next(r for r in json.loads((run / "ranks.json").read_text()) if r["rank"] == 3)
+    os.kill(victim["pid"], signal.SIGKILL)  # nodes are namespaces of this machine: their pids are ours
+    killed = time.monotonic()
+    wait_until(lambda: faults(run), "the fault to be recorded", timeout=90)
+    assert time.monotonic() - killed < 60 + 30, "the job must end within the process-group timeout + 30 s"
+    fault = faults(run)[0]
+    assert (fault["rank"], fault["host"]) == (3, victim["host"]), fault
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    log = (run / "logs" / "rank0.log").read_text()
+    assert resumes(run) == 1 and "Resumed from" in log
+    resumed_from = int(log.split("Resumed from")[1].split("(step ")[1].split(")")[0])
+    assert resumed_from in (10, 15) and resumed_from <= fault["step"]
+    assert victim["host"] not in {r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert [r["step"] for r in metrics(run)] == list(range(1, 41))
+
+
+def test_hung_rank_is_named_its_stacks_dumped_and_its_node_excluded(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    job_id = submit(
+        run, *FAULTY, "trainer.hang_at=2:15", "trainer.watchdog_factor=5", "trainer.watchdog_min_s=5"
+    )
+    wait_until(lambda: faults(run), "the watchdog to fire", timeout=120)
+    fault = faults(run)[0]
+    first_ranks = {r["rank"]: r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert (fault["rank"], fault["host"], fault["step"]) == (2, first_ranks[2], 15), fault
+    assert "still in step 15 (data)" in fault["why"]
+    hung_log = (run / "logs" / "rank2.log").read_text()
+    assert f"Hang: rank 2 on {first_ranks[2]} has been in step 15 (data)" in hung_log
+    assert "most recent call first" in hung_log and "in fit" in hung_log  # faulthandler's stack dump
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    second_hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert fault["host"] not in second_hosts and len(second_hosts) == 2
+    assert resumes(run) == 1
+    assert [r["step"] for r in metrics(run)] == list(range(1, 41))
+
+
+def test_job_killed_while_saving_resumes_from_the_previous_checkpoint(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    # Every checkpoint stays uncommitted for 8 s after its shards are written: a window to kill the job in.
+    args = [*FAULTY, "cluster.nodes=1", "trainer.save_delay_s=8"]
+    job_id = submit(run, *args)
+    checkpoints = run / "checkpoints"
+    wait_until(
+        lambda: (checkpoints / ".tmp-step_00000010").is_dir() and (checkpoints / "step_00000005").is_dir(),
+        "the step-10 checkpoint to be mid-save",
+        timeout=180,
+    )
+    subprocess.run(["scancel", "--signal=KILL", job_id], check=True)
+    wait_final([job_id], timeout=60)
+    assert not (checkpoints / "step_00000010").exists()
+
+    rerun = hpctrain(*args, "trainer.save_delay_s=0", "cluster.max_requeues=0", f"hydra.run.dir={run}")
+    assert rerun.returncode == 0, rerun.stderr
+    record = read_job(run)
+    assert record is not None and record.job_id != job_id
+    assert wait_final([record.job_id], timeout=240)[record.job_id].state == "COMPLETED"
+    log = (run / "logs" / "rank0.log").read_text()
+    assert f"Resumed from {checkpoints}/step_00000005 (step 5)" in log
+    assert "Removing .tmp-step_00000010: a checkpoint that was never committed" in log
+    assert [r["step"] for r in metrics(run)] == list(range(1, 41))
