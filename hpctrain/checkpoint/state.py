@@ -37,6 +37,7 @@ class TrainState:
 
     step: int = 0
     wandb_run_id: str | None = None
+    requeues: int = 0  # how often the Slurm job had been requeued when this was saved (SLURM_RESTART_COUNT)
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,6 +45,7 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.wandb_run_id = state["wandb_run_id"]
+        self.requeues = int(state.get("requeues", 0))
 
 
 class RNGState:

@@ -93,6 +93,8 @@ def fit(
         run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, commit_delay_s=t.save_delay_s
     )
     checkpoints.resume(resumable, t.resume)
+    # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
+    state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
