@@ -1,4 +1,4 @@
-"""The walltime guard's rule (pure): stop when two more steps, one and a half saves and a margin no longer fit."""
+"""The walltime guard (pure): stop when two more steps, 1.5 saves and a margin no longer fit."""
 
 from __future__ import annotations
 
