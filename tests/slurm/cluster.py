@@ -600,8 +600,8 @@ class SlurmTestCluster:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            # cred_expire=10: a requeued job is otherwise held for 120 s.
-            f"AuthInfo=socket={sock / 'munge.sock'},cred_expire=10",
+            # cred_expire=5: a requeued job is held until its credentials expire (120 s by default).
+            f"AuthInfo=socket={sock / 'munge.sock'},cred_expire=5",
             f"StateSaveLocation={wd / 'state'}",
             f"SlurmdSpoolDir={wd / 'spool' / '%n'}",
             f"SlurmctldPidFile={wd / 'run' / 'slurmctld.pid'}",
