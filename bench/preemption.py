@@ -26,18 +26,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
+
 JOB = [
     "cluster=slurm_test",
     "trainer.max_steps=100000",
@@ -65,19 +68,6 @@ class Preemption:
     to_first_step: float  # "rank 0/N on" -> the first metrics record
     total: float  # scancel returned -> the first metrics record
     pending: list[str]  # "STATE (reason) seconds" squeue showed between the stop and RUNNING
-
-
-@contextlib.contextmanager
-def cluster_env() -> Iterator[dict[str, str]]:
-    if "SLURM_CONF" in os.environ:
-        yield dict(os.environ)
-        return
-    sys.path.insert(0, str(REPO))
-    from tests.slurm.cluster import SlurmTestCluster
-
-    with tempfile.TemporaryDirectory() as tmp, SlurmTestCluster(Path(tmp), num_nodes=2) as cluster:
-        cluster.start()
-        yield {**os.environ, **cluster.env()}
 
 
 def slurm_settings(conf: Path) -> dict[str, str]:
@@ -207,7 +197,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="run directory (kept); default a temporary one (removed)")
     opts = parser.parse_args()
 
-    with cluster_env() as env, contextlib.ExitStack() as stack:
+    with environment_for_benchmarks() as env, contextlib.ExitStack() as stack:
         run = opts.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hpct-preempt-")))
         run = run.resolve() / "run"
         overrides = [*JOB, f"cluster.max_requeues={opts.runs + 1}", f"hydra.run.dir={run}"]

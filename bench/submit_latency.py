@@ -11,17 +11,17 @@ submission ≤ 1.5 s and well under an import of torch. Submitted jobs are cance
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
@@ -30,26 +30,13 @@ def timed(cmd: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-@contextlib.contextmanager
-def cluster_env() -> Iterator[dict[str, str]]:
-    if "SLURM_CONF" in os.environ:
-        yield dict(os.environ)
-        return
-    sys.path.insert(0, str(REPO))
-    from tests.slurm.cluster import SlurmTestCluster
-
-    with tempfile.TemporaryDirectory() as tmp, SlurmTestCluster(Path(tmp), num_nodes=2) as cluster:
-        cluster.start()
-        yield {**os.environ, **cluster.env()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=5)
     opts = parser.parse_args()
-    with cluster_env() as env, tempfile.TemporaryDirectory() as tmp:
+    with environment_for_benchmarks() as env, tempfile.TemporaryDirectory() as tmp:
         submit, bare, torch_import = [], [], []
         for i in range(opts.runs):
             submit.append(

@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -888,6 +888,19 @@ class SlurmTestCluster:
             if tail.strip():
                 parts.append(f"--- {log} ---\n{tail}")
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def environment_for_benchmarks(num_nodes: int = 2) -> Iterator[dict[str, str]]:
+    """The environment of a usable cluster: the one SLURM_CONF names, or a fresh one started (and stopped)."""
+    if "SLURM_CONF" in os.environ:
+        yield dict(os.environ)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, SlurmTestCluster(Path(tmp), num_nodes=num_nodes) as cluster:
+        cluster.start()
+        yield {**os.environ, **cluster.env()}
 
 
 def _total_memory_mb() -> int:
