@@ -61,7 +61,7 @@ def _train(run_dir: Path) -> None:
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
     from hpctrain.dist.rendezvous import DistEnv, init_distributed, record_topology
-    from hpctrain.launch.records import is_peer_symptom
+    from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.resilience import requeue, walltime
     from hpctrain.resilience.stop import StopCheck
@@ -69,6 +69,7 @@ def _train(run_dir: Path) -> None:
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
+    error_file(run_dir, env.rank).unlink(missing_ok=True)  # left by an earlier start of a requeued job
     console = open_console() if env.is_main else None
     _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
     cfg = load_run_config(run_dir / RUN_CONFIG)
@@ -94,12 +95,18 @@ def _train(run_dir: Path) -> None:
         result = fit(cfg, env, device, run_dir, observer, stop, watchdog)
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):
-            # A peer died: wait until its heartbeat is visibly stale, then name it and requeue without it.
+            # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
+            # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
+            # left no record was killed (OOM, a node failure): requeue without its node.
             time.sleep(STALE_AFTER_S + 1)
             beats = read_heartbeats(run_dir)
             culprit, why = find_culprit(beats, time.time())
-            live = [b.rank for b in beats if culprit is None or b.rank != culprit.rank]
-            requeue.respond_to_fault(run_dir, job_id, culprit, why, env.rank, live, cfg.cluster.max_requeues)
+            own_error = read_error_record(run_dir, culprit.rank) if culprit else None
+            if own_error is None or is_peer_symptom(own_error["message"]):
+                live = [b.rank for b in beats if culprit is None or b.rank != culprit.rank]
+                requeue.respond_to_fault(
+                    run_dir, job_id, culprit, why, env.rank, live, cfg.cluster.max_requeues
+                )
         raise
     finally:
         watchdog.close()

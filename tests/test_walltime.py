@@ -21,3 +21,16 @@ def test_before_the_first_save_assumes_a_generous_one():
     end = 10_000.0
     assert should_stop(end - 1.5 * DEFAULT_SAVE_S - MARGIN_S, end, step_s=0.0, save_s=None)
     assert not should_stop(end - 1.5 * DEFAULT_SAVE_S - MARGIN_S - 1, end, step_s=0.0, save_s=None)
+
+
+def test_array_tasks_are_named_as_slurm_commands_need(monkeypatch):
+    from hpctrain.resilience.requeue import slurm_job_id
+
+    monkeypatch.delenv("HPCTRAIN_LAUNCHER_PID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "24")  # a task's own id can equal its array's id
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "24")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    assert slurm_job_id() == "24_1"
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID")
+    monkeypatch.delenv("SLURM_ARRAY_TASK_ID")
+    assert slurm_job_id() == "24"

@@ -24,9 +24,15 @@ class RequeueCapReached(RuntimeError):
 
 
 def slurm_job_id() -> str | None:
-    """The job to requeue: set inside a Slurm job, unless the local launcher started this process."""
+    """This job as Slurm commands must name it (None outside Slurm, or under the local launcher).
+
+    A job-array task is ``<array id>_<task id>``: its own SLURM_JOB_ID may equal the array's id, and
+    ``scontrol requeue <array id>`` would requeue every member of the sweep."""
     if "HPCTRAIN_LAUNCHER_PID" in os.environ:
         return None
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
     return os.environ.get("SLURM_JOB_ID")
 
 
@@ -102,11 +108,13 @@ def respond_to_fault(
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
     actor = min((r for r in live_ranks if culprit is None or r != culprit.rank), default=rank)
-    if rank != actor:
-        return
+    done = restart_count()
+    if rank != actor or _already_handled(run_dir, job_id, done):
+        return  # a slower survivor, which would also take the ranks that exited meanwhile for dead
     record = {
         "time": time.time(),
         "job_id": job_id,
+        "restart": done,
         "rank": culprit.rank if culprit else None,
         "host": culprit.host if culprit else None,
         "step": culprit.step if culprit else None,
@@ -116,7 +124,6 @@ def respond_to_fault(
         out.write(json.dumps(record) + "\n")
     if job_id is None or cancelled(job_id):
         return
-    done = restart_count()
     if done >= max_requeues:
         log.error(
             "Not requeueing: the job was already requeued %d time(s) and cluster.max_requeues=%d",
@@ -138,10 +145,24 @@ def respond_to_fault(
 FAULTS = "faults.jsonl"
 
 
+def _already_handled(run_dir: Path, job_id: str | None, restart: int) -> bool:
+    """Whether this start of the job already recorded (and acted on) a fault."""
+    path = run_dir / FAULTS
+    if not path.exists():
+        return False
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return any(r.get("job_id") == job_id and r.get("restart") == restart for r in records)
+
+
 def _scontrol(*args: str) -> None:
     result = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
     if result.returncode != 0:
-        log.warning("scontrol %s failed: %s", " ".join(args), result.stderr.strip())
+        log.warning(
+            "scontrol %s failed (exit %d): %s",
+            " ".join(args),
+            result.returncode,
+            (result.stderr or result.stdout).strip(),
+        )
 
 
 def _exclusion(job_id: str, host: str) -> str | None:

@@ -25,10 +25,13 @@ def job_end_time(job_id: str) -> float | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    text = out.stdout.strip()
-    if out.returncode != 0 or not text or text in ("N/A", "NONE", "Unknown"):
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 1:
         return None
-    return datetime.fromisoformat(text).timestamp()  # squeue prints local time without a zone
+    try:
+        return datetime.fromisoformat(lines[0]).timestamp()  # squeue prints local time without a zone
+    except ValueError:  # N/A, NONE, Unknown: no limit to guard
+        return None
 
 
 def should_stop(now: float, end_time: float | None, step_s: float, save_s: float | None) -> bool:

@@ -62,7 +62,8 @@ def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
 
 def find_culprit(beats: list[Heartbeat], now: float) -> tuple[Heartbeat | None, str]:
     """The rank the others are waiting for, and why; (None, reason) when the heartbeats cannot tell."""
-    dead = [b for b in beats if now - b.written > STALE_AFTER_S]
+    # Peers of a dead rank exit too, a little later: the first heartbeat to stop is the cause.
+    dead = sorted((b for b in beats if now - b.written > STALE_AFTER_S), key=lambda b: b.written)
     if dead:
         return dead[0], f"its heartbeat stopped {now - dead[0].written:.0f} s ago (the process is gone)"
     if not beats:
