@@ -83,10 +83,9 @@ def _train(run_dir: Path) -> None:
     if env.is_main:
         plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
-    all_ranks = list(range(env.world_size))
 
     def on_hang(culprit: Heartbeat | None, why: str) -> None:
-        requeue.respond_to_fault(run_dir, job_id, culprit, why, env.rank, all_ranks, cfg.cluster.max_requeues)
+        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
 
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
@@ -103,10 +102,7 @@ def _train(run_dir: Path) -> None:
             culprit, why = find_culprit(beats, time.time())
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
             if own_error is None or is_peer_symptom(own_error["message"]):
-                live = [b.rank for b in beats if culprit is None or b.rank != culprit.rank]
-                requeue.respond_to_fault(
-                    run_dir, job_id, culprit, why, env.rank, live, cfg.cluster.max_requeues
-                )
+                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
         raise
     finally:
         watchdog.close()

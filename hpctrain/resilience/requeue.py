@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -99,18 +100,16 @@ def respond_to_fault(
     job_id: str | None,
     culprit: Heartbeat | None,
     why: str,
-    rank: int,
-    live_ranks: list[int],
     max_requeues: int,
 ) -> None:
-    """After a hang or a dead rank: record the culprit, and let one surviving rank requeue the job without
-    the culprit's node (when the partition has enough other nodes), within the requeue cap."""
+    """After a hang or a dead rank: record the culprit and requeue the job without the culprit's node (when
+    the partition has enough other nodes), within the requeue cap. The first rank to get here acts; the
+    others only log (a slower one would also take the ranks that exited meanwhile for dead)."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
-    actor = min((r for r in live_ranks if culprit is None or r != culprit.rank), default=rank)
     done = restart_count()
-    if rank != actor or _already_handled(run_dir, job_id, done):
-        return  # a slower survivor, which would also take the ranks that exited meanwhile for dead
+    if not _first_to_respond(run_dir, job_id, done):
+        return
     record = {
         "time": time.time(),
         "job_id": job_id,
@@ -132,37 +131,49 @@ def respond_to_fault(
         )
         return
     exclude = _exclusion(job_id, culprit.host) if culprit else None
-    # Held while the exclusion is updated, so the scheduler cannot start it on the bad node in between.
-    _scontrol("requeuehold", job_id)
-    if exclude:
-        _scontrol("update", f"JobId={job_id}", f"ExcNodeList={exclude}")
+    _scontrol("requeue", job_id)
+    # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
+    # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
+    if exclude and _scontrol("update", f"JobId={job_id}", f"ExcNodeList={exclude}"):
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
-    _scontrol("release", job_id)
 
 
 FAULTS = "faults.jsonl"
 
 
-def _already_handled(run_dir: Path, job_id: str | None, restart: int) -> bool:
-    """Whether this start of the job already recorded (and acted on) a fault."""
-    path = run_dir / FAULTS
-    if not path.exists():
+def _first_to_respond(run_dir: Path, job_id: str | None, restart: int) -> bool:
+    """Claim the response to this start's fault: an exclusive create succeeds for one rank only."""
+    try:
+        fd = os.open(run_dir / f".fault-{job_id}-{restart}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
         return False
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return any(r.get("job_id") == job_id and r.get("restart") == restart for r in records)
+    os.close(fd)
+    return True
 
 
-def _scontrol(*args: str) -> None:
-    result = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
-    if result.returncode != 0:
-        log.warning(
-            "scontrol %s failed (exit %d): %s",
-            " ".join(args),
-            result.returncode,
-            (result.stderr or result.stdout).strip(),
+def _scontrol(*args: str, attempts: int = 5) -> bool:
+    """Run scontrol; immune to the SIGTERM that a requeue sends the job's processes (this one included)."""
+    for attempt in range(attempts):
+        result = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=60, preexec_fn=_ignore_sigterm
         )
+        if result.returncode == 0:
+            return True
+        if attempt + 1 < attempts:
+            time.sleep(0.5)  # e.g. "no longer pending" while the requeue is still under way
+    log.warning(
+        "scontrol %s failed (exit %d): %s",
+        " ".join(args),
+        result.returncode,
+        (result.stderr or result.stdout).strip(),
+    )
+    return False
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _exclusion(job_id: str, host: str) -> str | None:
