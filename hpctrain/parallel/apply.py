@@ -50,8 +50,3 @@ def prime_ddp_buckets(model: nn.Module, sample: torch.Tensor) -> None:
         (model(sample).float().sum() * 0.0).backward()
     model.zero_grad(set_to_none=True)
     model.train(was_training)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model under any wrapper (for FLOP counts and the like)."""
-    return model.module if isinstance(model, DistributedDataParallel) else model
