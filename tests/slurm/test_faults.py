@@ -43,8 +43,9 @@ def test_sigkilled_rank_requeues_without_its_node(slurm_cluster, tmp_path: Path)
     victim = next(r for r in json.loads((run / "ranks.json").read_text()) if r["rank"] == 3)
     os.kill(victim["pid"], signal.SIGKILL)  # nodes are namespaces of this machine: their pids are ours
     killed = time.monotonic()
-    newest_complete = layout.step_of(layout.committed(run / "checkpoints")[0])
     wait_until(lambda: faults(run), "the fault to be recorded", timeout=90)
+    # Every rank has stopped by now, and the requeued job waits several seconds before it starts.
+    newest_complete = layout.step_of(layout.committed(run / "checkpoints")[0])
     assert time.monotonic() - killed < 60 + 30, "the job must end within the process-group timeout + 30 s"
     fault = faults(run)[0]
     assert (fault["rank"], fault["host"]) == (3, victim["host"]), fault
