@@ -60,7 +60,8 @@ def _train(run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
-    from hpctrain.dist.rendezvous import DistEnv, init_distributed, record_topology
+    from hpctrain.dist.env import DistEnv
+    from hpctrain.dist.rendezvous import init_distributed, record_topology
     from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.resilience import requeue, walltime

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.dist.rendezvous import DistEnv, init_distributed
+from hpctrain.dist.env import DistEnv
+from hpctrain.dist.rendezvous import init_distributed
 from hpctrain.launch.local import free_port
 from hpctrain.slurm.spec import expand_nodelist, parse_time_limit, rendezvous_port, task_from_environ
 

@@ -11,52 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from hpctrain.slurm.spec import task_from_environ
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-    hostname: str
-
-    @classmethod
-    def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
-        env = dict(os.environ if environ is None else environ)
-        if "RANK" not in env:
-            task = task_from_environ(env)
-            if task is not None:
-                return cls(task.rank, task.local_rank, task.world_size, task.local_world_size, task.master_addr,
-                           task.master_port, socket.gethostname())
-        missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
-        if missing:
-            raise RuntimeError(f"not started by a launcher: {', '.join(missing)} unset and not in an srun step")
-        world_size = int(env["WORLD_SIZE"])
-        return cls(
-            rank=int(env["RANK"]),
-            local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
-            world_size=world_size,
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
-            master_addr=env["MASTER_ADDR"],
-            master_port=int(env["MASTER_PORT"]),
-            hostname=socket.gethostname(),
-        )
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+from hpctrain.dist.env import DistEnv
 
 
 def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:

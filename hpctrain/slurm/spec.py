@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+import socket
+
+from hpctrain.dist.env import DistEnv
 
 # Partition, account, qos, constraint, exclude, job name: what Slurm itself accepts in practice, and no
 # character a shell would act on (no space, quote, $, `, ;, &, |, <, >, parentheses, backslash, newline).
@@ -90,19 +92,7 @@ def rendezvous_port(job_id: str) -> int:
     return 20000 + int(digits) % 20000
 
 
-@dataclass(frozen=True)
-class SlurmTask:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-    job_id: str
-    node_id: int
-
-
-def task_from_environ(env: dict[str, str]) -> SlurmTask | None:
+def task_from_environ(env: dict[str, str]) -> DistEnv | None:
     """This task's place in the job from the variables srun sets (None outside an srun step).
 
     The rendezvous host is the job's first node; the port comes from the job id, so every task agrees
@@ -111,16 +101,14 @@ def task_from_environ(env: dict[str, str]) -> SlurmTask | None:
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return None
     nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
-    job_id = env["SLURM_JOB_ID"]
-    return SlurmTask(
+    return DistEnv(
         rank=int(env["SLURM_PROCID"]),
         local_rank=int(env.get("SLURM_LOCALID", "0")),
         world_size=int(env["SLURM_NTASKS"]),
         local_world_size=_tasks_on_this_node(env),
         master_addr=nodes[0],
-        master_port=rendezvous_port(job_id),
-        job_id=job_id,
-        node_id=int(env.get("SLURM_NODEID", "0")),
+        master_port=rendezvous_port(env["SLURM_JOB_ID"]),
+        hostname=socket.gethostname(),
     )
 
 

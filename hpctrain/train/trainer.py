@@ -27,7 +27,7 @@ from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.validate import data_parallel_size, global_batch_size
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
-from hpctrain.dist.rendezvous import DistEnv
+from hpctrain.dist.env import DistEnv
 from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import cloudpickle
 import pytest
+import submitit
 
 from .cluster import SlurmTestCluster
 
@@ -91,8 +92,6 @@ def _gloo_all_reduce() -> tuple[str, int, float]:
 
 @pytest.mark.timeout(180)  # job.results() would otherwise wait as long as the job can run
 def test_submitit_two_node_gloo_all_reduce(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    submitit = pytest.importorskip("submitit")
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
     executor.update_parameters(
         nodes=2,
