@@ -12,6 +12,7 @@ from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.config.schema import GPTConfig, ViTConfig
 
+UNTIED = "model.tie_embeddings=false"  # pipeline parallelism needs it
 # (overrides, words the one-line message must contain)
 INVALID = [
     (["trainer.max_steps=abc"], ["trainer.max_steps", "abc", "integer"]),
@@ -39,6 +40,66 @@ INVALID = [
     (["+foo=1"], ["foo=1", "unknown key", "trainer"]),
     (["dry_run=maybe"], ["dry_run=maybe", "true or false"]),
     (["launcher=sbatch"], ["launcher=sbatch", "valid: auto, local"]),
+    # --- parallel layouts (issue 5, item 7): the degrees, the model's divisibility, the batch, combinations
+    (["parallel=2d", "cluster.nproc=3"], ["parallel.tp=2", "world size 3 is not divisible by tp=2"]),
+    (
+        ["parallel=3d", "parallel.dp_shard=1", "cluster.nproc=8", "model.tie_embeddings=false"],
+        ["world size 8 ≠ pp=2 × dp_shard=1 × tp=2 = 4"],
+    ),
+    (
+        ["parallel=hsdp", "parallel.dp_shard=0"],
+        ["parallel.dp_replicate", "only one of dp_replicate, dp_shard"],
+    ),
+    (
+        ["parallel=tp", "model.n_heads=3", "model.d_model=48"],
+        ["model.n_heads=3", "3 attention heads", "tp=2"],
+    ),
+    (["parallel=tp", "data=synthetic", "model.vocab_size=255"], ["model.vocab_size=255", "255 % 2 = 1"]),
+    (
+        ["parallel=tp", "model=vit", "data=digits"],
+        ["model.patch_size=2", "17 tokens", "sequence_parallel=false"],
+    ),
+    (
+        ["parallel=pp", "model.n_layers=3", "model.tie_embeddings=false"],
+        ["model.n_layers=3", "2 pipeline stages", "valid: a multiple of 2"],
+    ),
+    (
+        [
+            "parallel=pp",
+            "parallel.schedule=interleaved_1f1b",
+            "model.n_layers=2",
+            "model.tie_embeddings=false",
+        ],
+        ["model.n_layers=2", "4 pipeline stages", "parallel.pp=2 × 2 per rank"],
+    ),
+    (
+        [
+            "parallel=pp",
+            "model.tie_embeddings=false",
+            "trainer.global_batch_size=12",
+            "trainer.micro_batch_size=2",
+        ],
+        ["trainer.global_batch_size=12", "× parallel.microbatches = 2 × 1 × 4 = 8"],
+    ),
+    (
+        ["parallel=pp", "model.tie_embeddings=false", "parallel.microbatches=1"],
+        ["parallel.microbatches=1", "≥ 2"],
+    ),
+    (["parallel=pp"], ["model.tie_embeddings=True", "first and last"]),
+    (
+        [
+            "parallel=pp",
+            "model.tie_embeddings=false",
+            "parallel.schedule=gpipe",
+            "parallel.stages_per_rank=2",
+        ],
+        ["parallel.stages_per_rank=2", "gpipe runs 1 per rank"],
+    ),
+    (["parallel=pp", "parallel.schedule=dualpipe"], ["parallel.schedule=dualpipe", "zbv_zero_bubble"]),
+    (["parallel=fsdp", "parallel.compression=topk"], ["parallel.compression=topk", "DDP's", "parallel=fsdp"]),
+    (["parallel=ddp", "parallel.cpu_offload=true"], ["parallel.cpu_offload=True", "no FSDP"]),
+    (["parallel=ddp", "parallel.tp=2"], ["parallel.tp=2", "parallel=ddp has no tp dimension", "tp, 2d, 3d"]),
+    (["parallel=zero4"], ["parallel=zero4", "fsdp", "3d"]),
 ]
 
 

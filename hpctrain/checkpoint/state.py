@@ -10,24 +10,34 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+# Optimizer state flattened to one entry per parameter ("state.<name>.exp_avg", "param_groups.<name>.lr"):
+# pipeline stages hold different parameters, so a nested "param_groups" list would differ between ranks and
+# only one rank's would be saved; per-parameter entries merge, and load under any other layout.
+STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 class ModelOptimizerState:
     """Model and optimizer through torch's distributed state-dict API: keys are parameter names (no DDP
-    ``module.`` prefix), so a checkpoint reshards onto another layout or world size."""
+    ``module.`` prefix, no FSDP or activation-checkpointing wrapper names), so a checkpoint reshards onto
+    another layout or world size."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=STATE_DICT_OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=STATE_DICT_OPTIONS,
         )
 
 

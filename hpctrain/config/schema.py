@@ -66,12 +66,40 @@ class DataConfig:
 
 @dataclass
 class ParallelConfig:
-    """How the model is spread over the ranks. ``none``: one process; ``ddp``: data parallel."""
+    """How the model is spread over the ranks (torch-native: DDP, FSDP2, DTensor TP, pipelining).
+
+    ``name`` picks the mesh dimensions that exist: ``none`` (one process), ``ddp`` / ``fsdp`` (data parallel:
+    replicas / shards over every rank), ``hsdp`` (replicate × shard), ``tp`` (tensor parallel over every
+    rank), ``pp`` (pipeline over every rank), ``2d`` (FSDP × TP), ``3d`` (PP × FSDP × TP). A degree of 0 is
+    derived: the one dimension left open takes world size / (product of the others).
+    """
 
     name: str = "ddp"
+    # --- degrees (0: derived from the world size, see hpctrain.parallel.degrees)
+    pp: int = 0
+    dp_replicate: int = 0
+    dp_shard: int = 0
+    tp: int = 0
+    # --- ddp
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
+    compression: str = "none"  # none | fp16 | bf16 | powersgd | topk (gradient all-reduce hooks)
+    topk_ratio: float = 0.01  # topk: fraction of each bucket's entries sent per step
+    powersgd_rank: int = 2  # powersgd: rank of the low-rank approximation
+    powersgd_start_step: int = 10  # powersgd: plain all-reduce before this step (Vogels et al. 2019, §4)
+    # --- fsdp / hsdp / 2d / 3d: FSDP2 over the dp_shard dimension
+    reshard_after_forward: bool = True  # True: ZeRO-3; False: ZeRO-2 (keep gathered weights for backward)
+    cpu_offload: bool = False  # parameters, gradients and optimizer state live in host memory
+    # --- tp / 2d / 3d
+    sequence_parallel: bool = True  # norms and dropout work on sequence shards (Korthikanti et al. 2022)
+    # --- pp / 3d
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zero_bubble | zbv_zero_bubble
+    microbatches: int = 4  # pipeline micro-batches per step, each of trainer.micro_batch_size samples
+    stages_per_rank: int = 0  # virtual stages; 0: 1 for gpipe/1f1b, 2 for the interleaved and V schedules
+    # --- any strategy
+    activation_checkpointing: str = "none"  # none | full | selective
+    compile: bool = False  # torch.compile each transformer block
 
 
 @dataclass

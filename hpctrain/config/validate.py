@@ -11,7 +11,8 @@ from pathlib import Path
 
 from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
-from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
+from hpctrain.config.schema import Config, DataConfig, GPTConfig, ParallelConfig, ViTConfig
+from hpctrain.parallel.degrees import STRATEGY_DIMS, Degrees, resolve_degrees
 from hpctrain.slurm.spec import (
     ENV_NAME,
     SAFE_CONSTRAINT,
@@ -24,7 +25,17 @@ from hpctrain.slurm.spec import (
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
-PARALLEL_STRATEGIES = ("none", "ddp")
+PARALLEL_STRATEGIES = tuple(STRATEGY_DIMS)
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk")
+# Pipeline schedules (torch.distributed.pipelining) → how many stages each rank holds (0: any number ≥ 2).
+PIPELINE_SCHEDULES = {
+    "gpipe": 1,
+    "1f1b": 1,
+    "interleaved_1f1b": 0,
+    "interleaved_zero_bubble": 0,
+    "zbv_zero_bubble": 2,
+}
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 CLUSTER_KINDS = ("local", "slurm")
 LAUNCHERS = {"local": ("auto", "local"), "slurm": ("auto", "submitit", "sbatch")}
 SBATCH_TEMPLATES = ("srun", "torchrun")
@@ -51,8 +62,27 @@ def world_size(cfg: Config) -> int:
     return c.nproc if c.kind == "local" else c.nodes * c.tasks_per_node
 
 
+def degrees(cfg: Config) -> Degrees:
+    return resolve_degrees(cfg.parallel, world_size(cfg))
+
+
 def data_parallel_size(cfg: Config) -> int:
-    return 1 if cfg.parallel.name == "none" else world_size(cfg)
+    return degrees(cfg).dp
+
+
+def stages_per_rank(parallel: ParallelConfig) -> int:
+    """Pipeline stages each rank holds: as configured, or what the schedule needs."""
+    if parallel.stages_per_rank:
+        return parallel.stages_per_rank
+    return PIPELINE_SCHEDULES.get(parallel.schedule, 1) or 2
+
+
+def samples_per_pass(cfg: Config) -> int:
+    """Samples all data-parallel ranks process in one forward/backward pass of the whole model: a micro-batch
+    each, or under a pipeline one micro-batch per pipeline micro-batch."""
+    d = degrees(cfg)
+    pipeline = cfg.parallel.microbatches if d.pp > 1 else 1
+    return cfg.trainer.micro_batch_size * d.dp * pipeline
 
 
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -213,15 +243,127 @@ def _check_cluster(cfg: Config) -> None:
 
 
 def _check_parallel(cfg: Config) -> None:
-    _one_of("parallel", cfg.parallel.name, PARALLEL_STRATEGIES)
-    _at_least("parallel.bucket_cap_mb", cfg.parallel.bucket_cap_mb, 0.0)
-    if cfg.parallel.name == "none" and world_size(cfg) != 1:
+    p = cfg.parallel
+    _one_of("parallel", p.name, PARALLEL_STRATEGIES)
+    if p.name == "none" and world_size(cfg) != 1:
         key = "cluster.nproc" if cfg.cluster.kind == "local" else "cluster.nodes"
         raise ConfigError(
             key,
             getattr(cfg.cluster, key.split(".")[1]),
             f"parallel=none runs one process, this gives {world_size(cfg)}",
             valid="a single process, or parallel=ddp",
+        )
+    d = degrees(cfg)
+    dims = STRATEGY_DIMS[p.name]
+    _at_least("parallel.bucket_cap_mb", p.bucket_cap_mb, 0.0)
+    _one_of("parallel.compression", p.compression, COMPRESSIONS)
+    _one_of("parallel.activation_checkpointing", p.activation_checkpointing, ACTIVATION_CHECKPOINTING)
+    if p.compression != "none" and p.name != "ddp":
+        raise ConfigError(
+            "parallel.compression",
+            p.compression,
+            f"gradient compression hooks are DDP's; parallel={p.name} reduces gradients otherwise",
+            valid="none, or parallel=ddp",
+        )
+    if not 0.0 < p.topk_ratio <= 1.0:
+        raise ConfigError("parallel.topk_ratio", p.topk_ratio, "must be in (0, 1]")
+    _at_least("parallel.powersgd_rank", p.powersgd_rank, 1)
+    # torch's PowerSGD keeps error feedback from its first compressed step on, and needs ≥ 1 plain step first.
+    _at_least("parallel.powersgd_start_step", p.powersgd_start_step, 2)
+    if p.cpu_offload and "dp_shard" not in dims:
+        raise ConfigError(
+            "parallel.cpu_offload",
+            p.cpu_offload,
+            f"offload moves FSDP shards to host memory; parallel={p.name} has no FSDP",
+            valid="parallel=fsdp, hsdp, 2d or 3d",
+        )
+    if d.tp > 1:
+        _check_tensor_parallel(cfg, d.tp)
+    if d.pp > 1:
+        _check_pipeline(cfg, d.pp)
+    elif p.schedule not in PIPELINE_SCHEDULES:
+        _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+def _check_tensor_parallel(cfg: Config, tp: int) -> None:
+    """Megatron splits: heads (q/k/v/o), the MLP's hidden units and the vocabulary are divided over tp ranks;
+    sequence parallelism divides the tokens."""
+    model = cfg.model
+    for key, value, what in (
+        ("model.n_heads", model.n_heads, "attention heads"),
+        ("model.d_model", model.d_model * model.mlp_ratio, "MLP hidden units (d_model × mlp_ratio)"),
+    ):
+        if value % tp:
+            raise ConfigError(
+                key,
+                getattr(model, key.split(".")[1]),
+                f"{value} {what} do not split over parallel.tp={tp} ({value} % {tp} = {value % tp})",
+            )
+    if isinstance(model, GPTConfig) and model.vocab_size % tp:
+        raise ConfigError(
+            "model.vocab_size",
+            model.vocab_size,
+            f"the embedding and LM head split the vocabulary over parallel.tp={tp} "
+            f"({model.vocab_size} % {tp} = {model.vocab_size % tp})",
+            valid=f"a multiple of {tp}",
+        )
+    if cfg.parallel.sequence_parallel:
+        if isinstance(model, GPTConfig):
+            key, value, tokens = "model.seq_len", model.seq_len, model.seq_len
+        else:
+            key, value = "model.patch_size", model.patch_size
+            tokens = (model.image_size // model.patch_size) ** 2 + 1  # patches + the class token
+        if tokens % tp:
+            raise ConfigError(
+                key,
+                value,
+                f"sequence parallelism splits the {tokens} tokens per sample over parallel.tp={tp} "
+                f"({tokens} % {tp} = {tokens % tp})",
+                valid="another size, or parallel.sequence_parallel=false",
+            )
+
+
+def _check_pipeline(cfg: Config, pp: int) -> None:
+    p, model = cfg.parallel, cfg.model
+    _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+    _at_least("parallel.microbatches", p.microbatches, 1)
+    _at_least("parallel.stages_per_rank", p.stages_per_rank, 0)
+    per_rank, needed = stages_per_rank(p), PIPELINE_SCHEDULES[p.schedule]
+    if (needed == 1 and per_rank != 1) or (needed == 0 and per_rank < 2) or (needed == 2 and per_rank != 2):
+        want = {1: "1", 0: "≥ 2", 2: "2"}[needed]
+        raise ConfigError(
+            "parallel.stages_per_rank", per_rank, f"parallel.schedule={p.schedule} runs {want} per rank"
+        )
+    stages = pp * per_rank
+    if model.n_layers % stages:
+        raise ConfigError(
+            "model.n_layers",
+            model.n_layers,
+            f"not divisible by the {stages} pipeline stages (parallel.pp={pp} × {per_rank} per rank; "
+            f"{model.n_layers} % {stages} = {model.n_layers % stages})",
+            valid=f"a multiple of {stages}",
+        )
+    if p.microbatches < pp:
+        raise ConfigError(
+            "parallel.microbatches",
+            p.microbatches,
+            f"fewer micro-batches than the parallel.pp={pp} stages leaves stages idle in every step",
+            valid=f"≥ {pp}",
+        )
+    if per_rank > 1 and p.microbatches % pp:
+        # torch's looped schedules run the micro-batches in rounds of pp.
+        raise ConfigError(
+            "parallel.microbatches",
+            p.microbatches,
+            f"parallel.schedule={p.schedule} runs micro-batches in rounds of parallel.pp={pp}",
+            valid=f"a multiple of {pp}",
+        )
+    if isinstance(model, GPTConfig) and model.tie_embeddings:
+        raise ConfigError(
+            "model.tie_embeddings",
+            True,
+            f"a tied embedding and LM head live on the first and last of parallel.pp={pp} stages",
+            valid="false with pipeline parallelism",
         )
 
 
@@ -278,26 +420,26 @@ def _check_logger(cfg: Config) -> None:
 
 
 def global_batch_size(cfg: Config) -> int:
-    """Samples per optimizer step: as configured, or one micro-batch per data-parallel rank."""
+    """Samples per optimizer step: as configured, or one pass (no gradient accumulation)."""
     t = cfg.trainer
-    return (
-        t.global_batch_size
-        if t.global_batch_size is not None
-        else t.micro_batch_size * data_parallel_size(cfg)
-    )
+    return t.global_batch_size if t.global_batch_size is not None else samples_per_pass(cfg)
 
 
 def _check_batch(cfg: Config) -> None:
-    t, dp = cfg.trainer, data_parallel_size(cfg)
-    per_step = t.micro_batch_size * dp
-    if t.global_batch_size is not None and t.global_batch_size % per_step:
-        lower = max(per_step, t.global_batch_size // per_step * per_step)
+    t, d = cfg.trainer, degrees(cfg)
+    per_pass = samples_per_pass(cfg)
+    if t.global_batch_size is not None and t.global_batch_size % per_pass:
+        lower = max(per_pass, t.global_batch_size // per_pass * per_pass)
+        factors = f"{t.micro_batch_size} × {d.dp}"
+        names = "micro_batch_size × data-parallel size"
+        if d.pp > 1:
+            factors += f" × {cfg.parallel.microbatches}"
+            names += " × parallel.microbatches"
         raise ConfigError(
             "trainer.global_batch_size",
             t.global_batch_size,
-            f"must be a multiple of micro_batch_size × data-parallel size = "
-            f"{t.micro_batch_size} × {dp} = {per_step}",
-            valid=f"e.g. {lower} or {lower + per_step}",
+            f"must be a multiple of {names} = {factors} = {per_pass}",
+            valid=f"e.g. {lower} or {lower + per_pass}",
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -10,6 +12,33 @@ from hpctrain.models.layers import Block, init_gpt2_
 
 
 class GPT(nn.Module):
+    """Distribution is applied from outside (hpctrain.parallel), guided by two declarations:
+
+    - ``TP_PLAN``: module name pattern → tensor-parallel role (Megatron-LM column/row splits, sequence
+      parallelism on the norms); the roles are defined in hpctrain.parallel.tp.
+    - ``PIPELINE_INPUT`` / ``PIPELINE_OUTPUT``: the modules only the first / last pipeline stage keeps; the
+      layers between are split evenly. A stage's copy has the others set to None, which ``forward`` allows.
+    """
+
+    TP_PLAN: ClassVar[dict[str, str]] = {
+        "tok_emb": "vocab_embedding",
+        "drop": "enter_sequence_shards",  # the residual stream starts here
+        "layers.*.ln1": "norm",
+        "layers.*.attn": "gather_sequence",
+        "layers.*.attn.q": "colwise",
+        "layers.*.attn.k": "colwise",
+        "layers.*.attn.v": "colwise",
+        "layers.*.attn.o": "rowwise",
+        "layers.*.ln2": "norm",
+        "layers.*.mlp": "gather_sequence",
+        "layers.*.mlp.fc_in": "colwise",
+        "layers.*.mlp.fc_out": "rowwise",
+        "norm": "norm",
+        "head": "vocab_head",
+    }
+    PIPELINE_INPUT: ClassVar[tuple[str, ...]] = ("tok_emb", "pos_emb", "drop")
+    PIPELINE_OUTPUT: ClassVar[tuple[str, ...]] = ("norm", "head")
+
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -37,12 +66,19 @@ class GPT(nn.Module):
         init_gpt2_(self, self.cfg.n_layers)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        """``idx``: int64 [B, T] token ids with T ≤ seq_len. Returns logits [B, T, vocab_size]."""
-        length = idx.shape[1]
-        if length > self.cfg.seq_len:
-            raise ValueError(f"sequence length {length} exceeds the model's seq_len={self.cfg.seq_len}")
-        pos = torch.arange(length, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        """``idx``: int64 [B, T] token ids with T ≤ seq_len. Returns logits [B, T, vocab_size].
+
+        A later pipeline stage (no ``tok_emb``) takes hidden states instead; a stage before the last (no
+        ``head``) returns them."""
+        x = idx
+        if self.tok_emb is not None:
+            length = idx.shape[1]
+            if length > self.cfg.seq_len:
+                raise ValueError(f"sequence length {length} exceeds the model's seq_len={self.cfg.seq_len}")
+            pos = torch.arange(length, device=idx.device)
+            x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for layer in self.layers.values():
             x = layer(x)
+        if self.head is None:
+            return x
         return self.head(self.norm(x))

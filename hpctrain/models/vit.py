@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -10,6 +12,26 @@ from hpctrain.models.layers import INIT_STD, Block, init_gpt2_
 
 
 class ViT(nn.Module):
+    """Declarations for hpctrain.parallel as in :class:`hpctrain.models.gpt.GPT`. The head reads the class
+    token only, so under sequence parallelism the final norm gathers the sequence and runs replicated."""
+
+    TP_PLAN: ClassVar[dict[str, str]] = {
+        "drop": "enter_sequence_shards",
+        "layers.*.ln1": "norm",
+        "layers.*.attn": "gather_sequence",
+        "layers.*.attn.q": "colwise",
+        "layers.*.attn.k": "colwise",
+        "layers.*.attn.v": "colwise",
+        "layers.*.attn.o": "rowwise",
+        "layers.*.ln2": "norm",
+        "layers.*.mlp": "gather_sequence",
+        "layers.*.mlp.fc_in": "colwise",
+        "layers.*.mlp.fc_out": "rowwise",
+        "norm": "gather_sequence",
+    }
+    PIPELINE_INPUT: ClassVar[tuple[str, ...]] = ("patch_emb", "cls_token", "pos_emb", "drop")
+    PIPELINE_OUTPUT: ClassVar[tuple[str, ...]] = ("norm", "head")
+
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         if cfg.image_size % cfg.patch_size != 0:
@@ -40,16 +62,24 @@ class ViT(nn.Module):
         nn.init.normal_(self.pos_emb, mean=0.0, std=INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: float [B, C, H, W], C = in_channels, H = W = image_size. Returns logits [B, num_classes]."""
+        """``x``: float [B, C, H, W], C = in_channels, H = W = image_size. Returns logits [B, num_classes].
+
+        A pipeline stage without ``patch_emb`` takes hidden states [B, n_patches + 1, d]; one without ``head``
+        returns them."""
         cfg = self.cfg
-        if tuple(x.shape[1:]) != (cfg.in_channels, cfg.image_size, cfg.image_size):
-            raise ValueError(
-                f"expected images of shape [B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}], "
-                f"got {list(x.shape)}"
-            )
-        x = self.patch_emb(x).flatten(2).transpose(1, 2)  # [B, n_patches, d]
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = self.drop(torch.cat([cls, x], dim=1) + self.pos_emb)
+        if self.patch_emb is not None:
+            if tuple(x.shape[1:]) != (cfg.in_channels, cfg.image_size, cfg.image_size):
+                raise ValueError(
+                    f"expected images of shape [B, {cfg.in_channels}, {cfg.image_size}, {cfg.image_size}], "
+                    f"got {list(x.shape)}"
+                )
+            x = self.patch_emb(x).flatten(2).transpose(1, 2)  # [B, n_patches, d]
+            cls = self.cls_token.expand(x.shape[0], -1, -1)
+            x = self.drop(torch.cat([cls, x], dim=1) + self.pos_emb)
         for layer in self.layers.values():
             x = layer(x)
-        return self.head(self.norm(x[:, 0]))
+        if self.head is None:
+            return x
+        # Normalising every token then keeping the class token equals normalising the class token alone
+        # (LayerNorm is per token), and leaves the norm a module that sees the whole sequence.
+        return self.head(self.norm(x)[:, 0])

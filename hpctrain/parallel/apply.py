@@ -1,34 +1,121 @@
-"""The parallelize step: wrap a plain ``nn.Module`` according to ``parallel.name``.
+"""The parallelize step: turn a plain model into this rank's share of it, by ``parallel.name``.
 
-Strategies are applied in a fixed order by small ``apply_*`` functions (torchtitan style); today: none, ddp.
+Order (torchtitan's): the pipeline split first, then for each stage tensor parallelism → activation
+checkpointing → compile → FSDP (FSDP last: it shards whatever the earlier steps made of the parameters,
+DTensors included); DDP, which only hooks gradients, applies to the unsplit model instead of FSDP.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain.config.schema import ParallelConfig
+from hpctrain.config.schema import Config, ParallelConfig
+from hpctrain.config.validate import degrees, stages_per_rank
+from hpctrain.parallel.checkpointing import apply_activation_checkpointing, apply_compile
+from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
+from hpctrain.parallel.fsdp import apply_fsdp
+from hpctrain.parallel.mesh import ParallelDims, build_mesh
+from hpctrain.parallel.pipeline import Pipeline, split_stage, stage_ids, stage_owners
+from hpctrain.parallel.tp import apply_tp
 
 
-def parallelize(model: nn.Module, parallel: ParallelConfig, device: torch.device) -> nn.Module:
+@dataclass
+class Parallelized:
+    model: nn.Module  # what this rank runs and trains: parameter names are the whole model's
+    dims: ParallelDims
+    pipeline: Pipeline | None = None  # set under pipeline parallelism: run steps through it, not `model`
+    fsdp_mixed_precision: bool = False  # FSDP casts parameters itself: no autocast around the model
+    compression: CompressionState | None = None  # DDP hook state to checkpoint (per rank)
+    parts: list[nn.Module] = field(default_factory=list)  # the stages this rank holds (or the model)
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(index, size) of this rank's slice of each global batch."""
+        return self.dims.dp_rank, self.dims.degrees.dp
+
+
+def parallelize(model: nn.Module, cfg: Config, device: torch.device) -> Parallelized:
+    p, precision = cfg.parallel, cfg.trainer.precision
+    dims = build_mesh(degrees(cfg), device)
     model = model.to(device)
-    if parallel.name == "ddp":
-        return apply_ddp(model, parallel, device)
-    if parallel.name == "none":
-        return model
-    raise ValueError(f"unknown parallel strategy {parallel.name!r}")
+    if dims.has("pp"):
+        per_rank = stages_per_rank(p)
+        n_stages = dims.degrees.pp * per_rank
+        ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
+        parts = {i: split_stage(model, i, n_stages) for i in ids}
+        del model  # each stage is a pruned copy; the whole model is not kept
+    else:
+        parts = {0: model}
+    data_parallel = [d for d in ("dp_replicate", "dp_shard") if dims.has(d)]
+    sharded = dims.has("dp_shard")
+    for part in parts.values():
+        if dims.has("tp"):
+            apply_tp(part, dims.submesh("tp"), p.sequence_parallel)
+        apply_activation_checkpointing(part, p.activation_checkpointing)
+        if p.compile:
+            apply_compile(part)
+        if sharded:
+            apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
+    first = next(iter(parts.values()))
+    result = Parallelized(first, dims, fsdp_mixed_precision=sharded, parts=list(parts.values()))
+    if dims.has("pp"):
+        group = dims.pp_group
+        assert group is not None
+        owners = stage_owners(p.schedule, dims.degrees.pp, per_rank)
+        result.pipeline = Pipeline(parts, owners, p.schedule, p.microbatches, device, group)
+        result.model = first if len(parts) == 1 else merge_stages(list(parts.values()))
+    elif data_parallel == ["dp_replicate"]:
+        result.model, result.compression = apply_ddp(parts[0], p, device, dims.submesh("dp_replicate"))
+    return result
 
 
-def apply_ddp(model: nn.Module, parallel: ParallelConfig, device: torch.device) -> nn.Module:
-    return DistributedDataParallel(
+def apply_ddp(
+    model: nn.Module, parallel: ParallelConfig, device: torch.device, mesh: object
+) -> tuple[DistributedDataParallel, CompressionState]:
+    group = mesh.get_group()  # type: ignore[attr-defined]
+    bucket_cap_mb = parallel.bucket_cap_mb
+    if parallel.compression == "powersgd" and dist.get_backend(group) == "gloo":
+        # PowerSGD's hook deadlocks intermittently on gloo with several buckets: use one.
+        bucket_cap_mb = max(bucket_cap_mb, single_bucket_cap_mb(model))
+    ddp = DistributedDataParallel(
         model,
         device_ids=[device] if device.type == "cuda" else None,
-        bucket_cap_mb=parallel.bucket_cap_mb,
+        process_group=group,
+        bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=parallel.gradient_as_bucket_view,
         static_graph=parallel.static_graph,
     )
+    state = register_compression(
+        ddp,
+        parallel.compression,
+        topk_ratio=parallel.topk_ratio,
+        powersgd_rank=parallel.powersgd_rank,
+        powersgd_start_step=parallel.powersgd_start_step,
+        process_group=group,
+    )
+    return ddp, state
+
+
+def merge_stages(parts: list[nn.Module]) -> nn.Module:
+    """One module holding several pipeline stages of a rank under the whole model's parameter names, for
+    the optimizer and checkpoints. It is never called: the pipeline runs the stages."""
+    union = nn.Module()
+    layers = nn.ModuleDict()
+    for part in parts:
+        for name, child in part.named_children():
+            if name == "layers":
+                layers.update(child)
+            elif child is not None:
+                union.add_module(name, child)
+        for name, param in part.named_parameters(recurse=False):
+            union.register_parameter(name, param)
+    union.add_module("layers", layers)
+    return union
 
 
 def prime_ddp_buckets(model: nn.Module, sample: torch.Tensor) -> None:

@@ -1,8 +1,10 @@
 """The training loop. Read ``fit`` top to bottom; ``train_step`` is one optimizer step.
 
 Data order is defined in global samples (``GlobalBatchSampler``): each step takes the next
-``global_batch_size`` samples of a seeded stream, this rank takes its contiguous slice and splits it into
-micro-batches. Gradients of all but the last micro-batch stay local (``no_sync``), so one all-reduce per step.
+``global_batch_size`` samples of a seeded stream, each data-parallel rank takes its contiguous slice and
+splits it into passes (a micro-batch; under pipeline parallelism, ``parallel.microbatches`` of them, which
+the pipeline schedule interleaves). Ranks that differ only in their tensor-parallel or pipeline coordinate
+take the same slice. Under DDP, gradients of all but the last pass stay local (``no_sync``).
 """
 
 from __future__ import annotations
@@ -20,19 +22,20 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
-from hpctrain.config.validate import data_parallel_size, global_batch_size
+from hpctrain.config.validate import global_batch_size, samples_per_pass
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.dist.env import DistEnv
 from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer
-from hpctrain.parallel import parallelize
-from hpctrain.parallel.apply import prime_ddp_buckets
+from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
+from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.train.metrics import device_peak_flops, mfu
@@ -65,14 +68,16 @@ def fit(
     watchdog: Watchdog,
 ) -> FitResult:
     t = cfg.trainer
-    dp_rank, dp_size = env.rank, data_parallel_size(cfg)
 
-    # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's).
+    # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
+    # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
-    model = parallelize(build_model(cfg.model), cfg.parallel, device)
+    par = parallelize(build_model(cfg.model), cfg, device)
+    model = par.model
+    dp_rank, dp_size = par.data_parallel
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=t.precision == "fp16")
+    scaler = _grad_scaler(par, device, t.precision)
     train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
     prime_ddp_buckets(model, train_set.get_batch([0])[0].to(device))
     batch_size = global_batch_size(cfg)
@@ -89,6 +94,8 @@ def fit(
         "train": state,
         f"rng_rank{env.rank}": RNGState(),
     }
+    if cfg.parallel.compression != "none" and par.compression is not None:
+        resumable[f"compression_rank{env.rank}"] = par.compression
     checkpoints = CheckpointManager(
         run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, commit_delay_s=t.save_delay_s
     )
@@ -100,7 +107,7 @@ def fit(
         return FitResult(state, None)
     if observer is not None:
         state.wandb_run_id = observer.start(state.step, t.max_steps, state.wandb_run_id)
-    if dp_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
+    if env.world_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
         state.wandb_run_id = _broadcast_object(state.wandb_run_id)
 
     fail_rank, fail_step = (int(x) for x in t.fail_at.split(":")) if t.fail_at else (-1, -1)
@@ -108,13 +115,17 @@ def fit(
     first_start = not os.environ.get("SLURM_RESTART_COUNT")
     hang_rank, hang_step = (int(x) for x in t.hang_at.split(":")) if t.hang_at and first_start else (-1, -1)
     speed = Throughput(cfg, device, env.world_size)
+    per_pass = samples_per_pass(cfg) // dp_size  # this rank's samples per forward/backward pass
+    loss_holders = env.world_size // par.dims.degrees.pp  # ranks with the loss: the last pipeline stage's
     log.info(
-        "Training from step %d to %d: %s parameters, %d rank(s) on %s",
+        "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step,
         t.max_steps,
         f"{param_count(cfg.model):,}",
         env.world_size,
         device,
+        cfg.parallel.name,
+        par.dims.degrees,
     )
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     stopped_by: str | None = None
@@ -127,9 +138,9 @@ def fit(
             log.warning("Hanging at step %d on purpose (trainer.hang_at=%s)", hang_step, t.hang_at)
             threading.Event().wait()
         indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
-        micro_batches = [train_set.get_batch(ix) for ix in split_micro_batches(indices, t.micro_batch_size)]
+        passes = [train_set.get_batch(ix) for ix in split_micro_batches(indices, per_pass)]
         watchdog.enter(state.step + 1, "compute")
-        result = train_step(model, optimizer, scaler, micro_batches, device, t.precision, cfg.optim.grad_clip)
+        result = train_step(par, optimizer, scaler, passes, device, t.precision, cfg.optim.grad_clip)
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         state.step += 1
@@ -140,11 +151,11 @@ def fit(
         last = state.step == t.max_steps
         evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
         if state.step % t.log_every == 0 or evaluate_now:
-            record = {"step": state.step, "loss": _mean_over_ranks(result.loss), "lr": lr}
+            record = {"step": state.step, "loss": _mean_over_ranks(result.loss, loss_holders), "lr": lr}
             record["grad_norm"] = float(result.grad_norm)
             record.update(speed.report())
             if evaluate_now:
-                record.update(evaluate(model, val_set, cfg, env, device, dp_size))
+                record.update(evaluate(par, val_set, cfg, device))
             if observer is not None:
                 observer.log(record)
         elif observer is not None:
@@ -166,63 +177,85 @@ def fit(
 
 
 def train_step(
-    model: nn.Module,
+    par: Parallelized,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
-    micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+    passes: list[tuple[torch.Tensor, torch.Tensor]],
     device: torch.device,
     precision: str,
     grad_clip: float,
 ) -> StepResult:
+    """One optimizer step over this rank's passes (gradient accumulation when there are several)."""
+    model = par.model
     model.train()
     total_loss = torch.zeros((), device=device)
-    for i, (inputs, targets) in enumerate(micro_batches):
+    # Each pass holds an equal share of the rank's samples: the mean of the passes' mean losses is the mean.
+    # FSDP casts parameters itself (its mixed-precision policy); elsewhere autocast does.
+    autocast = _autocast(device, "fp32" if par.fsdp_mixed_precision else precision)
+    # A pipeline schedule runs forward and backward itself; each of its micro-batches' losses is divided by
+    # the number of micro-batches of the whole step.
+    pipeline_parts = (par.pipeline.n_microbatches if par.pipeline else 1) * len(passes)
+
+    def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss = loss_of(logits, target)
+        return loss, scaler.scale(loss / pipeline_parts)
+
+    for i, (inputs, targets) in enumerate(passes):
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        is_last = i == len(micro_batches) - 1
-        with _no_sync_unless(model, is_last), _autocast(device, precision):
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-            # Each micro-batch holds an equal share of the rank's samples: the mean of means is the mean.
-            scaler.scale(loss / len(micro_batches)).backward()
+        if par.pipeline is not None:
+            with autocast:
+                total_loss += par.pipeline.step(inputs, targets, loss_fn) / par.pipeline.n_microbatches
+            continue
+        with _no_sync_unless(model, i == len(passes) - 1), autocast:
+            loss = loss_of(model(inputs), targets)
+            scaler.scale(loss / len(passes)).backward()
         total_loss += loss.detach()
     scaler.unscale_(optimizer)
-    # After DDP's all-reduce every rank holds the same full gradients, so the local norm is the global one.
-    if grad_clip > 0:
-        grad_norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if par.dims.mesh is None or isinstance(model, DistributedDataParallel):
+        # Every rank holds whole, identical gradients: the local norm is the global one.
+        if grad_clip > 0:
+            grad_norm = nn.utils.clip_grad_norm_(params, grad_clip)
+        else:
+            grad_norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
-        grad_norm = nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(total_loss / len(micro_batches), grad_norm)
+    return StepResult(total_loss / len(passes), grad_norm)
+
+
+def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every prediction (each token for the GPT, each image for the ViT)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
 @torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    val_set,
-    cfg: Config,
-    env: DistEnv,
-    device: torch.device,  # type: ignore[no-untyped-def]
-    dp_size: int,
-) -> dict[str, float]:
+def evaluate(par: Parallelized, val_set, cfg: Config, device: torch.device) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Mean loss (and accuracy, for classifiers) over ``eval_batches`` fixed global batches of the val set."""
     t = cfg.trainer
+    model = par.model
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     batch_size = global_batch_size(cfg)
+    dp_rank, dp_size = par.data_parallel
     per_rank = batch_size // dp_size
+    autocast = _autocast(device, "fp32" if par.fsdp_mixed_precision else t.precision)
     for batch in range(t.eval_batches):
-        start = (batch * batch_size + env.rank * per_rank) % len(val_set)
+        start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
-        for chunk in split_micro_batches(indices, t.micro_batch_size):
+        for chunk in split_micro_batches(indices, samples_per_pass(cfg) // dp_size):
             inputs, targets = (x.to(device) for x in val_set.get_batch(chunk))
-            with _autocast(device, t.precision):
-                logits = model(inputs).float()
-            flat_logits, flat_targets = logits.flatten(0, -2), targets.flatten()
+            with autocast:
+                logits = model(inputs) if par.pipeline is None else par.pipeline.forward(inputs)
+            if logits is None:  # a pipeline stage before the last
+                continue
+            flat_logits, flat_targets = logits.float().flatten(0, -2), targets.flatten()
             sums[0] += F.cross_entropy(flat_logits, flat_targets, reduction="sum").double()
             sums[1] += (flat_logits.argmax(-1) == flat_targets).sum().double()
             sums[2] += flat_targets.numel()
+    # Ranks that hold the same logits (tensor-parallel peers) add the same sums to numerator and denominator.
     if dist.is_initialized():
         dist.all_reduce(sums)
     out = {"val_loss": float(sums[0] / sums[2])}
@@ -271,11 +304,23 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _mean_over_ranks(value: torch.Tensor) -> float:
+def _grad_scaler(par: Parallelized, device: torch.device, precision: str) -> torch.amp.GradScaler:
+    """fp16 loss scaling. Where ranks hold different gradients (shards, stages), an overflow on one must skip
+    the step on all: ShardedGradScaler all-reduces the inf check."""
+    enabled = precision == "fp16"
+    if enabled and par.dims.mesh is not None and not isinstance(par.model, DistributedDataParallel):
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type, enabled=enabled)
+
+
+def _mean_over_ranks(value: torch.Tensor, holders: int) -> float:
+    """Mean of ``value`` over the ``holders`` ranks that have it (the others contribute 0)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         value = value.detach().clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= dist.get_world_size()
+        value /= holders
     return float(value)
 
 

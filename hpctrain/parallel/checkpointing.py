@@ -1,0 +1,58 @@
+"""Activation checkpointing and torch.compile, applied per transformer block.
+
+``full`` keeps only each block's input and recomputes the block in backward (Chen et al. 2016):
+activation memory per block drops to one [B, T, d] tensor for one extra forward. ``selective`` keeps the
+outputs of the matmuls and attention, the expensive ops, and recomputes the cheap, memory-hungry rest
+(norms, GELU, dropout, residual adds) — Korthikanti et al. 2022, "Reducing Activation Recomputation".
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+
+def _ops_to_save() -> set[object]:
+    aten = torch.ops.aten
+    ops = {aten.mm.default, aten.addmm.default, aten.bmm.default}
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_cudnn_attention",
+    ):
+        if hasattr(aten, name):
+            ops.add(getattr(aten, name).default)
+    # A tensor-parallel block's reduce-scatter: recomputing it would repeat the communication.
+    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    return ops
+
+
+def _selective_policy(ops: set[object], ctx: object, op: object, *args: object, **kwargs: object) -> object:
+    return CheckpointPolicy.MUST_SAVE if op in ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+    """Wrap every block of ``model`` in place (parameter names are unchanged for checkpoints: torch's
+    state-dict API drops the wrapper's prefix)."""
+    if mode == "none":
+        return
+    options: dict[str, object] = {"preserve_rng_state": True}
+    if mode == "selective":
+        policy = functools.partial(_selective_policy, _ops_to_save())
+        options["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    elif mode != "full":
+        raise ValueError(f"unknown activation checkpointing mode {mode!r}")
+    for name, block in list(model.layers.items()):
+        model.layers[name] = checkpoint_wrapper(block, **options)
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block in place (``Module.compile`` keeps parameter names, unlike ``torch.compile(m)``).
+    Blocks are identical, so one graph serves all of them."""
+    for block in model.layers.values():
+        block.compile()

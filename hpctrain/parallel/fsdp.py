@@ -1,0 +1,39 @@
+"""FSDP2 (``fully_shard``): ZeRO-3 by default, ZeRO-2 without resharding after forward, optional offload.
+
+Each transformer block is its own FSDP unit, so only one block's full parameters exist at a time (plus the
+next one's, prefetched); the root unit holds the embeddings, final norm and head (Rajbhandari et al. 2020,
+ZeRO; Zhao et al. 2023, PyTorch FSDP).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from hpctrain.config.schema import ParallelConfig
+
+PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_fsdp(
+    model: nn.Module, dp_mesh: DeviceMesh, parallel: ParallelConfig, precision: str, device: torch.device
+) -> None:
+    """Shard ``model`` (or a pipeline stage) in place over ``dp_mesh`` (1-D: FSDP; 2-D: HSDP).
+
+    Mixed precision is FSDP's own: parameters are all-gathered and used in bf16/fp16 while the sharded
+    master copy, the optimizer and the gradient reduction stay fp32.
+    """
+    mixed = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES.get(precision), reduce_dtype=torch.float32)
+    # pin_memory needs an accelerator: on a CPU-only machine torch refuses to pin.
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if parallel.cpu_offload else OffloadPolicy()
+    options = {
+        "mesh": dp_mesh,
+        "reshard_after_forward": parallel.reshard_after_forward,
+        "mp_policy": mixed,
+        "offload_policy": offload,
+    }
+    for block in model.layers.values():
+        fully_shard(block, **options)
+    fully_shard(model, **options)

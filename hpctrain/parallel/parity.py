@@ -1,0 +1,319 @@
+"""Does every parallel layout train like one process? ``python -m hpctrain.parallel.parity`` prints the table.
+
+Each case trains the same tiny model on the same global batches for 10 steps under one layout, through the
+real trainer (``fit``: data sharding, pipeline schedules, clipping, evaluation and a checkpoint at the end),
+and is compared with the single-process run: the largest relative gap of the 10 losses, and of the final
+validation loss. In fp32 the layouts differ only in the order of floating-point sums, so the gaps stay at
+rounding level (tolerance 1e-5).
+
+Cases of one world size share one launch of that many processes (gloo on CPU, NCCL on GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TOLERANCE = 1e-5
+STEPS = 10
+
+_COMMON = [
+    "data=synthetic",
+    "data.num_samples=512",
+    f"trainer.max_steps={STEPS}",
+    "trainer.global_batch_size=8",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.eval_batches=1",
+    "trainer.ckpt_every=0",
+    "trainer.watchdog_factor=0",
+    "optim.warmup_steps=2",
+    "logger.progress_bar=false",
+]
+MODELS = {
+    "gpt": [
+        "model=gpt",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.tie_embeddings=false",
+    ],
+    "vit": [
+        "model=vit",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.image_size=12",
+        "model.patch_size=4",
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    ranks: int
+    overrides: tuple[str, ...]
+    models: tuple[str, ...] = ("gpt", "vit")
+    tolerance: float = TOLERANCE
+
+
+CASES = [
+    Case("ddp", 2, ("parallel=ddp", "trainer.micro_batch_size=2")),  # 2 passes: gradient accumulation
+    Case("fsdp zero3", 2, ("parallel=fsdp", "trainer.micro_batch_size=4")),
+    Case(
+        "fsdp zero2",
+        2,
+        ("parallel=fsdp", "parallel.reshard_after_forward=false", "trainer.micro_batch_size=4"),
+    ),
+    Case("fsdp offload", 2, ("parallel=fsdp", "parallel.cpu_offload=true", "trainer.micro_batch_size=4")),
+    Case(
+        "fsdp + full AC",
+        2,
+        ("parallel=fsdp", "parallel.activation_checkpointing=full", "trainer.micro_batch_size=4"),
+    ),
+    Case("tp", 2, ("parallel=tp", "parallel.sequence_parallel=false", "trainer.micro_batch_size=4")),
+    Case("tp + sp", 2, ("parallel=tp", "trainer.micro_batch_size=8")),
+    Case(
+        "tp + sp + selective AC",
+        2,
+        ("parallel=tp", "parallel.activation_checkpointing=selective", "trainer.micro_batch_size=8"),
+    ),
+    Case("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "trainer.micro_batch_size=2")),
+    Case("pp 1f1b", 2, ("parallel=pp", "parallel.schedule=1f1b", "trainer.micro_batch_size=2")),
+    Case(
+        "pp interleaved 1f1b",
+        2,
+        ("parallel=pp", "parallel.schedule=interleaved_1f1b", "trainer.micro_batch_size=2"),
+    ),
+    Case(
+        "pp interleaved zero bubble",
+        2,
+        ("parallel=pp", "parallel.schedule=interleaved_zero_bubble", "trainer.micro_batch_size=2"),
+    ),
+    Case(
+        "pp zbv zero bubble",
+        2,
+        ("parallel=pp", "parallel.schedule=zbv_zero_bubble", "trainer.micro_batch_size=2"),
+    ),
+    Case("2d (fsdp 2 × tp 2)", 4, ("parallel=2d", "trainer.micro_batch_size=4")),
+    Case("hsdp (2 × 2)", 4, ("parallel=hsdp", "trainer.micro_batch_size=2")),
+    Case(
+        "3d (pp 2 × fsdp 2 × tp 2)",
+        8,
+        ("parallel=3d", "parallel.microbatches=2", "trainer.micro_batch_size=2"),
+        models=("gpt",),
+    ),
+]
+# Mixed precision and compilation, against the same fp32 single-process run: bf16 rounds every activation
+# to 8 significant bits, so these agree to about 1e-3 rather than to rounding level.
+MIXED_TOLERANCE = 1e-2
+EXTRA_CASES = [
+    Case(
+        "ddp fp16 (GradScaler)",
+        2,
+        ("parallel=ddp", "trainer.precision=fp16", "trainer.micro_batch_size=4"),
+        models=("gpt",),
+        tolerance=MIXED_TOLERANCE,
+    ),
+    Case(
+        "fsdp bf16 (MixedPrecisionPolicy)",
+        2,
+        ("parallel=fsdp", "trainer.precision=bf16", "trainer.micro_batch_size=4"),
+        models=("gpt",),
+        tolerance=MIXED_TOLERANCE,
+    ),
+    Case(
+        "fsdp fp16 (ShardedGradScaler)",
+        2,
+        ("parallel=fsdp", "trainer.precision=fp16", "trainer.micro_batch_size=4"),
+        models=("gpt",),
+        tolerance=MIXED_TOLERANCE,
+    ),
+    Case(
+        "tp + sp bf16 (autocast)",
+        2,
+        ("parallel=tp", "trainer.precision=bf16", "trainer.micro_batch_size=8"),
+        models=("gpt",),
+        tolerance=MIXED_TOLERANCE,
+    ),
+    Case(
+        "pp 1f1b bf16 (autocast)",
+        2,
+        ("parallel=pp", "trainer.precision=bf16", "trainer.micro_batch_size=2"),
+        models=("gpt",),
+        tolerance=MIXED_TOLERANCE,
+    ),
+    Case(
+        "fsdp + compile",
+        2,
+        ("parallel=fsdp", "parallel.compile=true", "trainer.micro_batch_size=4"),
+        models=("gpt",),
+    ),
+]
+REFERENCE = Case("1 process", 1, ("parallel=none", "trainer.micro_batch_size=8"))
+
+
+def overrides(case: Case, model: str) -> list[str]:
+    return [*MODELS[model], *_COMMON, f"cluster.nproc={case.ranks}", *case.overrides]
+
+
+class _Recorder:
+    """Stands in for the run's Observer on rank 0: keeps the logged records."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def start(self, start_step: int, total_steps: int, wandb_run_id: str | None) -> str | None:
+        return wandb_run_id
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def advance(self, step: int, loss: float | None = None) -> None:
+        pass
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[str]]], out: str) -> None:
+    """One rank: train every (case, model) of this world size in turn; rank 0 writes their records."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.io import write_run_config
+    from hpctrain.config.validate import validate
+    from hpctrain.dist.env import DistEnv
+    from hpctrain.dist.rendezvous import init_distributed
+    from hpctrain.resilience.signals import StopSignals
+    from hpctrain.resilience.stop import StopCheck
+    from hpctrain.resilience.watchdog import Watchdog
+    from hpctrain.train.trainer import fit
+
+    torch.set_num_threads(1)
+    env = DistEnv.from_environ()
+    device = init_distributed(env, timeout_s=120)
+    results = {}
+    for key, _model, args in jobs:
+        composed = compose(args)
+        cfg = to_typed(composed)
+        validate(cfg)
+        run_dir = Path(out).parent / key.replace(": ", "-").replace(" ", "_").replace("/", "_")
+        if rank == 0:
+            write_run_config(run_dir, composed)
+        dist.barrier()
+        recorder = _Recorder() if rank == 0 else None
+        stop = StopCheck(StopSignals(set()), None, rank == 0, device)
+        watchdog = Watchdog(run_dir, rank, env.hostname, 0.0, 0.0, lambda culprit, why: None)
+        start = time.perf_counter()
+        fit(cfg, env, device, run_dir, recorder, stop, watchdog)  # type: ignore[arg-type]
+        watchdog.close()
+        if recorder is not None:
+            results[key] = {"records": recorder.records, "seconds": time.perf_counter() - start}
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+
+
+def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
+    """Train every case (and the single-process references); return records keyed ``"model: case"``."""
+    import torch.multiprocessing as mp
+
+    from hpctrain.launch.local import free_port
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    by_world: dict[int, list[tuple[str, str, list[str]]]] = {}
+    for case in [REFERENCE, *cases]:
+        for model in case.models:
+            by_world.setdefault(case.ranks, []).append(
+                (f"{model}: {case.name}", model, overrides(case, model))
+            )
+    results: dict[str, dict[str, Any]] = {}
+    for world, jobs in sorted(by_world.items()):
+        out = work_dir / f"world{world}" / "results.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        mp.start_processes(
+            _worker, args=(world, free_port("127.0.0.1"), jobs, str(out)), nprocs=world, start_method="spawn"
+        )
+        results.update(json.loads(out.read_text()))
+    return results
+
+
+@dataclass
+class Row:
+    model: str
+    case: Case
+    loss_gap: float  # largest relative gap of the per-step losses to the single-process run
+    val_gap: float
+    final_loss: float
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.loss_gap <= self.case.tolerance and self.val_gap <= self.case.tolerance
+
+
+def compare(results: dict[str, dict[str, Any]], cases: list[Case]) -> list[Row]:
+    rows = []
+    for case in cases:
+        for model in case.models:
+            ours, ref = results[f"{model}: {case.name}"], results[f"{model}: {REFERENCE.name}"]
+            losses = [r["loss"] for r in ours["records"]]
+            ref_losses = [r["loss"] for r in ref["records"]]
+            if len(losses) != STEPS or len(ref_losses) != STEPS:
+                raise RuntimeError(f"{model}: {case.name}: {len(losses)} losses logged, expected {STEPS}")
+            gap = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+            val, ref_val = ours["records"][-1]["val_loss"], ref["records"][-1]["val_loss"]
+            rows.append(Row(model, case, gap, abs(val - ref_val) / abs(ref_val), losses[-1], ours["seconds"]))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    width = max(len(r.case.name) for r in rows) if rows else 6
+    lines = [
+        f"{'model':<5} {'layout':<{width}} {'ranks':>5} {'loss gap':>9} {'val gap':>9} {'loss@10':>8} "
+        f"{'time s':>7} {'tolerance':>9}  ok"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.model:<5} {r.case.name:<{width}} {r.case.ranks:>5} {r.loss_gap:>9.1e} {r.val_gap:>9.1e} "
+            f"{r.final_loss:>8.4f} {r.seconds:>7.1f} {r.case.tolerance:>9.0e}  {'yes' if r.ok else 'NO'}"
+        )
+    lines.append(
+        f"gaps: largest relative difference to one fp32 process over {STEPS} steps (losses) and at the end "
+        "(validation loss)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpctrain.parallel.parity", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
+    parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")
+    args = parser.parse_args(argv)
+    every = CASES if args.fp32_only else [*CASES, *EXTRA_CASES]
+    cases = [c for c in every if not args.only or any(word in c.name for word in args.only)]
+    with tempfile.TemporaryDirectory(prefix="hpctrain-parity-") as tmp:
+        rows = compare(run_cases(cases, Path(tmp)), cases)
+    print(format_table(rows))
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

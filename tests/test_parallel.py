@@ -1,0 +1,98 @@
+"""Issue 5: every parallel layout trains like one process, and a checkpoint moves between layouts.
+
+The parity table (``python -m hpctrain.parallel.parity``) is the acceptance test itself: each layout runs the
+real trainer for 10 steps and its losses must match the single-process run's (fp32: within 1e-5, relative).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, hpctrain, metrics
+
+from hpctrain.parallel.parity import CASES, EXTRA_CASES
+
+
+def test_every_layout_matches_one_process():
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctrain.parallel.parity"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(result.stdout)
+    rows = {}
+    names = sorted((case.name for case in [*CASES, *EXTRA_CASES]), key=len, reverse=True)
+    for line in result.stdout.splitlines():
+        model, _, rest = line.partition(" ")
+        name = next((n for n in names if rest.startswith(n + " ")), None)
+        if model in ("gpt", "vit") and name is not None:
+            rows[(model, name)] = line
+    expected = [(model, case.name) for case in [*CASES, *EXTRA_CASES] for model in case.models]
+    missing = [key for key in expected if key not in rows]
+    assert not missing, f"rows missing from the table: {missing}\n{result.stdout}\n{result.stderr[-3000:]}"
+    failing = [rows[key] for key in expected if not rows[key].endswith("yes")]
+    assert not failing, "\n".join(failing)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+# Same model, data and global batch under every layout; only the degrees and micro-batches change.
+MODEL = [
+    "model=gpt",
+    "model.n_layers=4",
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.seq_len=32",
+    "model.tie_embeddings=false",
+    "data=synthetic",
+    "data.num_samples=512",
+    "trainer.global_batch_size=8",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.eval_batches=1",
+    "trainer.ckpt_every=3",
+    "optim.warmup_steps=2",
+    "logger=jsonl",
+]
+LAYOUT_3D = ["parallel=3d", "cluster.nproc=8", "parallel.microbatches=2", "trainer.micro_batch_size=2"]
+LAYOUT_FSDP = ["parallel=fsdp", "cluster.nproc=2", "trainer.micro_batch_size=4"]
+LAYOUT_NONE = ["parallel=none", "cluster.nproc=1", "trainer.micro_batch_size=4"]  # 2 micro-batches
+
+
+def _loss_at(run: Path, step: int) -> float:
+    return next(r["loss"] for r in metrics(run) if r["step"] == step)
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-5 * abs(b)
+
+
+def test_checkpoint_moves_from_3d_to_fsdp_to_one_process(tmp_path: Path):
+    """3d (pp 2 × fsdp 2 × tp 2) saves step 3; fsdp on 2 ranks resumes it and saves step 4; one process
+    resumes that. Each next step's loss equals the uninterrupted 3d run's."""
+    full = tmp_path / "3d"
+    result = hpctrain(*MODEL, *LAYOUT_3D, "trainer.max_steps=5", f"hydra.run.dir={full}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    fsdp = tmp_path / "fsdp"
+    resume = full / "checkpoints" / "step_00000003"
+    result = hpctrain(
+        *MODEL, *LAYOUT_FSDP, "trainer.max_steps=4", f"trainer.resume={resume}", f"hydra.run.dir={fsdp}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in metrics(fsdp)] == [4]
+    assert _close(_loss_at(fsdp, 4), _loss_at(full, 4)), (_loss_at(fsdp, 4), _loss_at(full, 4))
+
+    single = tmp_path / "none"
+    resume = fsdp / "checkpoints" / "step_00000004"
+    result = hpctrain(
+        *MODEL, *LAYOUT_NONE, "trainer.max_steps=5", f"trainer.resume={resume}", f"hydra.run.dir={single}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in metrics(single)] == [5]
+    assert _close(_loss_at(single, 5), _loss_at(full, 5)), (_loss_at(single, 5), _loss_at(full, 5))
+    last = metrics(single)[-1]
+    assert _close(last["val_loss"], metrics(full)[-1]["val_loss"])
