@@ -64,6 +64,7 @@ class Case:
     overrides: tuple[str, ...]
     models: tuple[str, ...] = ("gpt", "vit")
     tolerance: float = TOLERANCE
+    reference: str = "1 process"  # the single-process case this one is compared with
 
 
 CASES = [
@@ -72,7 +73,8 @@ CASES = [
     Case(
         "fsdp zero2",
         2,
-        ("parallel=fsdp", "parallel.reshard_after_forward=false", "trainer.micro_batch_size=4"),
+        # 2 passes: gradient accumulation under FSDP
+        ("parallel=fsdp", "parallel.reshard_after_forward=false", "trainer.micro_batch_size=2"),
     ),
     Case("fsdp offload", 2, ("parallel=fsdp", "parallel.cpu_offload=true", "trainer.micro_batch_size=4")),
     Case(
@@ -87,7 +89,8 @@ CASES = [
         2,
         ("parallel=tp", "parallel.activation_checkpointing=selective", "trainer.micro_batch_size=8"),
     ),
-    Case("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "trainer.micro_batch_size=2")),
+    # 2 pipeline steps of 4 micro-batches of 1: gradient accumulation over pipeline steps
+    Case("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "trainer.micro_batch_size=1")),
     Case("pp 1f1b", 2, ("parallel=pp", "parallel.schedule=1f1b", "trainer.micro_batch_size=2")),
     Case(
         "pp interleaved 1f1b",
@@ -160,6 +163,18 @@ EXTRA_CASES = [
     ),
 ]
 REFERENCE = Case("1 process", 1, ("parallel=none", "trainer.micro_batch_size=8"))
+# GPT-2's tied embedding and LM head under tensor parallelism: one vocabulary-split weight for both.
+TIED = "model.tie_embeddings=true"
+TIED_REFERENCE = Case("1 process, tied", 1, ("parallel=none", "trainer.micro_batch_size=8", TIED), ("gpt",))
+CASES.append(
+    Case(
+        "tp + sp, tied embeddings",
+        2,
+        ("parallel=tp", "trainer.micro_batch_size=8", TIED),
+        ("gpt",),
+        reference=TIED_REFERENCE.name,
+    )
+)
 
 
 def overrides(case: Case, model: str) -> list[str]:
@@ -237,7 +252,8 @@ def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     by_world: dict[int, list[tuple[str, str, list[str]]]] = {}
-    for case in [REFERENCE, *cases]:
+    references = [r for r in (REFERENCE, TIED_REFERENCE) if any(c.reference == r.name for c in cases)]
+    for case in [*references, *cases]:
         for model in case.models:
             by_world.setdefault(case.ranks, []).append(
                 (f"{model}: {case.name}", model, overrides(case, model))
@@ -271,7 +287,7 @@ def compare(results: dict[str, dict[str, Any]], cases: list[Case]) -> list[Row]:
     rows = []
     for case in cases:
         for model in case.models:
-            ours, ref = results[f"{model}: {case.name}"], results[f"{model}: {REFERENCE.name}"]
+            ours, ref = results[f"{model}: {case.name}"], results[f"{model}: {case.reference}"]
             losses = [r["loss"] for r in ours["records"]]
             ref_losses = [r["loss"] for r in ref["records"]]
             if len(losses) != STEPS or len(ref_losses) != STEPS:
