@@ -189,6 +189,13 @@ class TrainerConfig:
     fail_at: str | None = None
     hang_at: str | None = None
     save_delay_s: float = 0.0
+    # Test-only: "RANK:SECONDS", that rank sleeps so long in the data phase of every step (a straggler).
+    slow_rank: str | None = None
+    # Every straggler_every steps the ranks' phase times are gathered and the slowest rank is named in the
+    # metrics (0: never).
+    straggler_every: int = 50
+    # "FIRST:LAST": record a torch.profiler trace of these steps (inclusive) into RUN_DIR/profile/, per rank.
+    profile: str | None = None
 
 
 @dataclass

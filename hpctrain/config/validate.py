@@ -413,6 +413,25 @@ def _check_trainer(cfg: Config) -> None:
             raise ConfigError(f"trainer.{key}", value, "expected RANK:STEP", valid="e.g. 1:5")
     for key in ("watchdog_factor", "watchdog_min_s", "save_delay_s"):
         _at_least(f"trainer.{key}", getattr(t, key), 0.0)
+    _at_least("trainer.straggler_every", t.straggler_every, 0)
+    if t.slow_rank is not None:
+        rank, _, seconds = t.slow_rank.partition(":")
+        try:
+            if not rank.isdigit() or float(seconds) < 0:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(
+                "trainer.slow_rank", t.slow_rank, "expected RANK:SECONDS", valid="e.g. 1:0.2"
+            ) from None
+    if t.profile is not None:
+        first, _, last = t.profile.partition(":")
+        if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= t.max_steps):
+            raise ConfigError(
+                "trainer.profile",
+                t.profile,
+                f"expected FIRST:LAST, steps with 1 ≤ FIRST ≤ LAST ≤ trainer.max_steps={t.max_steps}",
+                valid="e.g. 10:12",
+            )
 
 
 def _check_logger(cfg: Config) -> None:

@@ -132,9 +132,11 @@ class Observer:
         record = {**record, "time": round(time.time(), 3)}
         self.metrics.write(record)
         if self._wandb is not None:
-            self._wandb.log(
-                {k: v for k, v in record.items() if k not in ("step", "time")}, step=record["step"]
-            )
+            # W&B charts numbers; names (the straggler's host) stay in metrics.jsonl.
+            numbers = {
+                k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step", "time")
+            }
+            self._wandb.log(numbers, step=record["step"])
         if self._progress is None:
             log.info(format_record(record))
         else:

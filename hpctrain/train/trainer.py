@@ -34,6 +34,7 @@ from hpctrain.dist.env import DistEnv
 from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer
+from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.resilience.stop import StopCheck
@@ -114,6 +115,10 @@ def fit(
     # A requeued job does not hang again: it is the first start's hang that the test observes.
     first_start = not os.environ.get("SLURM_RESTART_COUNT")
     hang_rank, hang_step = (int(x) for x in t.hang_at.split(":")) if t.hang_at and first_start else (-1, -1)
+    slow_rank, slow_s = t.slow_rank.split(":") if t.slow_rank else ("-1", "0")
+    profile_first, profile_last = (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
+    profiler = None
+    stragglers = StragglerMonitor(t.straggler_every, device, env.hostname)
     speed = Throughput(cfg, device, env.world_size)
     per_pass = samples_per_pass(cfg) // dp_size  # this rank's samples per forward/backward pass
     loss_holders = env.world_size // par.dims.degrees.pp  # ranks with the loss: the last pipeline stage's
@@ -137,8 +142,14 @@ def fit(
         if env.rank == hang_rank and state.step + 1 == hang_step:
             log.warning("Hanging at step %d on purpose (trainer.hang_at=%s)", hang_step, t.hang_at)
             threading.Event().wait()
+        if state.step + 1 == profile_first:
+            profiler = _start_profiler(run_dir, env.rank, device)
+        data_start = time.perf_counter()
+        if env.rank == int(slow_rank):
+            time.sleep(float(slow_s))
         indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
         passes = [train_set.get_batch(ix) for ix in split_micro_batches(indices, per_pass)]
+        stragglers.data_done(time.perf_counter() - data_start)
         watchdog.enter(state.step + 1, "compute")
         result = train_step(par, optimizer, scaler, passes, device, t.precision, cfg.optim.grad_clip)
         lr = scheduler.get_last_lr()[0]
@@ -148,12 +159,17 @@ def fit(
         speed.step_done(step_s)
         watchdog.step_done(step_s)
 
+        if profiler is not None and state.step == profile_last:
+            profiler.stop()  # writes the trace
+            profiler = None
         last = state.step == t.max_steps
         evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
-        if state.step % t.log_every == 0 or evaluate_now:
+        straggler = stragglers.report() if stragglers.due(state.step) else None
+        if state.step % t.log_every == 0 or evaluate_now or straggler:
             record = {"step": state.step, "loss": _mean_over_ranks(result.loss, loss_holders), "lr": lr}
             record["grad_norm"] = float(result.grad_norm)
             record.update(speed.report())
+            record.update(straggler or {})
             if evaluate_now:
                 record.update(evaluate(par, val_set, cfg, device))
             if observer is not None:
@@ -302,6 +318,21 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
+
+
+def _start_profiler(run_dir: Path, rank: int, device: torch.device) -> torch.profiler.profile:
+    """A torch.profiler trace of the coming steps, written as RUN_DIR/profile/rank<R>.*.pt.trace.json
+    (Chrome trace format: TensorBoard's profiler plugin and ui.perfetto.dev read it)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        record_shapes=True,
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir / "profile"), f"rank{rank}"),
+    )
+    profiler.start()
+    return profiler
 
 
 def _grad_scaler(par: Parallelized, device: torch.device, precision: str) -> torch.amp.GradScaler:

@@ -1,0 +1,60 @@
+"""Issue 6: a straggler is named in the metrics; a profiler window leaves a trace per rank."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import FAST, hpctrain, metrics
+
+
+def test_an_injected_straggler_is_named_in_the_metrics(run_dir: Path):
+    result = hpctrain(
+        *FAST,
+        "cluster.nproc=2",
+        "trainer.max_steps=6",
+        "trainer.log_every=3",
+        "trainer.straggler_every=3",
+        "trainer.slow_rank=1:0.3",  # rank 1 sleeps 0.3 s in the data phase of every step
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [r for r in metrics(run_dir) if "straggler_rank" in r]
+    assert [r["step"] for r in reports] == [3, 6]
+    hosts = {entry["rank"]: entry["host"] for entry in json.loads((run_dir / "ranks.json").read_text())}
+    for report in reports:
+        assert report["straggler_rank"] == 1, report
+        assert report["straggler_host"] == hosts[1]
+        assert report["straggler_phase"] == "data"
+        assert report["data_s_max"] >= 0.3
+        assert report["straggler_slowdown"] > 1.5
+    assert "Straggler: rank 1" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_without_a_straggler_the_slowdown_stays_small(run_dir: Path):
+    result = hpctrain(
+        *FAST,
+        "cluster.nproc=2",
+        "trainer.max_steps=4",
+        "trainer.straggler_every=4",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (report,) = [r for r in metrics(run_dir) if "straggler_rank" in r]
+    assert report["data_s_max"] < 0.1, report
+
+
+def test_a_profiler_window_writes_a_trace_per_rank(run_dir: Path):
+    result = hpctrain(
+        *FAST, "cluster.nproc=2", "trainer.max_steps=4", "trainer.profile=2:3", f"hydra.run.dir={run_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    traces = sorted((run_dir / "profile").glob("*.pt.trace.json"))
+    assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert any(n.startswith("aten::") for n in names), sorted(names)[:20]
+        # Two steps: two optimizer steps, and the gradient all-reduces between the ranks.
+        assert sum(e.get("name") == "Optimizer.step#AdamW.step" for e in events) == 2
+        assert "gloo:all_reduce" in names
