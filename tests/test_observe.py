@@ -28,6 +28,10 @@ def test_an_injected_straggler_is_named_in_the_metrics(run_dir: Path):
         assert report["straggler_phase"] == "data"
         assert report["data_s_max"] >= 0.3
         assert report["straggler_slowdown"] > 1.5
+        # The throughput metrics beside it: per device too, and this rank's peak memory.
+        per_device, total = report["tokens_per_s_per_device"], report["tokens_per_s"]
+        assert abs(per_device - total / 2) < 1e-6 * total
+        assert 0.05 < report["peak_mem_gib"] < 8
     assert "Straggler: rank 1" in (run_dir / "logs" / "rank0.log").read_text()
 
 

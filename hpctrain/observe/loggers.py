@@ -162,6 +162,7 @@ def format_record(record: dict[str, Any]) -> str:
         ("tokens_per_s", "{:,.0f} tok/s"),
         ("samples_per_s", "{:,.1f} samples/s"),
         ("mfu", "{:.1%}"),
+        ("peak_mem_gib", "{:.2f} GiB"),
     ):
         if record.get(key) is not None:
             value = fmt.format(record[key])

@@ -40,3 +40,15 @@ def mfu(
     if not peak_flops:
         return None
     return flops_per_token * tokens_per_s / (peak_flops * world_size)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak memory of this process so far: the CUDA caching allocator's peak on a GPU, else the peak resident
+    set (VmHWM: parameters, activations, and the interpreter and libraries too)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    return 0.0

@@ -39,7 +39,7 @@ from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
-from hpctrain.train.metrics import device_peak_flops, mfu
+from hpctrain.train.metrics import device_peak_flops, mfu, peak_memory_gib
 from hpctrain.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,9 @@ def evaluate(par: Parallelized, val_set, cfg: Config, device: torch.device) -> d
 
 
 class Throughput:
-    """Step times since the last report → step time, samples/s, tokens/s and MFU."""
+    """Step times since the last report → step time, samples/s or tokens/s (in all and per device), MFU
+    (hpctrain.train.metrics: 6N + 12·L·H·Q·T FLOPs per token against the device's peak), and this rank's
+    peak memory."""
 
     def __init__(self, cfg: Config, device: torch.device, world_size: int) -> None:
         self.samples_per_step = global_batch_size(cfg)
@@ -290,6 +292,7 @@ class Throughput:
         self.flops_per_token = flops_per_token(cfg.model)
         self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
         self.world_size = world_size
+        self.device = device
         self._times: list[float] = []
 
     def step_done(self, seconds: float) -> None:
@@ -304,7 +307,11 @@ class Throughput:
         out["tokens_per_s" if self.is_tokens else "samples_per_s"] = (
             tokens_per_s if self.is_tokens else samples_per_s
         )
+        out["tokens_per_s_per_device" if self.is_tokens else "samples_per_s_per_device"] = (
+            tokens_per_s if self.is_tokens else samples_per_s
+        ) / self.world_size
         out["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
+        out["peak_mem_gib"] = peak_memory_gib(self.device)
         return {k: v for k, v in out.items() if v is not None}
 
 
