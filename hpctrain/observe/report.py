@@ -1,0 +1,744 @@
+"""``hpctrain report RUN_DIR|SWEEP_DIR [--out DIR]``: PNG pictures of a run's or a sweep's metrics.jsonl.
+
+A run (a directory with config.yaml, metrics.jsonl or job.json):
+
+    loss.png        train loss and val_loss against the step (val_acc on a right axis, when logged)
+    throughput.png  tokens/s or samples/s against the step (and MFU below it, when logged)
+
+A sweep (sweep.json from a Slurm job array, or multirun.yaml and member directories from a local multirun):
+
+    loss.png        every member's train loss (and, in a second panel, val_loss): one line per member,
+                    labelled by its own overrides
+    throughput.png  every member's throughput against the step
+    final.png       bars: each member's final loss and final val_loss
+    scaling.png     when members differ in world size: speedup against ranks beside the ideal line, and
+                    parallel efficiency
+
+The pictures go to TARGET/report/ unless --out says where; the paths written are printed. A sweep member that
+failed (its Slurm state, or an error a rank recorded) or has no metrics is listed as such and left out.
+Exit status: 0 written; 1 nothing to plot or a file that cannot be written; 2 bad arguments or a directory
+that is neither a run nor a sweep.
+
+Runs on login nodes: no torch here, and matplotlib is imported only when there is something to draw (Agg,
+never a display). The ``*_pictures`` functions return what they drew, read back from the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from hpctrain.config.io import RUN_CONFIG, load_run_config
+from hpctrain.jobs import max_steps, read_records, split_overrides, table
+from hpctrain.launch.records import (
+    JOB_RECORD,
+    METRICS_FILE,
+    SWEEP_RECORD,
+    SweepMember,
+    error_last_line,
+    first_error,
+    read_job,
+    read_sweep,
+)
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+REPORT_DIR = "report"
+MULTIRUN_RECORD = "multirun.yaml"  # Hydra's record of a local multirun; its members are subdirectories
+THROUGHPUT_KEYS = ("tokens_per_s", "samples_per_s")
+FIGURE_SIZE = (8.0, 4.5)  # inches; at DPI, 800 × 450 pixels a panel
+DPI = 100
+CHARS_PER_INCH = 15  # of small text: how many characters a line of a subtitle or legend may hold
+IDEAL_COLOR = "#7f7f7f"
+LEGEND_WIDTH = 36  # characters of a member's label a line, in a legend
+TICK_WIDTH = 30  # ... beside a bar
+BAR_LINE_IN = 0.19  # inches a line of a bar's label takes
+MAX_LABEL_LINES = 4  # of a member's label, and of a subtitle
+LEGEND_LINE_IN = 0.17  # inches a line of small text takes in a legend
+
+
+class ReportError(Exception):
+    """Nothing to plot, or a file that cannot be read or written: one line on stderr, exit status 1."""
+
+
+class UsageError(Exception):
+    """Bad arguments, or a directory that is neither a run nor a sweep: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line or one set of bars as drawn, read back from the figure: values in the units of its axis
+    (MFU and efficiency in percent); ``x`` holds steps, ranks, or member labels for bars."""
+
+    panel: str  # the axes it is drawn in: "loss", "val_loss", "throughput", "mfu", "speedup", ...
+    label: str
+    x: tuple[float | str, ...]
+    y: tuple[float, ...]
+    color: str  # "#rrggbb"
+
+
+@dataclass
+class Picture:
+    path: Path
+    series: list[Series]
+
+    def get(self, label: str, panel: str | None = None) -> Series:
+        found = [s for s in self.series if s.label == label and (panel is None or s.panel == panel)]
+        if len(found) != 1:
+            raise KeyError(f"{self.path.name}: {len(found)} series labelled {label!r} in panel {panel!r}")
+        return found[0]
+
+
+@dataclass
+class Member:
+    """One run of a sweep, and whether it is plotted (``skipped`` says why not)."""
+
+    index: int
+    label: str  # its own overrides (those not every member shares)
+    run_dir: Path
+    records: list[dict[str, Any]]
+    world_size: int | None
+    state: str | None = None  # Slurm's word, when Slurm could be asked
+    skipped: str | None = None
+
+
+@dataclass
+class ScalingPoint:
+    """Throughput at one world size: the mean over the members of that size, relative to the smallest."""
+
+    ranks: int
+    throughput: float
+    speedup: float  # throughput / throughput at the smallest world size
+    ideal: float  # ranks / smallest world size
+    efficiency: float  # speedup / ideal: per-rank throughput against the smallest size's
+    members: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SweepReport:
+    members: list[Member]
+    common: list[str]
+    scaling: list[ScalingPoint]
+    pictures: list[Picture]
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def values(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of the records that hold ``key``."""
+    kept = [r for r in records if r.get(key) is not None]
+    return [float(r["step"]) for r in kept], [float(r[key]) for r in kept]
+
+
+def last_value(records: list[dict[str, Any]], key: str) -> float | None:
+    return next((float(r[key]) for r in reversed(records) if r.get(key) is not None), None)
+
+
+def throughput_key(records: list[dict[str, Any]]) -> str | None:
+    """tokens_per_s for language models, samples_per_s for the others (whichever the records hold)."""
+    return next((k for k in THROUGHPUT_KEYS if any(r.get(k) is not None for r in records)), None)
+
+
+def steady_throughput(records: list[dict[str, Any]], key: str) -> float | None:
+    """The median throughput over logged windows after the first: the first window holds the warm-up steps
+    (allocations, first collectives, compilation), many times slower than the rest on small models."""
+    _, ys = values(records, key)
+    ys = [y for y in ys if math.isfinite(y)]
+    if len(ys) > 2:
+        ys = ys[1:]
+    return statistics.median(ys) if ys else None
+
+
+def world_size(run_dir: Path) -> int | None:
+    """The number of ranks a run was configured with (config.yaml), else the size its job.json records."""
+    from hpctrain.config.validate import world_size as configured
+
+    try:
+        return configured(load_run_config(run_dir / RUN_CONFIG))
+    except Exception:  # missing, partly written or from another version: job.json may still say
+        pass
+    try:
+        job = read_job(run_dir)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return job.nodes * job.tasks_per_node if job is not None and job.nodes else None
+
+
+def _is_run_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in (RUN_CONFIG, METRICS_FILE, JOB_RECORD))
+
+
+def _local_members(sweep_dir: Path) -> list[SweepMember]:
+    """A local multirun's members: its subdirectories that hold a run, in Hydra's job order (numeric names
+    when ``hydra.sweep.subdir`` is left at its default, the job number)."""
+    from omegaconf import OmegaConf
+
+    dirs = [p for p in sweep_dir.iterdir() if p.is_dir() and _is_run_dir(p)]
+    dirs.sort(key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name))
+    members = []
+    for position, path in enumerate(dirs):
+        try:
+            overrides = [str(o) for o in OmegaConf.load(path / ".hydra" / "overrides.yaml")]
+        except Exception:  # written by Hydra before the run starts; without it the member is still a run
+            overrides = []
+        index = int(path.name) if path.name.isdigit() else position
+        members.append(SweepMember(index, overrides, str(path), ""))
+    return members
+
+
+def _slurm_states(members: list[SweepMember]) -> dict[str, str]:
+    """Each member's Slurm state word; empty (with a note) where Slurm cannot be asked, e.g. a sweep
+    directory copied off the cluster: then failures are judged from the ranks' error records alone."""
+    from hpctrain.slurm.commands import SlurmUnavailable, job_states
+
+    ids = [m.job_id for m in members if m.job_id]
+    if not ids:
+        return {}
+    try:
+        return {job: state.state for job, state in job_states(ids).items()}
+    except (SlurmUnavailable, RuntimeError, OSError, ValueError) as err:
+        print(
+            f"hpctrain report: Slurm states unknown ({err}): judged from the run directories", file=sys.stderr
+        )
+        return {}
+
+
+def load_sweep(sweep_dir: Path, ask_slurm: bool = True) -> tuple[list[str], list[Member]]:
+    """The overrides every member shares, and the members with their metrics and why any is not plotted."""
+    from hpctrain.slurm.commands import FINAL_STATES
+
+    sweep_dir = sweep_dir.absolute()
+    try:
+        record = read_sweep(sweep_dir)
+    except (ValueError, TypeError, KeyError) as err:
+        raise ReportError(f"{sweep_dir}: unreadable {SWEEP_RECORD} ({err})") from None
+    swept = record.members if record is not None else _local_members(sweep_dir)
+    states = _slurm_states(swept) if record is not None and ask_slurm else {}
+    common, own = split_overrides(swept)
+    members = []
+    for sweep_member, overrides in zip(swept, own, strict=True):
+        run_dir = Path(sweep_member.run_dir)
+        beside = sweep_dir / run_dir.name
+        if beside.is_dir():
+            # sweep.json's paths are absolute; members are made inside the sweep directory, so the one beside
+            # it is the right one also when the sweep directory was copied or moved.
+            run_dir = beside
+        records = read_records(run_dir / METRICS_FILE)
+        member = Member(
+            index=sweep_member.index,
+            label=" ".join(overrides) or f"#{sweep_member.index}",
+            run_dir=run_dir,
+            records=records,
+            world_size=world_size(run_dir),
+            state=states.get(sweep_member.job_id),
+        )
+        error = first_error(run_dir) if run_dir.is_dir() else None
+        if member.state is not None and member.state in FINAL_STATES and member.state != "COMPLETED":
+            member.skipped = member.state
+            if error is not None:
+                member.skipped += f": {_error_text(error)}"
+        elif error is not None and member.state is None:
+            # Only without Slurm's word: a rank's error record outlives a requeue until the next start clears
+            # it, so while Slurm says the job is pending or running again, the record is not the final word.
+            member.skipped = f"failed: {_error_text(error)}"
+        elif not any(r.get("loss") is not None for r in records):
+            member.skipped = "no metrics" + (f" ({member.state})" if member.state else "")
+        members.append(member)
+    return common, members
+
+
+def _error_text(error: tuple[int, dict[str, Any]]) -> str:
+    rank, record = error
+    host = f" on {record['host']}" if record.get("host") else ""
+    return f"rank {rank}{host}: {error_last_line(record)}"
+
+
+def scaling_points(members: list[Member]) -> list[ScalingPoint]:
+    """Speedup and parallel efficiency by world size, when the plotted members span two or more sizes (a
+    scaling sweep); empty otherwise. Members of one size (e.g. seeds) are averaged."""
+    plotted = [m for m in members if m.skipped is None and m.world_size]
+    key = throughput_key([r for m in plotted for r in m.records])
+    if key is None:
+        return []
+    by_size: dict[int, list[tuple[int, float]]] = {}
+    for member in plotted:
+        rate = steady_throughput(member.records, key)
+        if rate is not None and rate > 0 and member.world_size is not None:
+            by_size.setdefault(member.world_size, []).append((member.index, rate))
+    if len(by_size) < 2:
+        return []
+    sizes = sorted(by_size)
+    base_size = sizes[0]
+    base = statistics.fmean(rate for _, rate in by_size[base_size])
+    points = []
+    for size in sizes:
+        rate = statistics.fmean(r for _, r in by_size[size])
+        speedup, ideal = rate / base, size / base_size
+        points.append(
+            ScalingPoint(size, rate, speedup, ideal, speedup / ideal, [i for i, _ in by_size[size]])
+        )
+    return points
+
+
+# ---------------------------------------------------------------------------------------------- drawing
+
+
+def _figure(panels: int, stacked: bool = False) -> tuple[Figure, list[Axes]]:
+    """A figure of ``panels`` side by side (``stacked``: one above the other, sharing the x axis)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    width, height = FIGURE_SIZE
+    if stacked:
+        size = (width, height * (1 + 0.45 * (panels - 1)))
+    else:
+        size = (width * (1 + 0.6 * (panels - 1)), height)
+    # A Figure with its own Agg canvas, not pyplot: no global state and no display, whatever MPLBACKEND says.
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = (
+        fig.subplots(panels, 1, sharex=True, squeeze=False)
+        if stacked
+        else fig.subplots(1, panels, squeeze=False)
+    )
+    axes = [ax for row in grid for ax in row]
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    return fig, axes
+
+
+def _integer_steps(*axes: Axes) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _panel(ax: Axes, name: str, title: str, xlabel: str, ylabel: str) -> Axes:
+    # The Axes' own label (never drawn) names the panel, so that series read back know where they are.
+    ax.set_label(name)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return ax
+
+
+def _twin(ax: Axes, name: str, ylabel: str, color: str) -> Axes:
+    twin = ax.twinx()
+    twin.set_label(name)
+    twin.set_ylabel(ylabel, color=color)
+    twin.tick_params(axis="y", colors=color)
+    return twin
+
+
+def _legend(*axes: Axes) -> None:
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if handles:
+        axes[-1].legend(handles, labels, fontsize="small", loc="best")
+
+
+def _wrap(label: str, width: int) -> str:
+    """A member's label on a few lines, cut after ``MAX_LABEL_LINES`` (overrides are never split inside)."""
+    lines = textwrap.wrap(label, width, break_long_words=False) or [label]
+    if len(lines) > MAX_LABEL_LINES:
+        lines = [*lines[: MAX_LABEL_LINES - 1], lines[MAX_LABEL_LINES - 1] + " …"]
+    return "\n".join(lines)
+
+
+def _member_legend(fig: Figure, ax: Axes) -> None:
+    """One legend of the members for the whole figure, below the panels: the labels are overrides, often wider
+    than a panel, and every panel shows the same members in the same colours. The figure grows by its height
+    rather than squeezing the panels."""
+    handles, labels = ax.get_legend_handles_labels()
+    width, height = fig.get_size_inches()
+    wrapped = [_wrap(label, LEGEND_WIDTH) for label in labels]
+    columns = max(1, min(len(handles), int(width * CHARS_PER_INCH) // (LEGEND_WIDTH + 6)))
+    rows = -(-len(handles) // columns)
+    lines = max((label.count("\n") + 1 for label in wrapped), default=1)
+    fig.legend(handles, wrapped, loc="outside lower center", fontsize="small", ncols=columns)
+    fig.set_size_inches(width, height + rows * lines * LEGEND_LINE_IN + 0.2)
+
+
+def _subtitle(fig: Figure, text: str) -> None:
+    """The common overrides above the panels, on as many lines as the figure's width needs."""
+    fig.suptitle(_wrap(text, int(fig.get_size_inches()[0] * CHARS_PER_INCH)), fontsize="small")
+
+
+def _colors(n: int) -> list[tuple[str, str]]:
+    """(colour, line style) for n members: the colour cycle, then the same colours dashed, dotted, ..."""
+    from matplotlib import rcParams
+
+    cycle = rcParams["axes.prop_cycle"].by_key().get("color") or ["#1f77b4"]
+    styles = ["-", "--", ":", "-."]
+    return [(cycle[i % len(cycle)], styles[(i // len(cycle)) % len(styles)]) for i in range(n)]
+
+
+def _series_of(fig: Figure) -> list[Series]:
+    """What the figure shows, read back from its artists: every labelled line and every set of bars."""
+    import numpy as np
+    from matplotlib.colors import to_hex
+    from matplotlib.container import BarContainer
+
+    found = []
+    for ax in fig.axes:
+        panel = str(ax.get_label())
+        for line in ax.get_lines():
+            label = str(line.get_label())
+            if label.startswith("_"):  # matplotlib's own unnamed artists
+                continue
+            xs = tuple(np.asarray(line.get_xdata(), dtype=float).tolist())
+            ys = tuple(np.asarray(line.get_ydata(), dtype=float).tolist())
+            found.append(Series(panel, label, xs, ys, to_hex(line.get_color())))
+        for container in ax.containers:
+            if not isinstance(container, BarContainer) or not container.patches:
+                continue
+            # A bar's category is the tick label nearest its centre, across the bars' direction.
+            horizontal = container.orientation == "horizontal"
+            axis = ax.yaxis if horizontal else ax.xaxis
+            ticks = list(axis.get_ticklocs())
+            names = [" ".join(t.get_text().split()) for t in axis.get_ticklabels()]  # as labelled, unwrapped
+            xs_bar: list[float | str] = []
+            for patch in container.patches:
+                if horizontal:
+                    centre = patch.get_y() + patch.get_height() / 2
+                else:
+                    centre = patch.get_x() + patch.get_width() / 2
+                xs_bar.append(names[min(range(len(ticks)), key=lambda i: abs(ticks[i] - centre))])
+            heights = tuple(float(p.get_width() if horizontal else p.get_height()) for p in container.patches)
+            color = to_hex(container.patches[0].get_facecolor())
+            found.append(Series(panel, str(container.get_label()), tuple(xs_bar), heights, color))
+    return found
+
+
+def _save(fig: Figure, path: Path) -> Picture:
+    series = _series_of(fig)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        # Written aside and renamed: an image viewer or a web page watching the file never reads half a PNG.
+        fig.savefig(tmp, format="png", dpi=DPI)
+        tmp.replace(path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise ReportError(f"cannot write {path}: {err.strerror or err}") from None
+    return Picture(path, series)
+
+
+def _out_dir(target: Path, out: Path | None) -> Path:
+    path = out if out is not None else target / REPORT_DIR
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ReportError(f"cannot create {path}: {err.strerror or err}") from None
+    return path
+
+
+def _name(run_dir: Path) -> str:
+    """The last two parts of a run's path (outputs/<date>/<time>, <sweep>/<member>): enough to tell it."""
+    return "/".join(run_dir.absolute().parts[-2:])
+
+
+def run_pictures(run_dir: Path, out: Path | None = None) -> list[Picture]:
+    """loss.png and (when throughput is logged) throughput.png of one run."""
+    records = read_records(run_dir / METRICS_FILE)
+    if not any(r.get("loss") is not None for r in records):
+        error = first_error(run_dir)
+        if error is not None:
+            raise ReportError(f"{run_dir}: failed before logging a step: {_error_text(error)}")
+        raise ReportError(f"{run_dir}: no metrics yet (no loss in {METRICS_FILE})")
+    out_dir = _out_dir(run_dir, out)
+    size = world_size(run_dir)
+    subtitle = _name(run_dir) + (f" · {size} rank{'s' * (size != 1)}" if size else "")
+    pictures = []
+
+    fig, (ax,) = _figure(1)
+    _panel(ax, "loss", f"loss — {subtitle}", "step", "loss")
+    steps, losses = values(records, "loss")
+    ax.plot(steps, losses, color="C0", linewidth=2, label="train loss")
+    val_steps, vals = values(records, "val_loss")
+    if vals:
+        ax.plot(val_steps, vals, "o-", color="C1", linewidth=2, markersize=5, label="val_loss")
+    acc_steps, accs = values(records, "val_acc")
+    if accs:
+        twin = _twin(ax, "val_acc", "val_acc", "C2")
+        twin.plot(acc_steps, accs, "s--", color="C2", markersize=5, label="val_acc")
+        twin.set_ylim(-0.02, 1.02)  # an accuracy: its whole range, so that a flat 0.0 does not look central
+        _legend(ax, twin)
+    else:
+        _legend(ax)
+    _integer_steps(ax)
+    pictures.append(_save(fig, out_dir / "loss.png"))
+
+    key = throughput_key(records)
+    if key is not None:
+        unit = unit_of(key)
+        mfu_steps, mfus = values(records, "mfu")
+        # MFU gets its own panel: it is throughput × a constant within one run, so on a twin axis of the
+        # same plot the two lines would lie exactly on top of each other.
+        fig, axes = _figure(2 if mfus else 1, stacked=True)
+        ax = _panel(axes[0], "throughput", f"throughput — {subtitle}", "" if mfus else "step", unit)
+        steps, rates = values(records, key)
+        ax.plot(steps, rates, "o-", color="C0", linewidth=2, markersize=4, label=unit)
+        ax.set_ylim(bottom=0)
+        _legend(ax)
+        if mfus:
+            below = _panel(axes[1], "mfu", "model FLOPs utilisation", "step", "MFU (%)")
+            below.plot(
+                mfu_steps, [100 * v for v in mfus], "s-", color="C3", linewidth=2, markersize=4, label="MFU"
+            )
+            below.set_ylim(bottom=0)
+            _legend(below)
+        _integer_steps(*axes)
+        pictures.append(_save(fig, out_dir / "throughput.png"))
+    return pictures
+
+
+def sweep_pictures(
+    members: list[Member], common: list[str], out_dir: Path, scaling: list[ScalingPoint]
+) -> list[Picture]:
+    """loss.png, throughput.png, final.png and (for a scaling sweep) scaling.png of a sweep's plotted
+    members; each member keeps one colour in all of them."""
+    plotted = [m for m in members if m.skipped is None]
+    if not plotted:
+        raise ReportError("nothing to plot: no member of the sweep has metrics")
+    styles = dict(zip((m.index for m in plotted), _colors(len(plotted)), strict=True))
+    subtitle = f"common: {' '.join(common)}" if common else f"{len(members)} members"
+    pictures = []
+
+    with_val = [m for m in plotted if any(r.get("val_loss") is not None for r in m.records)]
+    fig, axes = _figure(2 if with_val else 1)
+    _subtitle(fig, subtitle)
+    _panel(axes[0], "loss", "train loss", "step", "loss")
+    for m in plotted:
+        color, style = styles[m.index]
+        axes[0].plot(*values(m.records, "loss"), linestyle=style, color=color, linewidth=2, label=m.label)
+    _member_legend(fig, axes[0])
+    if with_val:
+        _panel(axes[1], "val_loss", "val_loss", "step", "val_loss")
+        for m in with_val:
+            color, style = styles[m.index]
+            axes[1].plot(
+                *values(m.records, "val_loss"), marker="o", linestyle=style, color=color, label=m.label
+            )
+    _integer_steps(*axes)
+    pictures.append(_save(fig, out_dir / "loss.png"))
+
+    key = throughput_key([r for m in plotted for r in m.records])
+    if key is not None:
+        unit = unit_of(key)
+        fig, (ax,) = _figure(1)
+        _subtitle(fig, subtitle)
+        _panel(ax, "throughput", "throughput", "step", unit)
+        for m in plotted:
+            steps, rates = values(m.records, key)
+            if rates:
+                color, style = styles[m.index]
+                ax.plot(steps, rates, marker="o", markersize=4, linestyle=style, color=color, label=m.label)
+        ax.set_ylim(bottom=0)
+        _member_legend(fig, ax)
+        _integer_steps(ax)
+        pictures.append(_save(fig, out_dir / "throughput.png"))
+
+    pictures.append(_final_bars(plotted, subtitle, out_dir / "final.png"))
+    if scaling:
+        pictures.append(_scaling(scaling, subtitle, unit_of(key), out_dir / "scaling.png"))
+    return pictures
+
+
+def unit_of(key: str | None) -> str:
+    return "samples/s" if key == "samples_per_s" else "tokens/s"
+
+
+def _final_bars(plotted: list[Member], subtitle: str, path: Path) -> Picture:
+    """Horizontal bars, members top to bottom: their labels (overrides) get a line of their own, however many
+    members there are."""
+    labels = [_wrap(m.label, TICK_WIDTH) for m in plotted]
+    fig, (ax,) = _figure(1)
+    lines = sum(max(2, label.count("\n") + 1) for label in labels)
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, max(height, 1.6 + lines * BAR_LINE_IN))
+    _subtitle(fig, subtitle)
+    _panel(ax, "final", "final loss per member", "loss", "")
+    finals = {
+        "final loss": [last_value(m.records, "loss") for m in plotted],
+        "final val_loss": [last_value(m.records, "val_loss") for m in plotted],
+    }
+    shown = {name: v for name, v in finals.items() if any(x is not None and math.isfinite(x) for x in v)}
+    thickness = 0.8 / max(1, len(shown))
+    for offset, ((name, lengths), color) in enumerate(zip(shown.items(), ("C0", "C1"), strict=False)):
+        # A member without that value (no evaluation yet, or a diverged loss) gets no bar, not a zero.
+        kept = [(i, v) for i, v in enumerate(lengths) if v is not None and math.isfinite(v)]
+        ys = [i + (offset - (len(shown) - 1) / 2) * thickness for i, _ in kept]
+        bars = ax.barh(ys, [v for _, v in kept], height=thickness, color=color, label=name)
+        ax.bar_label(bars, fmt="%.3f", fontsize="x-small", padding=2)
+    ax.set_yticks(range(len(plotted)), labels, fontsize="small")
+    ax.invert_yaxis()  # the first member on top, as in the listing
+    ax.margins(x=0.15)  # room for the numbers after the bars
+    fig.legend(loc="outside lower center", ncols=len(shown), fontsize="small")
+    return _save(fig, path)
+
+
+def _scaling(points: list[ScalingPoint], subtitle: str, unit: str, path: Path) -> Picture:
+    fig, (left, right) = _figure(2)
+    base = f"{points[0].ranks} rank{'s' * (points[0].ranks != 1)}"
+    _subtitle(fig, f"scaling of {unit}, relative to {base} · {subtitle}")
+    ranks = [p.ranks for p in points]
+    _panel(left, "speedup", "speedup", "ranks", "speedup")
+    left.plot(ranks, [p.ideal for p in points], "--", color=IDEAL_COLOR, label="ideal")
+    left.plot(ranks, [p.speedup for p in points], "o-", color="C0", linewidth=2, label="measured")
+    left.set_ylim(bottom=0)
+    _legend(left)
+    _panel(right, "efficiency", "parallel efficiency", "ranks", "efficiency (%)")
+    right.plot(ranks, [100.0] * len(points), "--", color=IDEAL_COLOR, label="ideal")
+    right.plot(ranks, [100 * p.efficiency for p in points], "o-", color="C0", linewidth=2, label="measured")
+    right.set_ylim(0, max(110.0, 100 * max(p.efficiency for p in points) + 10))
+    _legend(right)
+    for ax in (left, right):
+        ax.set_xticks(ranks, [str(r) for r in ranks])
+    return _save(fig, path)
+
+
+def report_sweep(sweep_dir: Path, out: Path | None = None, ask_slurm: bool = True) -> SweepReport:
+    common, members = load_sweep(sweep_dir, ask_slurm)
+    if not members:
+        raise ReportError(f"{sweep_dir}: the sweep has no member runs")
+    scaling = scaling_points(members)
+    plotted = [m for m in members if m.skipped is None]
+    pictures = sweep_pictures(members, common, _out_dir(sweep_dir, out), scaling) if plotted else []
+    return SweepReport(members, common, scaling, pictures)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def _member_table(members: list[Member]) -> str:
+    key = throughput_key([r for m in members for r in m.records])
+    unit = unit_of(key)
+    rows = []
+    for m in members:
+        loss, val = last_value(m.records, "loss"), last_value(m.records, "val_loss")
+        total = max_steps(m.run_dir)
+        step = str(m.records[-1]["step"]) if m.records else "-"
+        rate = steady_throughput(m.records, key) if key else None
+        note = f"skipped: {m.skipped}" if m.skipped else (m.state or "")
+        rows.append(
+            [
+                str(m.index),
+                m.label,
+                str(m.world_size or "?"),
+                f"{step}/{total}" if total is not None else step,
+                "" if loss is None else f"{loss:.4f}",
+                "" if val is None else f"{val:.4f}",
+                "" if rate is None else f"{rate:,.0f}",
+                note,
+            ]
+        )
+    headers = ["#", "overrides", "ranks", "step", "loss", "val_loss", unit, ""]
+    return table(headers, rows, right=(0, 2, 3, 4, 5, 6))
+
+
+def _scaling_table(points: list[ScalingPoint], unit: str) -> str:
+    rows = [
+        [
+            str(p.ranks),
+            f"{p.throughput:,.0f}",
+            f"{p.speedup:.2f}",
+            f"{p.ideal:g}",
+            f"{100 * p.efficiency:.0f}%",
+        ]
+        for p in points
+    ]
+    return table(["ranks", unit, "speedup", "ideal", "efficiency"], rows, right=range(5))
+
+
+def _resolve(text: str) -> tuple[str, Path]:
+    path = Path(text).expanduser()
+    if path.is_file() and path.name in (SWEEP_RECORD, MULTIRUN_RECORD, JOB_RECORD, METRICS_FILE, RUN_CONFIG):
+        path = path.parent
+    if not path.is_dir():
+        raise UsageError(f"{text}: no such directory")
+    if (path / SWEEP_RECORD).is_file() or (path / MULTIRUN_RECORD).is_file():
+        return "sweep", path
+    if _is_run_dir(path):
+        return "run", path
+    raise UsageError(
+        f"{text}: not a run or sweep directory (no {RUN_CONFIG}, {METRICS_FILE}, {JOB_RECORD}, "
+        f"{SWEEP_RECORD} or {MULTIRUN_RECORD})"
+    )
+
+
+def _run(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="hpctrain report", description="PNG pictures of a run's or a sweep's metrics.")
+    parser.add_argument("target", metavar="RUN_DIR|SWEEP_DIR")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write the pictures (TARGET/report)")
+    args = parser.parse_args(list(argv))
+    kind, path = _resolve(args.target)
+    if kind == "run":
+        pictures = run_pictures(path, args.out)
+        error = first_error(path)
+        if error is not None:
+            print(f"run {path} failed: {_error_text(error)} (its metrics up to then are drawn)")
+        for picture in pictures:
+            print(f"wrote {picture.path}")
+        return EXIT_OK
+    report = report_sweep(path, args.out)
+    n = len(report.members)
+    print(f"sweep {path}: {n} member{'s' * (n != 1)}")
+    if report.common:
+        print(f"common overrides: {' '.join(report.common)}")
+    print(_member_table(report.members))
+    if report.scaling:
+        key = throughput_key([r for m in report.members if m.skipped is None for r in m.records])
+        print(_scaling_table(report.scaling, unit_of(key)))
+    if not report.pictures:
+        raise ReportError("nothing to plot: no member of the sweep has metrics")
+    for picture in report.pictures:
+        print(f"wrote {picture.path}")
+    return EXIT_OK
+
+
+def main(argv: list[str]) -> int:
+    """``hpctrain report TARGET [--out DIR]`` (``argv`` without the word ``report``)."""
+    try:
+        return _run(argv)
+    except UsageError as err:
+        print(f"hpctrain report: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except ReportError as err:
+        print(f"hpctrain report: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else EXIT_OK
+    except BrokenPipeError:  # | head
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
