@@ -4,9 +4,13 @@
     hpctrain status|logs|cancel TARGET  a run dir, a sweep dir or a Slurm job id
     hpctrain summary SWEEP_DIR          final metrics of every member, as a table and a CSV
     hpctrain prepare INPUT... --out F   write a token file for ``data=tokens``
+    hpctrain plan [OVERRIDES...]        memory per GPU, step time, cost and layouts that fit (hpctrain.plan)
+    hpctrain report RUN_OR_SWEEP_DIR    PNGs: loss and throughput curves, sweep comparison, scaling
 
 Every bad input is caught by :func:`precheck` before Hydra creates a run directory or any process starts,
-and is reported as one line on stderr with exit status 2. This module must not import torch.
+and is reported as one line on stderr with exit status 2. That includes a run on GPUs whose estimated
+memory per GPU (``hpctrain plan``) does not fit: ``plan_check=false`` submits it anyway. This module must not
+import torch.
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ def _prepare(argv: list[str]) -> int:
     return prepare_main(argv)
 
 
+def _plan(argv: list[str]) -> int:
+    from hpctrain.plan.cli import main as plan_main
+
+    return plan_main(argv)
+
+
+def _report(argv: list[str]) -> int:
+    from hpctrain.observe.report import main as report_main
+
+    return report_main(argv)
+
+
 def _jobs(command: str) -> Callable[[list[str]], int]:
     def run(argv: list[str]) -> int:
         from hpctrain import jobs
@@ -41,6 +57,8 @@ def _jobs(command: str) -> Callable[[list[str]], int]:
 
 SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
     "prepare": _prepare,
+    "plan": _plan,
+    "report": _report,
     **{name: _jobs(name) for name in ("status", "logs", "cancel", "summary")},
 }
 
@@ -67,6 +85,11 @@ def train(argv: list[str]) -> int:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
+            if first.dry_run:
+                from hpctrain.plan.cli import summary
+                from hpctrain.plan.estimate import estimate
+
+                print(summary(first, estimate(first)), flush=True)  # the memory and time plan, one line
             return _run_single(composed)
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
@@ -86,6 +109,10 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
         cfg = compose(member)
         typed = to_typed(cfg)
         validate(typed)
+        if typed.plan_check and typed.cluster.gpus_per_node > 0:
+            from hpctrain.plan.cli import check_fits
+
+            check_fits(typed)  # the memory per GPU must fit
         checked.append((typed, cfg))
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))

@@ -220,3 +220,10 @@ def test_report_imports_neither_torch_nor_matplotlib_until_it_draws(run: Path, t
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "loss.png").is_file() and (tmp_path / "throughput.png").is_file()
+
+
+def test_the_report_subcommand_of_the_cli(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cli-pictures"
+    result = hpctrain("report", str(run), "--out", str(out), timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == ["loss.png", "throughput.png"]

@@ -143,6 +143,17 @@ class ClusterConfig:
     peak_flops: float | None = None
     cost_per_gpu_hour: float | None = None
     dist_timeout_s: int = 300
+    # --- planning: `hpctrain plan` and the memory check before every submission (hpctrain.plan)
+    gpu_memory_gib: float = 0.0  # memory of one GPU; 0: no GPU, no GPU memory verdict (CPU profiles)
+    # Fraction of peak_flops the step-time estimate assumes the matmuls reach (model FLOPs utilisation):
+    # well-tuned dense transformer training reaches 0.4-0.55 on A100/H100 (Chowdhery et al. 2022, table 3;
+    # Narayanan et al. 2021, section 5.1), small or communication-bound runs less.
+    achievable_mfu: float = 0.45
+    # Link bandwidths in Gbit/s, one direction, from the data sheets (the planner assumes collectives reach
+    # 80% of them). intra: between the GPUs of one node, per GPU (NVLink); inter: of one node to the network,
+    # all its NICs together (InfiniBand). None: unknown, no communication time in the estimate.
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
 
 
 @dataclass
@@ -213,6 +224,8 @@ class Config:
     # auto: local processes for cluster.kind=local, submitit for Slurm; sbatch: render sbatch_templates/.
     launcher: str = "auto"
     dry_run: bool = False  # print what would be started or submitted, start nothing
+    # Refuse a GPU submission whose estimated memory (hpctrain.plan) exceeds the GPU's; false submits anyway.
+    plan_check: bool = True
     model: Any = MISSING
     data: DataConfig = MISSING
     parallel: ParallelConfig = MISSING

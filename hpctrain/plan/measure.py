@@ -1,0 +1,569 @@
+"""Is the plan right? ``python -m hpctrain.plan.measure`` prints the estimate next to the measurement.
+
+Each case builds a tiny GPT or ViT, lays it out with the real ``hpctrain.parallel.apply.parallelize`` on a
+group of gloo processes (CPU), builds the real optimizer (``hpctrain.train.optim.build_optimizer``) and runs
+three real training steps (forward, backward, optimizer step; the first ones set up what DDP, FSDP and
+the pipeline create lazily), measuring the last. On every rank it compares with
+:mod:`hpctrain.plan.estimate` for that rank's pipeline and data-parallel coordinates:
+
+- **parameters, gradients, optimizer state**: the bytes of this rank's local tensors (DTensor
+  ``to_local()``: the TP and FSDP shards), parameters counted once when tied, each ``.grad`` after the
+  backward, every tensor in the optimizer's state after its step; and autocast's 16-bit copies of the
+  weights (the estimate's "autocast weight copies"). These must match exactly, on every rank.
+- **activations**: the distinct storages the forward leaves for the backward. Two views of it: the
+  storages autograd packs through ``torch.autograd.graph.saved_tensors_hooks`` ("saved"), and every
+  storage an op of the forward created that is still alive at the end of it ("held": also what selective
+  checkpointing caches outside autograd's hooks, and the outputs a pipeline schedule keeps). Parameters,
+  their views and autocast's 16-bit copies of them are not activations (the estimate counts the copies
+  under buffers); nor is what existed before the step (the pipeline's receive buffers, also buffers).
+  Under a pipeline schedule "held" is sampled after every stage forward and loss, and the peak is kept.
+  The estimate must be within :data:`ACTIVATION_TOLERANCE` of "held".
+
+The table shows the largest rank of each case (by measured bytes). The buffers the estimate adds (DDP
+buckets, FSDP's gathered blocks, receive buffers, the CUDA reserve) are not measured here: CPU tensors
+have no allocator statistics to compare with. On a GPU, ``torch.cuda.max_memory_allocated`` would give
+the whole peak; that path is in :func:`cuda_peak_bytes` but has not been run (no GPU on the machine this
+was written on): NOT VERIFIED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.parallel.parity import MODELS
+
+ACTIVATION_TOLERANCE = 0.15
+# Steps per case, the last measured. The ones before set up what is created lazily: DDP rebuilds its
+# gradient buckets in the second forward, FSDP initialises on the first, the pipeline its buffers.
+STEPS = 3
+
+_COMMON = ["data=synthetic", "trainer.max_steps=2", "logger.progress_bar=false", "optim.warmup_steps=1"]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    ranks: int
+    model: str
+    overrides: tuple[str, ...]
+
+
+CASES = [
+    Case("none", 1, "gpt", ("parallel=none", "trainer.micro_batch_size=4")),
+    Case(
+        "none, full AC",
+        1,
+        "vit",
+        ("parallel=none", "trainer.micro_batch_size=4", "parallel.activation_checkpointing=full"),
+    ),
+    Case(
+        "none, tied", 1, "gpt", ("parallel=none", "trainer.micro_batch_size=4", "model.tie_embeddings=true")
+    ),
+    Case("ddp", 2, "gpt", ("parallel=ddp", "trainer.micro_batch_size=4")),
+    Case(
+        "ddp sgd, selective AC",
+        2,
+        "vit",
+        (
+            "parallel=ddp",
+            "optim=sgd",
+            "trainer.micro_batch_size=4",
+            "parallel.activation_checkpointing=selective",
+        ),
+    ),
+    Case(
+        "ddp bf16 (autocast)",
+        2,
+        "gpt",
+        ("parallel=ddp", "trainer.precision=bf16", "trainer.micro_batch_size=4"),
+    ),
+    Case(
+        "fsdp zero3, selective AC",
+        2,
+        "gpt",
+        ("parallel=fsdp", "trainer.micro_batch_size=4", "parallel.activation_checkpointing=selective"),
+    ),
+    Case(
+        "fsdp zero2",
+        2,
+        "vit",
+        ("parallel=fsdp", "parallel.reshard_after_forward=false", "trainer.micro_batch_size=4"),
+    ),
+    Case(
+        "fsdp bf16, full AC",
+        2,
+        "gpt",
+        (
+            "parallel=fsdp",
+            "trainer.precision=bf16",
+            "trainer.micro_batch_size=4",
+            "parallel.activation_checkpointing=full",
+        ),
+    ),
+    Case("tp + sp", 2, "gpt", ("parallel=tp", "trainer.micro_batch_size=4")),
+    Case(
+        "tp + sp, tied", 2, "gpt", ("parallel=tp", "trainer.micro_batch_size=4", "model.tie_embeddings=true")
+    ),
+    Case(
+        "tp, full AC",
+        2,
+        "gpt",
+        (
+            "parallel=tp",
+            "parallel.sequence_parallel=false",
+            "trainer.micro_batch_size=4",
+            "parallel.activation_checkpointing=full",
+        ),
+    ),
+    Case(
+        "tp + sp, selective AC",
+        2,
+        "vit",
+        ("parallel=tp", "trainer.micro_batch_size=4", "parallel.activation_checkpointing=selective"),
+    ),
+    Case("pp 1f1b", 2, "gpt", ("parallel=pp", "parallel.schedule=1f1b", "trainer.micro_batch_size=2")),
+    Case(
+        "pp gpipe, full AC",
+        2,
+        "vit",
+        (
+            "parallel=pp",
+            "parallel.schedule=gpipe",
+            "trainer.micro_batch_size=2",
+            "parallel.activation_checkpointing=full",
+        ),
+    ),
+    Case("2d (fsdp 2 × tp 2)", 4, "gpt", ("parallel=2d", "trainer.micro_batch_size=4")),
+    Case(
+        "3d (pp 2 × tp 2)",
+        4,
+        "gpt",
+        (
+            "parallel=3d",
+            "parallel.microbatches=2",
+            "trainer.micro_batch_size=2",
+            "parallel.activation_checkpointing=selective",
+        ),
+    ),
+    Case(
+        "hsdp (2 × 2), full AC",
+        4,
+        "vit",
+        ("parallel=hsdp", "trainer.micro_batch_size=2", "parallel.activation_checkpointing=full"),
+    ),
+]
+
+
+def overrides(case: Case) -> list[str]:
+    return [*MODELS[case.model], *_COMMON, f"cluster.nproc={case.ranks}", *case.overrides]
+
+
+# ------------------------------------------------------------------------------------------ in a rank
+def _storage_tensors(t: Any) -> list[Any]:
+    """The plain tensors whose storages hold ``t`` (a DTensor's local shard, a wrapper subclass's inner
+    tensors)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        return _storage_tensors(t._local_tensor)
+    if type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter):
+        return [t]
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return [t]
+    names, _ = flatten()
+    return [inner for name in names for inner in _storage_tensors(getattr(t, name))]
+
+
+def _storages(t: Any) -> list[Any]:
+    out = []
+    for inner in _storage_tensors(t):
+        with contextlib.suppress(RuntimeError, NotImplementedError):
+            storage = inner.untyped_storage()
+            if storage.nbytes():
+                out.append(storage)
+    return out
+
+
+class Probe:
+    """Records the storages a forward creates and the ones autograd saves; ``sample()`` sums those alive.
+
+    A TorchDispatchMode sees every op of the forward (not those of the backward: autograd's engine runs
+    them with a graph task id), and ``saved_tensors_hooks`` every tensor autograd saves. Storages are
+    tracked by weak reference, so tracking keeps nothing alive.
+    """
+
+    def __init__(self, modules: list[Any]) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.modules = modules
+        self.created: dict[int, Any] = {}  # storage id → weak reference
+        self.copies: set[int] = set()  # autocast's (or anyone's) dtype copies of parameters
+        self.saved: set[int] = set()
+        self._params: set[int] = set()  # storages of the parameters when the forward started
+        self.peak_held = 0
+        self.peak_saved = 0
+        self.peak_copies = 0
+        self.active = False
+        probe = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+                out = func(*args, **(kwargs or {}))
+                probe._record(func, args, out)
+                return out
+
+        self.mode = Mode()
+
+    def _param_keys(self) -> set[int]:
+        keys = set()
+        for module in self.modules:
+            for p in module.parameters():
+                keys.update(s._cdata for s in _storages(p))
+                if p.grad is not None:
+                    keys.update(s._cdata for s in _storages(p.grad))
+        return keys
+
+    def _record(self, func: Any, args: Any, out: Any) -> None:
+        import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._pytree import tree_flatten
+
+        if torch._C._current_graph_task_id() != -1:  # an op of the backward (or its recomputation)
+            return
+        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        copy_of_param = func is torch.ops.aten._to_copy.default and any(
+            s._cdata in self._params for s in _storages(args[0])
+        )
+        for t in outputs:
+            for storage in _storages(t):
+                key = storage._cdata
+                if key not in self.created:
+                    self.created[key] = StorageWeakRef(storage)
+                if copy_of_param:
+                    self.copies.add(key)
+
+    def _pack(self, t: Any) -> Any:
+        for storage in _storages(t):
+            self.saved.add(storage._cdata)
+        return t
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        import torch
+
+        self._params = self._param_keys()
+        self.active = True
+        try:
+            with self.mode, torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield
+        finally:
+            self.active = False
+
+    def sample(self) -> None:
+        """Add up the tracked storages alive now (at their current size: FSDP frees by resizing to 0)."""
+        import gc
+
+        import torch
+
+        # Unreachable reference cycles (frames of checkpointed blocks) would hold storages until the next
+        # collection, at a moment that depends on the allocation history, not on what backward needs.
+        gc.collect()
+        params = self._param_keys()
+        held = saved = copies = 0
+        for key, ref in list(self.created.items()):
+            if ref.expired():
+                del self.created[key]
+                continue
+            if key in params:
+                continue
+            size = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+            if key in self.copies:
+                copies += size
+                continue
+            held += size
+            if key in self.saved:
+                saved += size
+        self.peak_held = max(self.peak_held, held)
+        self.peak_saved = max(self.peak_saved, saved)
+        self.peak_copies = max(self.peak_copies, copies)
+
+
+def _local_bytes(t: Any) -> int:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def _batch(cfg: Any, samples: int) -> tuple[Any, Any]:
+    import torch
+
+    from hpctrain.config.schema import GPTConfig
+
+    model = cfg.model
+    g = torch.Generator().manual_seed(cfg.trainer.seed)
+    if isinstance(model, GPTConfig):
+        idx = torch.randint(0, model.vocab_size, (samples, model.seq_len + 1), generator=g)
+        return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    images = torch.randn(samples, model.in_channels, model.image_size, model.image_size, generator=g)
+    return images, torch.randint(0, model.num_classes, (samples,), generator=g)
+
+
+def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
+    """This rank's measured bytes for one config (:data:`STEPS` training steps, the last measured)."""
+    import torch
+
+    from hpctrain.config.validate import samples_per_pass
+    from hpctrain.models import build_model
+    from hpctrain.parallel.apply import parallelize
+    from hpctrain.train.optim import build_optimizer
+    from hpctrain.train.trainer import AUTOCAST_DTYPES, loss_of
+
+    torch.manual_seed(cfg.trainer.seed)
+    par = parallelize(build_model(cfg.model), cfg, device)
+    optimizer = build_optimizer(par.model, cfg.optim)
+    _, dp_size = par.data_parallel
+    inputs, targets = _batch(cfg, samples_per_pass(cfg) // dp_size)
+    dtype = None if par.fsdp_mixed_precision else AUTOCAST_DTYPES.get(cfg.trainer.precision)
+    modules = [par.model, *par.parts]
+    probe = Probe(modules)
+    pipeline = par.pipeline
+
+    def autocast() -> contextlib.AbstractContextManager[None]:
+        return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+    def loss_fn(logits: Any, target: Any) -> tuple[Any, Any]:
+        loss = loss_of(logits, target)
+        if probe.active:
+            probe.sample()
+        return loss, loss / pipeline.n_microbatches  # type: ignore[union-attr]
+
+    def after_stage(*_: Any) -> None:
+        if probe.active:
+            probe.sample()
+
+    hooks = [part.register_forward_hook(after_stage) for part in par.parts] if pipeline else []
+    grads = 0
+    for step in range(STEPS):
+        measured = step == STEPS - 1
+        with autocast():  # the trainer's autocast also covers the backward
+            if pipeline is not None:
+                with probe.forward() if measured else contextlib.nullcontext():
+                    x = inputs.clone() if pipeline.has_first else inputs
+                    y = targets.clone() if pipeline.has_last else targets
+                    pipeline.step(x, y, loss_fn)
+                    del x, y
+            else:
+                with probe.forward() if measured else contextlib.nullcontext():
+                    # Cloned inside: the batch the model keeps is counted like the trainer's.
+                    loss = loss_of(par.model(inputs.clone()), targets.clone())
+                    if measured:
+                        probe.sample()  # the end of the forward: the logits are gone, the loss is left
+                loss.backward()
+                del loss
+        if measured:
+            grads = sum(_local_bytes(p.grad) for p in par.model.parameters() if p.grad is not None)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for hook in hooks:
+        hook.remove()
+    unique = {id(p): p for p in par.model.parameters()}
+    state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {
+        "pp_rank": par.dims.pp_rank,
+        "shard_rank": par.dims.coordinate("dp_shard"),
+        "params": sum(_local_bytes(p) for p in unique.values()),
+        "grads": grads,
+        "optimizer": sum(_local_bytes(v) for v in state),
+        "held": probe.peak_held,
+        "saved": probe.peak_saved,
+        "copies": probe.peak_copies,
+        "cuda_peak": cuda_peak_bytes(device),
+    }
+
+
+def cuda_peak_bytes(device: Any) -> int | None:
+    """The CUDA caching allocator's peak on a GPU (everything: state, activations, buffers), else None.
+    NOT VERIFIED: no GPU was available where this was written."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str]]], out: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.validate import validate
+    from hpctrain.dist.env import DistEnv
+    from hpctrain.dist.rendezvous import init_distributed
+
+    torch.set_num_threads(1)
+    device = init_distributed(DistEnv.from_environ(), timeout_s=120)
+    results: dict[str, list[dict[str, Any]]] = {}
+    for name, args in jobs:
+        cfg = to_typed(compose(args))
+        validate(cfg)
+        mine = measure_case(cfg, device)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        results[name] = gathered
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def run_cases(cases: list[Case], work_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Measure every case, one group of processes per world size; each case's per-rank results."""
+    import torch.multiprocessing as mp
+
+    from hpctrain.launch.local import free_port
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    by_world: dict[int, list[tuple[str, list[str]]]] = {}
+    for case in cases:
+        by_world.setdefault(case.ranks, []).append((f"{case.model}: {case.name}", overrides(case)))
+    results: dict[str, list[dict[str, Any]]] = {}
+    for world, jobs in sorted(by_world.items()):
+        out = work_dir / f"world{world}.json"
+        mp.start_processes(
+            _worker, args=(world, free_port("127.0.0.1"), jobs, str(out)), nprocs=world, start_method="spawn"
+        )
+        results.update(json.loads(out.read_text()))
+    return results
+
+
+# ------------------------------------------------------------------------------------- the comparison
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    pp_rank: int
+    measured: dict[str, int]  # params, grads, optimizer, held, saved (the largest rank)
+    estimated: dict[str, int]  # params, grads, optimizer, activations
+    state_exact_all_ranks: bool
+    worst_activation_error: float  # the largest |estimate − held| / held over all ranks
+
+    @property
+    def activation_error(self) -> float:
+        """Of the largest rank."""
+        return _error(self.estimated["activations"], self.measured["held"])
+
+    @property
+    def ok(self) -> bool:
+        return self.state_exact_all_ranks and self.worst_activation_error <= ACTIVATION_TOLERANCE
+
+
+def _error(estimated: int, measured: int) -> float:
+    return (estimated - measured) / measured
+
+
+def estimated_for(cfg: Any, pp_rank: int, shard_rank: int) -> dict[str, int]:
+    """The estimate's numbers for one rank's pipeline and FSDP coordinates."""
+    from hpctrain.plan.estimate import FP32, layout_of, model_state_numel, optimizer_bytes, rank_memory
+
+    lay = layout_of(cfg)
+    state = model_state_numel(cfg, lay, pp_rank, shard_rank)
+    mem = rank_memory(cfg, lay, pp_rank)
+    return {
+        "params": FP32 * state.param_numel,
+        "grads": FP32 * state.grad_numel,
+        "optimizer": optimizer_bytes(cfg, state.param_numel, state.tensors),
+        "activations": mem.activations,
+        "copies": mem.parts.get("autocast weight copies", 0),
+    }
+
+
+def compare(results: dict[str, list[dict[str, Any]]], cases: list[Case]) -> list[Row]:
+    """Each case against the estimate: model state exactly and activations within the tolerance on every
+    rank; the row shows the largest rank."""
+    from hpctrain.config.compose import compose, to_typed
+
+    rows = []
+    for case in cases:
+        cfg = to_typed(compose(overrides(case)))
+        ranks = results[f"{case.model}: {case.name}"]
+        exact, worst = True, 0.0
+        for r in ranks:
+            est = estimated_for(cfg, r["pp_rank"], r["shard_rank"])
+            exact &= all(est[k] == r[k] for k in ("params", "grads", "optimizer", "copies"))
+            worst = max(worst, abs(_error(est["activations"], r["held"])))
+        largest = max(ranks, key=lambda r: r["params"] + r["grads"] + r["optimizer"] + r["held"])
+        estimated = estimated_for(cfg, largest["pp_rank"], largest["shard_rank"])
+        rows.append(Row(case, largest["pp_rank"], largest, estimated, exact, worst))
+    return rows
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def format_table(rows: list[Row]) -> str:
+    def kib(n: int) -> str:
+        return f"{n / 1024:.1f}"
+
+    width = max(len(r.case.name) for r in rows)
+    head = (
+        f"{'model':<5} {'case':<{width}} {'ranks':>5} {'rank':>4} | {'params est/meas KiB':>19} "
+        f"{'grads est/meas':>15} {'optim est/meas':>15} {'exact':>5} | {'act est':>7} {'saved':>7} "
+        f"{'held':>7} {'error':>6} {'worst':>6}  ok"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        e, m = r.estimated, r.measured
+        lines.append(
+            f"{r.case.model:<5} {r.case.name:<{width}} {r.case.ranks:>5} {r.pp_rank:>4} | "
+            f"{kib(e['params']) + '/' + kib(m['params']):>19} {kib(e['grads']) + '/' + kib(m['grads']):>15} "
+            f"{kib(e['optimizer']) + '/' + kib(m['optimizer']):>15} {_yes(r.state_exact_all_ranks):>5} | "
+            f"{kib(e['activations']):>7} {kib(m['saved']):>7} {kib(m['held']):>7} "
+            f"{100 * r.activation_error:>+5.1f}% {100 * r.worst_activation_error:>5.1f}%  {_yes(r.ok)}"
+        )
+    lines.append(
+        "KiB per rank, the largest rank of each case (rank = its pipeline rank). exact: parameters, "
+        "gradients, optimizer state and autocast's weight copies equal the estimate on every rank. act: "
+        "bytes left for the backward — saved: storages autograd packs (saved_tensors_hooks); held: every "
+        "storage the forward created that is still alive (adds selective checkpointing's cache and the "
+        "pipeline's kept outputs). error: estimate vs held; worst: the largest |error| over all ranks of the "
+        f"case (tolerance {100 * ACTIVATION_TOLERANCE:.0f}%). On CPU: no GPU allocator peak measured "
+        "(not verified)."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpctrain.plan.measure", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if not args.only or any(word in c.name for word in args.only)]
+    with tempfile.TemporaryDirectory(prefix="hpctrain-plan-measure-") as tmp:
+        rows = compare(run_cases(cases, Path(tmp)), cases)
+    print(format_table(rows))
+    return 0 if all(r.ok for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

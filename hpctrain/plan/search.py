@@ -1,0 +1,194 @@
+"""Other layouts of the same run that fit, fastest first. Torch-free (it runs before every submission that
+does not fit, to say what would).
+
+What stays: the model, the world size (cluster), the samples per optimizer step (the global batch), the
+precision and the optimizer. What changes: the split of the ranks into pipeline × data-parallel × tensor
+parallel (every strategy and degree the world size allows), activation checkpointing, pipeline
+micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Pipeline layouts
+of a model with tied embeddings untie them (``model.tie_embeddings=false``: the pipeline puts the embedding
+and the LM head on different ranks), which adds the head's V × d parameters; the overrides say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hpctrain.config.errors import ConfigError
+from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.validate import (
+    PIPELINE_SCHEDULES,
+    global_batch_size,
+    samples_per_pass,
+    validate,
+    world_size,
+)
+from hpctrain.models.flops import tokens_per_sample
+from hpctrain.parallel.degrees import STRATEGY_DIMS
+from hpctrain.plan.estimate import Estimate, estimate
+
+AC_MODES = ("none", "selective", "full")
+# Pipeline micro-batches per pass tried, as multiples of the pipeline degree (more: smaller bubble, more
+# activation memory under GPipe, more receive buffers).
+MICROBATCH_FACTORS = (1, 2, 4, 8)
+# The degree left open (derived from the world size) in the printed overrides, per strategy.
+DERIVED = {"hsdp": "dp_replicate", "2d": "dp_shard", "3d": "dp_shard"}
+_DEGREE_KEYS = {f"parallel.{dim}" for dim in ("pp", "dp_replicate", "dp_shard", "tp")}
+
+
+@dataclass(frozen=True)
+class Alternative:
+    overrides: tuple[str, ...]  # what to add to (or change in) the command line
+    cfg: Config
+    estimate: Estimate
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
+    """(strategy, degrees) for every way the strategies split ``world`` ranks."""
+    if world == 1:
+        yield "none", {}
+        return
+    yield "ddp", {"dp_replicate": world}
+    yield "fsdp", {"dp_shard": world}
+    yield "tp", {"tp": world}
+    yield "pp", {"pp": world}
+    for k in _divisors(world)[1:-1]:
+        yield "hsdp", {"dp_replicate": world // k, "dp_shard": k}
+        yield "2d", {"dp_shard": world // k, "tp": k}
+    for pp in _divisors(world)[1:]:
+        for tp in _divisors(world // pp)[1:]:
+            yield "3d", {"pp": pp, "dp_shard": world // (pp * tp), "tp": tp}
+
+
+def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int) -> bool:
+    """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first."""
+    model = cfg.model
+    if tp > 1:
+        if model.n_heads % tp or (model.d_model * model.mlp_ratio) % tp:
+            return False
+        if isinstance(model, GPTConfig) and model.vocab_size % tp:
+            return False
+        if cfg.parallel.sequence_parallel and tokens_per_sample(model) % tp:
+            return False
+    return not (pp > 1 and model.n_layers % (pp * per_rank))
+
+
+def _candidates(cfg: Config) -> Iterator[Config]:
+    p, t = cfg.parallel, cfg.trainer
+    world = world_size(cfg)
+    batch = global_batch_size(cfg)
+    # Keep the user's schedule when it pipelines already; otherwise 1F1B, which needs one stage per rank.
+    schedule = p.schedule if p.name in ("pp", "3d") else "1f1b"
+    per_rank = PIPELINE_SCHEDULES[schedule] or 2
+    for name, dims in _layouts(world):
+        pp, tp = dims.get("pp", 1), dims.get("tp", 1)
+        dp = dims.get("dp_replicate", 1) * dims.get("dp_shard", 1)
+        if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1):
+            continue
+        model = cfg.model
+        if pp > 1 and isinstance(model, GPTConfig) and model.tie_embeddings:
+            model = dataclasses.replace(model, tie_embeddings=False)
+        sharded = dims.get("dp_shard", 1) > 1
+        degrees = {
+            d: (0 if DERIVED.get(name) == d else dims.get(d, 0))
+            for d in ("pp", "dp_replicate", "dp_shard", "tp")
+        }
+        if name in ("ddp", "fsdp", "tp", "pp"):
+            degrees = dict.fromkeys(degrees, 0)
+        reshards = (True, False) if name == "fsdp" else (p.reshard_after_forward,)
+        for ac in AC_MODES:
+            for reshard in reshards:
+                for factor in MICROBATCH_FACTORS if pp > 1 else (1,):
+                    m = pp * factor if pp > 1 else p.microbatches
+                    if pp > 1 and per_rank > 1 and m % pp:
+                        continue
+                    parallel = dataclasses.replace(
+                        p,
+                        name=name,
+                        **degrees,
+                        activation_checkpointing=ac,
+                        reshard_after_forward=reshard,
+                        cpu_offload=p.cpu_offload and sharded,
+                        compression=p.compression if name == "ddp" else "none",
+                        schedule=schedule if pp > 1 else p.schedule,
+                        microbatches=m,
+                        stages_per_rank=0,
+                    )
+                    per_pass = dp * (m if pp > 1 else 1)
+                    if batch % per_pass:
+                        continue
+                    # The largest micro-batch that fits is the fastest here (fewer passes, fewer FSDP
+                    # gathers): yield them largest first, the caller keeps the first that fits.
+                    for size in sorted(_divisors(batch // per_pass), reverse=True):
+                        trainer = dataclasses.replace(t, micro_batch_size=size, global_batch_size=batch)
+                        yield dataclasses.replace(cfg, model=model, parallel=parallel, trainer=trainer)
+
+
+def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
+    """The command-line overrides that turn ``original`` into ``cfg`` (for the knobs the search changes)."""
+    p, q = original.parallel, cfg.parallel
+    out = [f"parallel={q.name}"]
+    for dim in STRATEGY_DIMS[q.name]:
+        if getattr(q, dim):
+            out.append(f"parallel.{dim}={getattr(q, dim)}")
+    for key in ("activation_checkpointing", "reshard_after_forward", "cpu_offload", "compression"):
+        if getattr(q, key) != getattr(p, key):
+            out.append(f"parallel.{key}={str(getattr(q, key)).lower()}")
+    if "pp" in STRATEGY_DIMS[q.name]:
+        for key in ("schedule", "microbatches", "stages_per_rank"):
+            if getattr(q, key) != getattr(p, key):
+                out.append(f"parallel.{key}={getattr(q, key)}")
+    if cfg.trainer.micro_batch_size != original.trainer.micro_batch_size:
+        out.append(f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}")
+    if samples_per_pass(cfg) != global_batch_size(cfg) and original.trainer.global_batch_size is None:
+        out.append(f"trainer.global_batch_size={cfg.trainer.global_batch_size}")
+    if isinstance(cfg.model, GPTConfig) and cfg.model.tie_embeddings != original.model.tie_embeddings:
+        out.append(f"model.tie_embeddings={str(cfg.model.tie_embeddings).lower()}")
+    return tuple(out)
+
+
+def _rank_key(est: Estimate) -> tuple[float, int]:
+    step = est.time.step_s if est.time is not None else 0.0
+    return step, est.largest.total
+
+
+def alternatives(cfg: Config, limit: int = 3) -> list[Alternative]:
+    """Up to ``limit`` layouts that fit, fastest first (least memory first when the step time is unknown):
+    for each split of the ranks (strategy and degrees) its fastest variant (checkpointing, pipeline
+    micro-batches, the largest micro-batch size that fits)."""
+    found: dict[tuple[str, ...], Estimate] = {}
+    configs: dict[tuple[str, ...], Config] = {}
+    settled: set[tuple[str, ...]] = set()  # layouts whose best micro-batch size is known
+    current = overrides_for(cfg, cfg)
+    for candidate in _candidates(cfg):
+        layout = overrides_for(cfg, dataclasses.replace(candidate, trainer=cfg.trainer))
+        if layout in settled:
+            continue
+        est = estimate(candidate)
+        if not est.verdict.fits:
+            continue
+        settled.add(layout)  # smaller micro-batches of it are no faster
+        if overrides_for(cfg, candidate) != current:  # the config itself is no alternative
+            found[layout], configs[layout] = est, candidate
+    ranked = sorted(found, key=lambda k: _rank_key(found[k]))
+    out: list[Alternative] = []
+    families: set[tuple[str, ...]] = set()  # one entry per split of the ranks: its fastest variant
+    for layout in ranked:
+        candidate = configs[layout]
+        family = tuple(o for o in layout if o.startswith("parallel=") or o.split("=")[0] in _DEGREE_KEYS)
+        if family in families:
+            continue
+        try:
+            validate(candidate)
+        except ConfigError:
+            continue
+        families.add(family)
+        out.append(Alternative(overrides_for(cfg, candidate), candidate, found[layout]))
+        if len(out) == limit:
+            break
+    return out
