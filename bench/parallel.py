@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
 from hpctrain.checkpoint.state import seed_everything
@@ -47,8 +46,7 @@ from hpctrain.config.schema import Config
 from hpctrain.config.validate import degrees, global_batch_size, samples_per_pass, validate
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.dist.env import DistEnv
-from hpctrain.dist.rendezvous import init_distributed
-from hpctrain.launch.local import free_port
+from hpctrain.dist.local_group import run_local_group
 from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
@@ -260,20 +258,10 @@ def measure(cfg: Config, env: DistEnv, device: torch.device, warmup: int, steps:
 
 
 def worker(
-    rank: int, world: int, port: int, jobs: list[tuple[str, Config]], opts: dict[str, int], out: str
+    env: DistEnv, device: torch.device, jobs: list[tuple[str, Config]], opts: dict[str, int], out: str
 ) -> None:
     """One rank: measure every layout of this world size in turn; rank 0 writes the results after each."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    torch.set_num_threads(1)  # one core per rank, as one GPU per rank
-    env = DistEnv.from_environ()
-    device = init_distributed(env, timeout_s=120)
+    rank = env.rank
     # A throwaway step of the first layout first: otherwise that layout alone would carry the process's
     # one-time costs (lazy library and kernel initialisation: ~20 MiB of resident memory here) in its numbers.
     # If it fails, the measured run just below fails the same way and reports it.
@@ -307,12 +295,7 @@ def run_rows(rows: list[Row], configs: dict[str, Config], opts: dict[str, int]) 
             start = time.perf_counter()
             launch_error = None
             try:
-                mp.start_processes(
-                    worker,
-                    args=(world, free_port("127.0.0.1"), jobs, opts, str(out)),
-                    nprocs=world,
-                    start_method="spawn",
-                )
+                run_local_group(worker, world, jobs, opts, str(out))
             except Exception as err:  # e.g. a rank aborting at exit after its work: judge by what it wrote
                 launch_error = f"{type(err).__name__}: {err}".splitlines()[0]
             done = json.loads(out.read_text()) if out.exists() else {}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.parallel.parity import CASES, EXTRA_CASES
+from hpctrain.parallel.parity import CASES, EXTRA_CASES, MODELS
 
 
 def test_every_layout_matches_one_process():
@@ -41,12 +41,7 @@ def test_every_layout_matches_one_process():
 
 # Same model, data and global batch under every layout; only the degrees and micro-batches change.
 MODEL = [
-    "model=gpt",
-    "model.n_layers=4",
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.seq_len=32",
-    "model.tie_embeddings=false",
+    *MODELS["gpt"],
     "data=synthetic",
     "data.num_samples=512",
     "trainer.global_batch_size=8",

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hpctrain.config.schema import GPTConfig
-from hpctrain.models.layers import Block, init_gpt2_
+from hpctrain.models.layers import BLOCK_TP_PLAN, Block, init_gpt2_
 
 
 class GPT(nn.Module):
@@ -23,16 +23,7 @@ class GPT(nn.Module):
     TP_PLAN: ClassVar[dict[str, str]] = {
         "tok_emb": "vocab_embedding",
         "drop": "enter_sequence_shards",  # the residual stream starts here
-        "layers.*.ln1": "norm",
-        "layers.*.attn": "gather_sequence",
-        "layers.*.attn.q": "colwise",
-        "layers.*.attn.k": "colwise",
-        "layers.*.attn.v": "colwise",
-        "layers.*.attn.o": "rowwise",
-        "layers.*.ln2": "norm",
-        "layers.*.mlp": "gather_sequence",
-        "layers.*.mlp.fc_in": "colwise",
-        "layers.*.mlp.fc_out": "rowwise",
+        **BLOCK_TP_PLAN,
         "norm": "norm",
         "head": "vocab_head",
     }

@@ -18,6 +18,20 @@ INIT_STD = 0.02
 # Names of the projections that write into the residual stream; GPT-2 scales their init by 1/sqrt(2·L)
 # because each of the L blocks adds two of them to the residual, so its variance would otherwise grow with L.
 RESIDUAL_PROJECTIONS = ("attn.o.weight", "mlp.fc_out.weight")
+# Tensor-parallel roles of every Block under a model's ``layers`` (see hpctrain.parallel.tp): the norms work
+# on sequence shards, attention and MLP gather the sequence, then column-wise in, row-wise out.
+BLOCK_TP_PLAN = {
+    "layers.*.ln1": "norm",
+    "layers.*.attn": "gather_sequence",
+    "layers.*.attn.q": "colwise",
+    "layers.*.attn.k": "colwise",
+    "layers.*.attn.v": "colwise",
+    "layers.*.attn.o": "rowwise",
+    "layers.*.ln2": "norm",
+    "layers.*.mlp": "gather_sequence",
+    "layers.*.mlp.fc_in": "colwise",
+    "layers.*.mlp.fc_out": "rowwise",
+}
 
 
 class Attention(nn.Module):

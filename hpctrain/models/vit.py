@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hpctrain.config.schema import ViTConfig
-from hpctrain.models.layers import INIT_STD, Block, init_gpt2_
+from hpctrain.models.layers import BLOCK_TP_PLAN, INIT_STD, Block, init_gpt2_
 
 
 class ViT(nn.Module):
@@ -17,16 +17,7 @@ class ViT(nn.Module):
 
     TP_PLAN: ClassVar[dict[str, str]] = {
         "drop": "enter_sequence_shards",
-        "layers.*.ln1": "norm",
-        "layers.*.attn": "gather_sequence",
-        "layers.*.attn.q": "colwise",
-        "layers.*.attn.k": "colwise",
-        "layers.*.attn.v": "colwise",
-        "layers.*.attn.o": "rowwise",
-        "layers.*.ln2": "norm",
-        "layers.*.mlp": "gather_sequence",
-        "layers.*.mlp.fc_in": "colwise",
-        "layers.*.mlp.fc_out": "rowwise",
+        **BLOCK_TP_PLAN,
         "norm": "gather_sequence",
     }
     PIPELINE_INPUT: ClassVar[tuple[str, ...]] = ("patch_emb", "cls_token", "pos_emb", "drop")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config.schema import Config, ParallelConfig
@@ -75,9 +76,9 @@ def parallelize(model: nn.Module, cfg: Config, device: torch.device) -> Parallel
 
 
 def apply_ddp(
-    model: nn.Module, parallel: ParallelConfig, device: torch.device, mesh: object
+    model: nn.Module, parallel: ParallelConfig, device: torch.device, mesh: DeviceMesh
 ) -> tuple[DistributedDataParallel, CompressionState]:
-    group = mesh.get_group()  # type: ignore[attr-defined]
+    group = mesh.get_group()
     bucket_cap_mb = parallel.bucket_cap_mb
     if parallel.compression == "powersgd" and dist.get_backend(group) == "gloo":
         # PowerSGD's hook deadlocks intermittently on gloo with several buckets: use one.

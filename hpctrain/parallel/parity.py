@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.dist.local_group import run_local_group
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpctrain.dist.env import DistEnv
 
 TOLERANCE = 1e-5
 STEPS = 10
@@ -197,32 +203,19 @@ class _Recorder:
         pass
 
 
-def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[str]]], out: str) -> None:
+def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[str]]], out: str) -> None:
     """One rank: train every (case, model) of this world size in turn; rank 0 writes their records."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    import torch
     import torch.distributed as dist
 
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.io import write_run_config
     from hpctrain.config.validate import validate
-    from hpctrain.dist.env import DistEnv
-    from hpctrain.dist.rendezvous import init_distributed
     from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import Watchdog
     from hpctrain.train.trainer import fit
 
-    torch.set_num_threads(1)
-    env = DistEnv.from_environ()
-    device = init_distributed(env, timeout_s=120)
+    rank = env.rank
     results = {}
     for key, _model, args in jobs:
         composed = compose(args)
@@ -246,11 +239,6 @@ def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, str, list[st
 
 def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
     """Train every case (and the single-process references); return records keyed ``"model: case"``."""
-    import torch.multiprocessing as mp
-
-    from hpctrain.launch.local import free_port
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     by_world: dict[int, list[tuple[str, str, list[str]]]] = {}
     references = [r for r in (REFERENCE, TIED_REFERENCE) if any(c.reference == r.name for c in cases)]
     for case in [*references, *cases]:
@@ -262,9 +250,7 @@ def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
     for world, jobs in sorted(by_world.items()):
         out = work_dir / f"world{world}" / "results.json"
         out.parent.mkdir(parents=True, exist_ok=True)
-        mp.start_processes(
-            _worker, args=(world, free_port("127.0.0.1"), jobs, str(out)), nprocs=world, start_method="spawn"
-        )
+        run_local_group(_worker, world, jobs, str(out))
         results.update(json.loads(out.read_text()))
     return results
 

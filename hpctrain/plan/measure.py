@@ -31,15 +31,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpctrain.dist.local_group import run_local_group
 from hpctrain.parallel.parity import MODELS
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpctrain.dist.env import DistEnv
 
 ACTIVATION_TOLERANCE = 0.15
 # Steps per case, the last measured. The ones before set up what is created lazily: DDP rebuilds its
@@ -404,54 +409,34 @@ def cuda_peak_bytes(device: Any) -> int | None:
     return int(torch.cuda.max_memory_allocated(device))
 
 
-def _worker(rank: int, world: int, port: int, jobs: list[tuple[str, list[str]]], out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    import torch
+def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, list[str]]], out: str) -> None:
     import torch.distributed as dist
 
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.validate import validate
-    from hpctrain.dist.env import DistEnv
-    from hpctrain.dist.rendezvous import init_distributed
 
-    torch.set_num_threads(1)
-    device = init_distributed(DistEnv.from_environ(), timeout_s=120)
     results: dict[str, list[dict[str, Any]]] = {}
     for name, args in jobs:
         cfg = to_typed(compose(args))
         validate(cfg)
         mine = measure_case(cfg, device)
-        gathered: list[Any] = [None] * world
+        gathered: list[Any] = [None] * env.world_size
         dist.all_gather_object(gathered, mine)
         results[name] = gathered
-    if rank == 0:
+    if env.rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
 
 
 def run_cases(cases: list[Case], work_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Measure every case, one group of processes per world size; each case's per-rank results."""
-    import torch.multiprocessing as mp
-
-    from hpctrain.launch.local import free_port
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     by_world: dict[int, list[tuple[str, list[str]]]] = {}
     for case in cases:
         by_world.setdefault(case.ranks, []).append((f"{case.model}: {case.name}", overrides(case)))
     results: dict[str, list[dict[str, Any]]] = {}
     for world, jobs in sorted(by_world.items()):
         out = work_dir / f"world{world}.json"
-        mp.start_processes(
-            _worker, args=(world, free_port("127.0.0.1"), jobs, str(out)), nprocs=world, start_method="spawn"
-        )
+        run_local_group(_worker, world, jobs, str(out))
         results.update(json.loads(out.read_text()))
     return results
 

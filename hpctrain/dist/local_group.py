@@ -1,0 +1,50 @@
+"""Run one function on N processes of this machine, joined into one process group over loopback.
+
+For the tools that run many configurations inside one group of processes (``hpctrain.parallel.parity``,
+``hpctrain.plan.measure``, ``bench/parallel.py``). Training runs go through ``hpctrain.launch.local``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from hpctrain.dist.env import DistEnv
+
+
+def run_local_group(fn: Callable[..., None], world: int, *args: Any) -> None:
+    """Start ``world`` processes; each joins the group and calls ``fn(env, device, *args)``. Returns when all
+    are done; raises torch's ProcessRaisedException when one failed. ``fn`` must be importable by name (a
+    module-level function), as the processes are spawned."""
+    import torch.multiprocessing as mp
+
+    from hpctrain.launch.local import free_port
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.start_processes(
+        _join_and_run, args=(world, free_port("127.0.0.1"), fn, args), nprocs=world, start_method="spawn"
+    )
+
+
+def _join_and_run(rank: int, world: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch
+
+    from hpctrain.dist.env import DistEnv
+    from hpctrain.dist.rendezvous import init_distributed
+
+    torch.set_num_threads(1)  # the ranks share this machine's cores: one each, as one GPU each
+    env: DistEnv = DistEnv.from_environ()
+    device: torch.device = init_distributed(env, timeout_s=120)
+    fn(env, device, *args)
