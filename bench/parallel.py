@@ -45,11 +45,11 @@ from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import degrees, global_batch_size, samples_per_pass, validate
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
-from hpctrain.dist.env import DistEnv
-from hpctrain.dist.local_group import run_local_group
 from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
+from hpctrain.rendezvous.env import DistEnv
+from hpctrain.rendezvous.local_group import run_local_group
 from hpctrain.train.optim import build_optimizer
 from hpctrain.train.trainer import _grad_scaler, train_step
 

@@ -60,10 +60,10 @@ def _train(run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
-    from hpctrain.dist.env import DistEnv
-    from hpctrain.dist.rendezvous import init_distributed, record_topology
     from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue, walltime
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, read_heartbeats

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.dist.local_group import run_local_group
+from hpctrain.rendezvous.local_group import run_local_group
 
 if TYPE_CHECKING:
     import torch
 
-    from hpctrain.dist.env import DistEnv
+    from hpctrain.rendezvous.env import DistEnv
 
 TOLERANCE = 1e-5
 STEPS = 10

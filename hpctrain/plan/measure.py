@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.dist.local_group import run_local_group
 from hpctrain.parallel.parity import MODELS
+from hpctrain.rendezvous.local_group import run_local_group
 
 if TYPE_CHECKING:
     import torch
 
-    from hpctrain.dist.env import DistEnv
+    from hpctrain.rendezvous.env import DistEnv
 
 ACTIVATION_TOLERANCE = 0.15
 # Steps per case, the last measured. The ones before set up what is created lazily: DDP rebuilds its

@@ -12,7 +12,7 @@ import math
 import re
 import socket
 
-from hpctrain.dist.env import DistEnv
+from hpctrain.rendezvous.env import DistEnv
 
 # Partition, account, qos, constraint, exclude, job name: what Slurm itself accepts in practice, and no
 # character a shell would act on (no space, quote, $, `, ;, &, |, <, >, parentheses, backslash, newline).

@@ -30,13 +30,13 @@ from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.validate import global_batch_size, samples_per_pass
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
-from hpctrain.dist.env import DistEnv
 from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
+from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.train.metrics import device_peak_flops, mfu, peak_memory_gib

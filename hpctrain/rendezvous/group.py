@@ -17,15 +17,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpctrain.dist.env import DistEnv
+from hpctrain.rendezvous.env import DistEnv
 
 
 def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
     """Join the process group; return this rank's device."""
     if torch.cuda.is_available():
         if env.local_rank >= torch.cuda.device_count():
-            raise RuntimeError(f"local rank {env.local_rank} has no GPU: this node has "
-                               f"{torch.cuda.device_count()} (run at most that many processes per node)")
+            raise RuntimeError(
+                f"local rank {env.local_rank} has no GPU: this node has "
+                f"{torch.cuda.device_count()} (run at most that many processes per node)"
+            )
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
@@ -42,9 +44,11 @@ def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
             device_id=device if backend == "nccl" else None,
         )
     except Exception as err:
-        raise RuntimeError(f"rank {env.rank} on {env.hostname} could not join the {env.world_size}-rank process "
-                           f"group at {env.master_addr}:{env.master_port} ({backend}, timeout {timeout_s} s): "
-                           f"{err}") from err
+        raise RuntimeError(
+            f"rank {env.rank} on {env.hostname} could not join the {env.world_size}-rank process "
+            f"group at {env.master_addr}:{env.master_port} ({backend}, timeout {timeout_s} s): "
+            f"{err}"
+        ) from err
     return device
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from hpctrain.dist.env import DistEnv
+    from hpctrain.rendezvous.env import DistEnv
 
 
 def run_local_group(fn: Callable[..., None], world: int, *args: Any) -> None:
@@ -41,8 +41,8 @@ def _join_and_run(rank: int, world: int, port: int, fn: Callable[..., None], arg
     )
     import torch
 
-    from hpctrain.dist.env import DistEnv
-    from hpctrain.dist.rendezvous import init_distributed
+    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.rendezvous.group import init_distributed
 
     torch.set_num_threads(1)  # the ranks share this machine's cores: one each, as one GPU each
     env: DistEnv = DistEnv.from_environ()

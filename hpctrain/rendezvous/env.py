@@ -33,7 +33,9 @@ class DistEnv:
                 return task
         missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
         if missing:
-            raise RuntimeError(f"not started by a launcher: {', '.join(missing)} unset and not in an srun step")
+            raise RuntimeError(
+                f"not started by a launcher: {', '.join(missing)} unset and not in an srun step"
+            )
         world_size = int(env["WORLD_SIZE"])
         return cls(
             rank=int(env["RANK"]),
