@@ -36,7 +36,7 @@ INVALID = [
     (["data=tokens"], ["data.path", "hpctrain prepare"]),
     (["trainer.resume=/nonexistent/step_00000010"], ["trainer.resume", "never committed"]),
     (["logger.wandb_mode=cloud"], ["logger.wandb_mode=cloud", "offline"]),
-    (["trainer.fail_at=soon"], ["trainer.fail_at=soon", "RANK:STEP"]),
+    (["faults.fail_at=soon"], ["faults.fail_at=soon", "RANK:STEP"]),
     (["+foo=1"], ["foo=1", "unknown key", "trainer"]),
     (["dry_run=maybe"], ["dry_run=maybe", "true or false"]),
     (["launcher=sbatch"], ["launcher=sbatch", "valid: auto, local"]),

@@ -15,7 +15,7 @@ def test_an_injected_straggler_is_named_in_the_metrics(run_dir: Path):
         "trainer.max_steps=6",
         "trainer.log_every=3",
         "trainer.straggler_every=3",
-        "trainer.slow_rank=1:0.3",  # rank 1 sleeps 0.3 s in the data phase of every step
+        "faults.slow_rank=1:0.3",  # rank 1 sleeps 0.3 s in the data phase of every step
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

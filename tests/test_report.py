@@ -151,7 +151,7 @@ def test_failed_and_empty_members_are_listed_and_skipped(
     # Member 2 failed (its rank 0 recorded an error, as the worker does); member 3 never logged a step.
     shutil.copytree(copy / "1", copy / "2")
     write_error_record(copy / "2", 0, "RuntimeError", "injected failure at step 5")
-    (copy / "2" / ".hydra" / "overrides.yaml").write_text("- cluster.nproc=2\n- trainer.fail_at=0:5\n")
+    (copy / "2" / ".hydra" / "overrides.yaml").write_text("- cluster.nproc=2\n- faults.fail_at=0:5\n")
     shutil.copytree(copy / "0", copy / "3")
     (copy / "3" / "metrics.jsonl").unlink()
     (copy / "3" / ".hydra" / "overrides.yaml").write_text("- cluster.nproc=1\n- trainer.seed=7\n")

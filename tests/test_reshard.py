@@ -56,10 +56,10 @@ def test_checkpoint_of_4_ranks_resumes_on_2_then_on_1(tmp_path: Path):
     assert reference.returncode == 0, reference.stderr
 
     # Segment 1: 4 ranks, steps 1-4, checkpoint at 4, rank 0 fails before step 5.
-    first = hpctrain(*BASE, "cluster.nproc=4", "trainer.fail_at=0:5", f"hydra.run.dir={run}")
+    first = hpctrain(*BASE, "cluster.nproc=4", "faults.fail_at=0:5", f"hydra.run.dir={run}")
     assert first.returncode == 1 and "injected failure at step 5" in first.stderr
     # Segment 2: 2 ranks resume from step 4, checkpoint at 8, rank 0 fails before step 9.
-    second = hpctrain(*BASE, "cluster.nproc=2", "trainer.fail_at=0:9", f"hydra.run.dir={run}")
+    second = hpctrain(*BASE, "cluster.nproc=2", "faults.fail_at=0:9", f"hydra.run.dir={run}")
     assert second.returncode == 1 and "injected failure at step 9" in second.stderr
     log = (run / "logs" / "rank0.log").read_text()
     assert f"Resumed from {root}/step_00000004 (step 4)" in log

@@ -51,7 +51,7 @@ def test_resume_after_a_crash_is_bitwise_exact(tmp_path: Path, nproc: int):
     a = hpctrain(*exact, f"hydra.run.dir={run_a}")
     assert a.returncode == 0, a.stderr
 
-    crashed = hpctrain(*exact, "trainer.fail_at=0:11", f"hydra.run.dir={run_b}")
+    crashed = hpctrain(*exact, "faults.fail_at=0:11", f"hydra.run.dir={run_b}")
     assert crashed.returncode == 1
     assert "rank 0" in crashed.stderr and "injected failure at step 11" in crashed.stderr
     assert [p.name for p in layout.committed(run_b / "checkpoints")] == ["step_00000010", "step_00000005"]

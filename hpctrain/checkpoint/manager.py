@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 from hpctrain.checkpoint import layout
+from hpctrain.faults import NO_FAULTS, FaultInjector
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +60,13 @@ class CheckpointManager:
         keep_last: int,
         rank: int,
         config_file: Path | None = None,
-        commit_delay_s: float = 0.0,
+        faults: FaultInjector = NO_FAULTS,
     ) -> None:
         self.root = root
         self.keep_last = keep_last
         self.rank = rank
         self.config_file = config_file
-        self.commit_delay_s = commit_delay_s  # test-only (trainer.save_delay_s): a window to crash mid-save
+        self.faults = faults  # test-only injection points (hpctrain.faults)
         self._pending: _PendingSave | None = None
         self._group: dist.ProcessGroup | None = None
         self._stager = BufferStager()
@@ -125,7 +126,7 @@ class CheckpointManager:
     def _commit(self, step: int, tmp: Path, final: Path) -> None:
         if self.rank != 0:
             return
-        time.sleep(self.commit_delay_s)
+        self.faults.at("commit", step)
         if self.config_file is not None:
             shutil.copy2(self.config_file, tmp / self.config_file.name)
         layout.write_manifest(tmp, step)

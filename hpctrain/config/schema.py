@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from hpctrain.faults import FaultsConfig
+
 
 @dataclass
 class TransformerConfig:
@@ -194,14 +196,6 @@ class TrainerConfig:
     # requeues. 0 disables it.
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 300.0
-    # Test-only fault injection, "RANK:STEP": that rank raises (fail_at) or sleeps forever (hang_at; in a
-    # Slurm job's first start only) in that step; save_delay_s holds every checkpoint uncommitted that long
-    # after its shards are written.
-    fail_at: str | None = None
-    hang_at: str | None = None
-    save_delay_s: float = 0.0
-    # Test-only: "RANK:SECONDS", that rank sleeps so long in the data phase of every step (a straggler).
-    slow_rank: str | None = None
     # Every straggler_every steps the ranks' phase times are gathered and the slowest rank is named in the
     # metrics (0: never).
     straggler_every: int = 50
@@ -233,6 +227,8 @@ class Config:
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+    # Test-only fault injection (hpctrain.faults); the default group `none` injects nothing.
+    faults: FaultsConfig = MISSING
 
 
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
@@ -243,6 +239,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "optim": {"optim": OptimConfig},
     "trainer": {"trainer": TrainerConfig},
     "logger": {"logger": LoggerConfig},
+    "faults": {"faults": FaultsConfig},
 }
 
 MODEL_SCHEMAS: dict[str, type] = GROUP_SCHEMAS["model"]

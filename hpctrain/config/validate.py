@@ -12,6 +12,7 @@ from pathlib import Path
 from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ParallelConfig, ViTConfig
+from hpctrain.faults import check_faults
 from hpctrain.parallel.degrees import STRATEGY_DIMS, Degrees, resolve_degrees
 from hpctrain.slurm.spec import (
     ENV_NAME,
@@ -52,6 +53,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
     _check_optim(cfg)
     _check_trainer(cfg)
     _check_logger(cfg)
+    check_faults(cfg.faults)
     _check_batch(cfg)
     if run_dir is not None:
         check_writable_dir("hydra.run.dir", Path(run_dir))
@@ -406,23 +408,9 @@ def _check_trainer(cfg: Config) -> None:
                 f"not a loadable checkpoint: {problem}",
                 valid="auto, never, or a committed checkpoints/step_* directory",
             )
-    for key in ("fail_at", "hang_at"):
-        value = getattr(t, key)
-        rank, _, step = (value or "0:0").partition(":")
-        if not (rank.isdigit() and step.isdigit()):
-            raise ConfigError(f"trainer.{key}", value, "expected RANK:STEP", valid="e.g. 1:5")
-    for key in ("watchdog_factor", "watchdog_min_s", "save_delay_s"):
+    for key in ("watchdog_factor", "watchdog_min_s"):
         _at_least(f"trainer.{key}", getattr(t, key), 0.0)
     _at_least("trainer.straggler_every", t.straggler_every, 0)
-    if t.slow_rank is not None:
-        rank, _, seconds = t.slow_rank.partition(":")
-        try:
-            if not rank.isdigit() or float(seconds) < 0:
-                raise ValueError
-        except ValueError:
-            raise ConfigError(
-                "trainer.slow_rank", t.slow_rank, "expected RANK:SECONDS", valid="e.g. 1:0.2"
-            ) from None
     if t.profile is not None:
         first, _, last = t.profile.partition(":")
         if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= t.max_steps):

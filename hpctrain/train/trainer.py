@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.validate import global_batch_size, samples_per_pass
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
+from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.observe.loggers import Observer
@@ -97,8 +97,9 @@ def fit(
     }
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
+    faults = FaultInjector(cfg.faults, env.rank)
     checkpoints = CheckpointManager(
-        run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, commit_delay_s=t.save_delay_s
+        run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, faults=faults
     )
     checkpoints.resume(resumable, t.resume)
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
@@ -111,11 +112,6 @@ def fit(
     if env.world_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
         state.wandb_run_id = _broadcast_object(state.wandb_run_id)
 
-    fail_rank, fail_step = (int(x) for x in t.fail_at.split(":")) if t.fail_at else (-1, -1)
-    # A requeued job does not hang again: it is the first start's hang that the test observes.
-    first_start = not os.environ.get("SLURM_RESTART_COUNT")
-    hang_rank, hang_step = (int(x) for x in t.hang_at.split(":")) if t.hang_at and first_start else (-1, -1)
-    slow_rank, slow_s = t.slow_rank.split(":") if t.slow_rank else ("-1", "0")
     profile_first, profile_last = (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
     profiler = None
     stragglers = StragglerMonitor(t.straggler_every, device, env.hostname)
@@ -137,16 +133,11 @@ def fit(
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         watchdog.enter(state.step + 1, "data")
-        if env.rank == fail_rank and state.step + 1 == fail_step:
-            raise RuntimeError(f"injected failure at step {fail_step} (trainer.fail_at={t.fail_at})")
-        if env.rank == hang_rank and state.step + 1 == hang_step:
-            log.warning("Hanging at step %d on purpose (trainer.hang_at=%s)", hang_step, t.hang_at)
-            threading.Event().wait()
+        faults.at("step", state.step + 1)
         if state.step + 1 == profile_first:
             profiler = _start_profiler(run_dir, env.rank, device)
         data_start = time.perf_counter()
-        if env.rank == int(slow_rank):
-            time.sleep(float(slow_s))
+        faults.at("data", state.step + 1)
         indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
         passes = [train_set.get_batch(ix) for ix in split_micro_batches(indices, per_pass)]
         stragglers.data_done(time.perf_counter() - data_start)

@@ -61,7 +61,7 @@ def test_sigkilled_rank_requeues_without_its_node(slurm_cluster, tmp_path: Path)
 def test_hung_rank_is_named_its_stacks_dumped_and_its_node_excluded(slurm_cluster, tmp_path: Path):
     run = tmp_path / "run"
     job_id = submit(
-        run, *FAULTY, "trainer.hang_at=2:15", "trainer.watchdog_factor=5", "trainer.watchdog_min_s=5"
+        run, *FAULTY, "faults.hang_at=2:15", "trainer.watchdog_factor=5", "trainer.watchdog_min_s=5"
     )
     wait_until(lambda: faults(run), "the watchdog to fire", timeout=120)
     fault = faults(run)[0]
@@ -81,7 +81,7 @@ def test_hung_rank_is_named_its_stacks_dumped_and_its_node_excluded(slurm_cluste
 def test_job_killed_while_saving_resumes_from_the_previous_checkpoint(slurm_cluster, tmp_path: Path):
     run = tmp_path / "run"
     # Every checkpoint stays uncommitted for 8 s after its shards are written: a window to kill the job in.
-    args = [*FAULTY, "cluster.nodes=1", "trainer.save_delay_s=8"]
+    args = [*FAULTY, "cluster.nodes=1", "faults.save_delay_s=8"]
     job_id = submit(run, *args)
     checkpoints = run / "checkpoints"
     wait_until(
@@ -93,7 +93,7 @@ def test_job_killed_while_saving_resumes_from_the_previous_checkpoint(slurm_clus
     wait_final([job_id], timeout=60)
     assert not (checkpoints / "step_00000010").exists()
 
-    rerun = hpctrain(*args, "trainer.save_delay_s=0", "cluster.max_requeues=0", f"hydra.run.dir={run}")
+    rerun = hpctrain(*args, "faults.save_delay_s=0", "cluster.max_requeues=0", f"hydra.run.dir={run}")
     assert rerun.returncode == 0, rerun.stderr
     record = read_job(run)
     assert record is not None and record.job_id != job_id

@@ -20,7 +20,7 @@ from conftest import REPO, hpctrain, metrics
 from hpctrain.launch.records import SWEEP_RECORD, SweepMember, SweepRecord, read_job, write_json
 
 SMALL = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
-INJECTED = "RuntimeError: injected failure at step 3 (trainer.fail_at=1:3)"
+INJECTED = "RuntimeError: injected failure at step 3 (faults.fail_at=1:3)"
 
 
 @dataclass
@@ -87,7 +87,7 @@ def sacct_state(job_id: str) -> str:
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     root = tmp_path_factory.mktemp("jobs")
-    failing = submit(root / "failing", "trainer.max_steps=20", "trainer.fail_at=1:3")
+    failing = submit(root / "failing", "trainer.max_steps=20", "faults.fail_at=1:3")
     long = submit(
         root / "long",
         "cluster.nodes=1",

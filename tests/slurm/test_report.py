@@ -31,13 +31,13 @@ SMALL = [
 def test_report_of_a_slurm_sweep(slurm_cluster: object, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     result = hpctrain(
-        "-m", *SMALL, "optim.lr=1e-3,3e-3", "trainer.fail_at=null,'1:5'", f"hydra.sweep.dir={sweep}"
+        "-m", *SMALL, "optim.lr=1e-3,3e-3", "faults.fail_at=null,'1:5'", f"hydra.sweep.dir={sweep}"
     )
     assert result.returncode == 0, result.stderr
     record = read_sweep(sweep)
     assert record is not None and len(record.members) == 4
     states = wait_final([m.job_id for m in record.members])
-    failing = {m.index for m in record.members if "trainer.fail_at='1:5'" in m.overrides}
+    failing = {m.index for m in record.members if "faults.fail_at='1:5'" in m.overrides}
     assert len(failing) == 2
     expected = {m.job_id: "FAILED" if m.index in failing else "COMPLETED" for m in record.members}
     assert {job: s.state for job, s in states.items()} == expected
@@ -68,8 +68,8 @@ def test_report_of_a_slurm_sweep(slurm_cluster: object, tmp_path: Path) -> None:
         check_png(picture)
     completed = [m for m in drawn.members if m.index not in failing]
     assert {m.label for m in completed} == {
-        "optim.lr=0.001 trainer.fail_at=null",
-        "optim.lr=0.003 trainer.fail_at=null",
+        "optim.lr=0.001 faults.fail_at=null",
+        "optim.lr=0.003 faults.fail_at=null",
     }
     assert len([s for s in loss.series if s.panel == "loss"]) == 2
     for done in completed:

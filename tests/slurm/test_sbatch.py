@@ -69,7 +69,7 @@ def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFacto
         "failing": [
             *ONE_NODE,
             "launcher=sbatch",
-            "trainer.fail_at=1:3",
+            "faults.fail_at=1:3",
             f"cluster.setup=['echo hi; touch {pwned}_setup']",
             f"+cluster.env.X='$(touch {pwned}_env)'",
         ],

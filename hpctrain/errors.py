@@ -1,0 +1,31 @@
+"""The one error type a user sees for bad input: a single line naming the key, the value and what is valid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A rejected configuration. ``str()`` is one line: ``key=value: reason; valid: ...``."""
+
+    def __init__(self, key: str, value: Any, reason: str, valid: str | None = None) -> None:
+        self.key = key
+        self.value = value
+        self.reason = reason
+        self.valid = valid
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        shown = _show(self.value)
+        text = f"{self.key}={shown}: {self.reason}" if self.key else self.reason
+        if self.valid:
+            text += f" (valid: {self.valid})"
+        return " ".join(text.split())  # never more than one line, whatever the pieces held
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = str(value)
+    # Long enough for any real path; a pasted blob is cut so the message stays one readable line.
+    return text if len(text) <= 400 else text[:397] + "..."

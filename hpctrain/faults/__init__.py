@@ -1,0 +1,102 @@
+"""Test-only fault injection: the one place that knows how to break a run on purpose.
+
+The ``faults`` config group (default ``none``, which injects nothing) exists to exercise the resilience path
+(requeue after a crash, the hang watchdog, the straggler report, a crash in the middle of a save). The
+training loop and the checkpoint manager call :meth:`FaultInjector.at` at named points; nothing else in the
+package knows what a fault is. Torch-free.
+
+Points:
+- ``"step"``: start of a train step (before data). ``fail_at=RANK:STEP`` raises there;
+  ``hang_at=RANK:STEP`` sleeps forever there (in a Slurm job's first start only, so the requeued job heals).
+- ``"data"``: the data phase of every step. ``slow_rank=RANK:SECONDS`` sleeps that long (a straggler).
+- ``"commit"``: rank 0, after a checkpoint's shards are written and before it is committed.
+  ``save_delay_s`` sleeps that long (a window to kill the job mid-save).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from hpctrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+POINTS = ("step", "data", "commit")
+
+
+@dataclass
+class FaultsConfig:
+    fail_at: str | None = None  # "RANK:STEP": that rank raises at the start of that step
+    hang_at: str | None = None  # "RANK:STEP": that rank sleeps forever there (first start of a job only)
+    slow_rank: str | None = None  # "RANK:SECONDS": that rank sleeps so long in every step's data phase
+    save_delay_s: float = 0.0  # rank 0 waits so long between writing a checkpoint and committing it
+
+
+def _rank_step(key: str, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    rank, _, step = value.partition(":")
+    if not (rank.isdigit() and step.isdigit()):
+        raise ConfigError(f"faults.{key}", value, "expected RANK:STEP", valid="e.g. 1:5")
+    return int(rank), int(step)
+
+
+def _slow(value: str | None) -> tuple[int, float] | None:
+    if value is None:
+        return None
+    rank, _, seconds = value.partition(":")
+    try:
+        delay = float(seconds)
+        if not rank.isdigit() or not delay >= 0:  # `not >=` also refuses nan
+            raise ValueError
+    except ValueError:
+        raise ConfigError("faults.slow_rank", value, "expected RANK:SECONDS", valid="e.g. 1:0.2") from None
+    return int(rank), delay
+
+
+def check_faults(faults: FaultsConfig) -> None:
+    """One-line ConfigError for a malformed fault spec (run on the submitting machine)."""
+    _rank_step("fail_at", faults.fail_at)
+    _rank_step("hang_at", faults.hang_at)
+    _slow(faults.slow_rank)
+    if not faults.save_delay_s >= 0:
+        raise ConfigError("faults.save_delay_s", faults.save_delay_s, "must be ≥ 0", valid="seconds, e.g. 8")
+
+
+class FaultInjector:
+    """What one rank does at each named point; a no-op for ``faults=none``."""
+
+    def __init__(self, faults: FaultsConfig | None, rank: int) -> None:
+        faults = faults or FaultsConfig()
+        self.rank = rank
+        self.spec = faults
+        self._fail = _rank_step("fail_at", faults.fail_at)
+        # A requeued job does not hang again: it is the first start's hang that the tests observe.
+        first_start = not os.environ.get("SLURM_RESTART_COUNT")
+        self._hang = _rank_step("hang_at", faults.hang_at) if first_start else None
+        self._slow = _slow(faults.slow_rank)
+        self._save_delay_s = float(faults.save_delay_s)
+
+    def at(self, point: str, step: int = 0) -> None:
+        """Inject whatever this rank has at ``point`` of ``step`` (the step being trained, 1-based)."""
+        if point == "step":
+            if self._fail == (self.rank, step):
+                raise RuntimeError(f"injected failure at step {step} (faults.fail_at={self.spec.fail_at})")
+            if self._hang == (self.rank, step):
+                log.warning("Hanging at step %d on purpose (faults.hang_at=%s)", step, self.spec.hang_at)
+                threading.Event().wait()
+        elif point == "data":
+            if self._slow is not None and self._slow[0] == self.rank:
+                time.sleep(self._slow[1])
+        elif point == "commit":
+            if self._save_delay_s > 0:
+                time.sleep(self._save_delay_s)
+        else:
+            raise ValueError(f"unknown fault point {point!r} (known: {', '.join(POINTS)})")
+
+
+NO_FAULTS = FaultInjector(None, rank=-1)
