@@ -43,7 +43,8 @@ from torch.distributed.tensor import DTensor
 from hpctrain.checkpoint.state import seed_everything
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
-from hpctrain.config.validate import degrees, global_batch_size, samples_per_pass, validate
+from hpctrain.config.shape import degrees, global_batch_size, samples_per_pass
+from hpctrain.config.validate import validate
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.models import build_model
 from hpctrain.models.flops import param_count

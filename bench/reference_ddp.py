@@ -21,7 +21,7 @@ def reference_worker(
 ) -> None:
     """Train; rank 0 saves ``{"weights": state_dict, "window_times": [seconds per step, per window]}``."""
     from hpctrain.config.compose import compose, to_typed
-    from hpctrain.config.validate import global_batch_size
+    from hpctrain.config.shape import global_batch_size
     from hpctrain.data import GlobalBatchSampler, build_datasets
     from hpctrain.models import build_model
 

@@ -60,6 +60,7 @@ def _train(run_dir: Path) -> None:
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import RUN_CONFIG, load_run_config
+    from hpctrain.config.shape import run_shape
     from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.rendezvous.env import DistEnv
@@ -92,7 +93,7 @@ def _train(run_dir: Path) -> None:
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
         stop = StopCheck(signals, end_time, env.is_main, device)
-        result = fit(cfg, env, device, run_dir, observer, stop, watchdog)
+        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):
             # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an

@@ -15,9 +15,9 @@ from hpctrain.cli import precheck
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
-from hpctrain.config.validate import degrees, validate, world_size
+from hpctrain.config.shape import Degrees, degrees, world_size
+from hpctrain.config.validate import validate
 from hpctrain.models.flops import flops_per_token, param_count
-from hpctrain.parallel.degrees import Degrees
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.cli import check_fits
 from hpctrain.plan.search import alternatives

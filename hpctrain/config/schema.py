@@ -77,7 +77,7 @@ class ParallelConfig:
     """
 
     name: str = "ddp"
-    # --- degrees (0: derived from the world size, see hpctrain.parallel.degrees)
+    # --- degrees (0: derived from the world size, see hpctrain.config.shape)
     pp: int = 0
     dp_replicate: int = 0
     dp_shard: int = 0

@@ -11,9 +11,18 @@ from pathlib import Path
 
 from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
-from hpctrain.config.schema import Config, DataConfig, GPTConfig, ParallelConfig, ViTConfig
+from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
+from hpctrain.config.shape import (
+    PIPELINE_SCHEDULES,
+    STRATEGY_DIMS,
+    RunShape,
+    degrees,
+    run_shape,
+    samples_per_pass,
+    stages_per_rank,
+    world_size,
+)
 from hpctrain.faults import check_faults
-from hpctrain.parallel.degrees import STRATEGY_DIMS, Degrees, resolve_degrees
 from hpctrain.slurm.spec import (
     ENV_NAME,
     SAFE_CONSTRAINT,
@@ -28,14 +37,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 PARALLEL_STRATEGIES = tuple(STRATEGY_DIMS)
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk")
-# Pipeline schedules (torch.distributed.pipelining) → how many stages each rank holds (0: any number ≥ 2).
-PIPELINE_SCHEDULES = {
-    "gpipe": 1,
-    "1f1b": 1,
-    "interleaved_1f1b": 0,
-    "interleaved_zero_bubble": 0,
-    "zbv_zero_bubble": 2,
-}
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 CLUSTER_KINDS = ("local", "slurm")
 LAUNCHERS = {"local": ("auto", "local"), "slurm": ("auto", "submitit", "sbatch")}
@@ -45,7 +46,8 @@ WARNING_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
 WANDB_MODES = ("offline", "online", "disabled")
 
 
-def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
+def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
+    """Every rule below; the run's shape when none fails."""
     _check_model(cfg.model)
     check_data(cfg.data, cfg.model)
     _check_cluster(cfg)
@@ -57,34 +59,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> None:
     _check_batch(cfg)
     if run_dir is not None:
         check_writable_dir("hydra.run.dir", Path(run_dir))
-
-
-def world_size(cfg: Config) -> int:
-    c = cfg.cluster
-    return c.nproc if c.kind == "local" else c.nodes * c.tasks_per_node
-
-
-def degrees(cfg: Config) -> Degrees:
-    return resolve_degrees(cfg.parallel, world_size(cfg))
-
-
-def data_parallel_size(cfg: Config) -> int:
-    return degrees(cfg).dp
-
-
-def stages_per_rank(parallel: ParallelConfig) -> int:
-    """Pipeline stages each rank holds: as configured, or what the schedule needs."""
-    if parallel.stages_per_rank:
-        return parallel.stages_per_rank
-    return PIPELINE_SCHEDULES.get(parallel.schedule, 1) or 2
-
-
-def samples_per_pass(cfg: Config) -> int:
-    """Samples all data-parallel ranks process in one forward/backward pass of the whole model: a micro-batch
-    each, or under a pipeline one micro-batch per pipeline micro-batch."""
-    d = degrees(cfg)
-    pipeline = cfg.parallel.microbatches if d.pp > 1 else 1
-    return cfg.trainer.micro_batch_size * d.dp * pipeline
+    return run_shape(cfg)
 
 
 def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -424,12 +399,6 @@ def _check_trainer(cfg: Config) -> None:
 
 def _check_logger(cfg: Config) -> None:
     _one_of("logger.wandb_mode", cfg.logger.wandb_mode, WANDB_MODES)
-
-
-def global_batch_size(cfg: Config) -> int:
-    """Samples per optimizer step: as configured, or one pass (no gradient accumulation)."""
-    t = cfg.trainer
-    return t.global_batch_size if t.global_batch_size is not None else samples_per_pass(cfg)
 
 
 def _check_batch(cfg: Config) -> None:

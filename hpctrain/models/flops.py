@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.config.shape import tokens_per_sample
+
 
 def _block_params(d: int, mlp_ratio: int) -> int:
     """One pre-norm block: two LayerNorms, q/k/v/o with biases, fc_in/fc_out with biases."""
@@ -52,15 +54,6 @@ def param_count(cfg: Any, include_embeddings: bool = True) -> int:
         embeddings = d + (n_patches + 1) * d  # cls_token + pos_emb
         dense = patch_proj + blocks + final_norm + head
         return dense + embeddings if include_embeddings else dense
-    raise ValueError(f"unknown model arch {cfg.arch!r}; expected 'gpt' or 'vit'")
-
-
-def tokens_per_sample(cfg: Any) -> int:
-    """Sequence length the blocks see: ``seq_len`` for gpt, ``n_patches + 1`` (class token) for vit."""
-    if cfg.arch == "gpt":
-        return int(cfg.seq_len)
-    if cfg.arch == "vit":
-        return _n_patches(cfg) + 1
     raise ValueError(f"unknown model arch {cfg.arch!r}; expected 'gpt' or 'vit'")
 
 

@@ -172,7 +172,7 @@ def steady_throughput(records: list[dict[str, Any]], key: str) -> float | None:
 
 def world_size(run_dir: Path) -> int | None:
     """The number of ranks a run was configured with (config.yaml), else the size its job.json records."""
-    from hpctrain.config.validate import world_size as configured
+    from hpctrain.config.shape import world_size as configured
 
     try:
         return configured(load_run_config(run_dir / RUN_CONFIG))

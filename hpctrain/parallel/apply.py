@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config.schema import Config, ParallelConfig
-from hpctrain.config.validate import degrees, stages_per_rank
+from hpctrain.config.shape import RunShape, run_shape
 from hpctrain.parallel.checkpointing import apply_activation_checkpointing, apply_compile
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
 from hpctrain.parallel.fsdp import apply_fsdp
@@ -40,13 +40,19 @@ class Parallelized:
         return self.dims.dp_rank, self.dims.degrees.dp
 
 
-def parallelize(model: nn.Module, cfg: Config, device: torch.device) -> Parallelized:
+def parallelize(
+    model: nn.Module, cfg: Config, device: torch.device, shape: RunShape | None = None
+) -> Parallelized:
+    """Apply the layout of ``cfg`` to ``model`` in a fixed order: pipeline split, TP, activation
+    checkpointing, compile, FSDP, then DDP or the pipeline schedule. ``shape`` is the run's (derived from
+    ``cfg`` when not given)."""
     p, precision = cfg.parallel, cfg.trainer.precision
-    dims = build_mesh(degrees(cfg), device)
+    shape = shape or run_shape(cfg)
+    dims = build_mesh(shape.degrees, device)
     model = model.to(device)
     if dims.has("pp"):
-        per_rank = stages_per_rank(p)
-        n_stages = dims.degrees.pp * per_rank
+        per_rank = shape.stages_per_rank
+        n_stages = shape.n_stages
         ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
         parts = {i: split_stage(model, i, n_stages) for i in ids}
         del model  # each stage is a pruned copy; the whole model is not kept

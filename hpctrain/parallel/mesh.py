@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from hpctrain.parallel.degrees import Degrees
+from hpctrain.config.shape import Degrees
 
 
 @dataclass

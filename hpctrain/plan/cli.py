@@ -13,7 +13,7 @@ import textwrap
 
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, GPTConfig
-from hpctrain.config.validate import global_batch_size, samples_per_pass
+from hpctrain.config.shape import global_batch_size, samples_per_pass
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
     FRAGMENTATION,

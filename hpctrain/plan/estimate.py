@@ -45,9 +45,15 @@ from dataclasses import dataclass, field
 
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, GPTConfig, ViTConfig
-from hpctrain.config.validate import degrees, global_batch_size, samples_per_pass, stages_per_rank, world_size
+from hpctrain.config.shape import (
+    Degrees,
+    degrees,
+    global_batch_size,
+    samples_per_pass,
+    stages_per_rank,
+    world_size,
+)
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
-from hpctrain.parallel.degrees import Degrees
 
 GIB = 2**30
 MIB = 2**20

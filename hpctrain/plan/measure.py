@@ -330,7 +330,7 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     """This rank's measured bytes for one config (:data:`STEPS` training steps, the last measured)."""
     import torch
 
-    from hpctrain.config.validate import samples_per_pass
+    from hpctrain.config.shape import samples_per_pass
     from hpctrain.models import build_model
     from hpctrain.parallel.apply import parallelize
     from hpctrain.train.optim import build_optimizer

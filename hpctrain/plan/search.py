@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, GPTConfig
-from hpctrain.config.validate import (
+from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
+    STRATEGY_DIMS,
     global_batch_size,
     samples_per_pass,
-    validate,
     world_size,
 )
+from hpctrain.config.validate import validate
 from hpctrain.models.flops import tokens_per_sample
-from hpctrain.parallel.degrees import STRATEGY_DIMS
 from hpctrain.plan.estimate import Estimate, estimate
 
 AC_MODES = ("none", "selective", "full")

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.shape import RunShape
+from hpctrain.models.flops import flops_per_token
+
 # Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
     "H200": 989e12,
@@ -52,3 +56,38 @@ def peak_memory_gib(device: torch.device) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024 / 2**30
     return 0.0
+
+
+class Throughput:
+    """Step times since the last report → step time, samples/s or tokens/s (in all and per device), MFU
+    (hpctrain.train.metrics: 6N + 12·L·H·Q·T FLOPs per token against the device's peak), and this rank's
+    peak memory."""
+
+    def __init__(self, cfg: Config, shape: RunShape, device: torch.device) -> None:
+        self.samples_per_step = shape.global_batch_size
+        self.tokens_per_sample = shape.tokens_per_sample
+        self.is_tokens = isinstance(cfg.model, GPTConfig)
+        self.flops_per_token = flops_per_token(cfg.model)
+        self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
+        self.world_size = shape.world_size
+        self.device = device
+        self._times: list[float] = []
+
+    def step_done(self, seconds: float) -> None:
+        self._times.append(seconds)
+
+    def report(self) -> dict[str, float | None]:
+        step_time = sum(self._times) / max(1, len(self._times))
+        self._times.clear()
+        samples_per_s = self.samples_per_step / step_time if step_time > 0 else 0.0
+        tokens_per_s = samples_per_s * self.tokens_per_sample
+        out: dict[str, float | None] = {"step_time_s": step_time}
+        out["tokens_per_s" if self.is_tokens else "samples_per_s"] = (
+            tokens_per_s if self.is_tokens else samples_per_s
+        )
+        out["tokens_per_s_per_device" if self.is_tokens else "samples_per_s_per_device"] = (
+            tokens_per_s if self.is_tokens else samples_per_s
+        ) / self.world_size
+        out["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
+        out["peak_mem_gib"] = peak_memory_gib(self.device)
+        return {k: v for k, v in out.items() if v is not None}

@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,11 +28,11 @@ from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
-from hpctrain.config.validate import global_batch_size, samples_per_pass
+from hpctrain.config.shape import RunShape
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
-from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
+from hpctrain.models.flops import param_count
 from hpctrain.observe.loggers import Observer
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
@@ -39,7 +40,7 @@ from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
-from hpctrain.train.metrics import device_peak_flops, mfu, peak_memory_gib
+from hpctrain.train.metrics import Throughput
 from hpctrain.train.optim import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
@@ -59,36 +60,46 @@ class FitResult:
     stopped_by: str | None  # why training stopped before max_steps (a checkpoint of that step is saved)
 
 
-def fit(
-    cfg: Config,
-    env: DistEnv,
-    device: torch.device,
-    run_dir: Path,
-    observer: Observer | None,
-    stop: StopCheck,
-    watchdog: Watchdog,
-) -> FitResult:
-    t = cfg.trainer
+@dataclass
+class Run:
+    """Everything a training run holds, built once by :func:`build_run`."""
 
+    cfg: Config
+    shape: RunShape
+    env: DistEnv
+    device: torch.device
+    par: Parallelized
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_set: Any
+    val_set: Any
+    sampler: GlobalBatchSampler
+    state: TrainState
+    resumable: dict[str, Any]  # every Stateful of the checkpoint, by key
+    checkpoints: CheckpointManager
+    faults: FaultInjector
+
+
+def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
+    """Model → parallelism → optimizer → data → checkpoint manager, then resume from the latest checkpoint."""
+    t = cfg.trainer
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
-    par = parallelize(build_model(cfg.model), cfg, device)
-    model = par.model
-    dp_rank, dp_size = par.data_parallel
-    optimizer = build_optimizer(model, cfg.optim)
+    par = parallelize(build_model(cfg.model), cfg, device, shape)
+    optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = _grad_scaler(par, device, t.precision)
     train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
-    prime_ddp_buckets(model, train_set.get_batch([0])[0].to(device))
-    batch_size = global_batch_size(cfg)
-    sampler = GlobalBatchSampler(len(train_set), batch_size, t.seed)
+    prime_ddp_buckets(par.model, train_set.get_batch([0])[0].to(device))
+    sampler = GlobalBatchSampler(len(train_set), shape.global_batch_size, t.seed)
     # Per-rank streams for dropout and the like, after the shared init.
     seed_everything(t.seed + 1 + env.rank)
 
     state = TrainState()
-    resumable = {
-        "model_optim": ModelOptimizerState(model, optimizer),
+    resumable: dict[str, Any] = {
+        "model_optim": ModelOptimizerState(par.model, optimizer),
         "scheduler": scheduler,
         "grad_scaler": scaler,
         "sampler": sampler,
@@ -104,6 +115,26 @@ def fit(
     checkpoints.resume(resumable, t.resume)
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    return Run(
+        cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, state,
+        resumable, checkpoints, faults,
+    )  # fmt: skip
+
+
+def fit(
+    cfg: Config,
+    shape: RunShape,
+    env: DistEnv,
+    device: torch.device,
+    run_dir: Path,
+    observer: Observer | None,
+    stop: StopCheck,
+    watchdog: Watchdog,
+) -> FitResult:
+    """Build the run, then train step by step until ``max_steps`` or a stop signal; save on the way."""
+    t = cfg.trainer
+    run = build_run(cfg, shape, env, device, run_dir)
+    state, checkpoints = run.state, run.checkpoints
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
@@ -115,9 +146,8 @@ def fit(
     profile_first, profile_last = (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
     profiler = None
     stragglers = StragglerMonitor(t.straggler_every, device, env.hostname)
-    speed = Throughput(cfg, device, env.world_size)
-    per_pass = samples_per_pass(cfg) // dp_size  # this rank's samples per forward/backward pass
-    loss_holders = env.world_size // par.dims.degrees.pp  # ranks with the loss: the last pipeline stage's
+    speed = Throughput(cfg, shape, device)
+    dp_rank, dp_size = run.par.data_parallel
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step,
@@ -126,25 +156,29 @@ def fit(
         env.world_size,
         device,
         cfg.parallel.name,
-        par.dims.degrees,
+        shape.degrees,
     )
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     stopped_by: str | None = None
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         watchdog.enter(state.step + 1, "data")
-        faults.at("step", state.step + 1)
+        run.faults.at("step", state.step + 1)
         if state.step + 1 == profile_first:
             profiler = _start_profiler(run_dir, env.rank, device)
         data_start = time.perf_counter()
-        faults.at("data", state.step + 1)
-        indices = shard_for_rank(sampler.next_global_batch(), dp_rank, dp_size)
-        passes = [train_set.get_batch(ix) for ix in split_micro_batches(indices, per_pass)]
+        run.faults.at("data", state.step + 1)
+        indices = shard_for_rank(run.sampler.next_global_batch(), dp_rank, dp_size)
+        passes = [
+            run.train_set.get_batch(ix) for ix in split_micro_batches(indices, shape.rank_samples_per_pass)
+        ]
         stragglers.data_done(time.perf_counter() - data_start)
         watchdog.enter(state.step + 1, "compute")
-        result = train_step(par, optimizer, scaler, passes, device, t.precision, cfg.optim.grad_clip)
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
+        result = train_step(
+            run.par, run.optimizer, run.scaler, passes, device, t.precision, cfg.optim.grad_clip
+        )
+        lr = run.scheduler.get_last_lr()[0]
+        run.scheduler.step()
         state.step += 1
         step_s = time.perf_counter() - step_start
         speed.step_done(step_s)
@@ -157,12 +191,12 @@ def fit(
         evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
         straggler = stragglers.report() if stragglers.due(state.step) else None
         if state.step % t.log_every == 0 or evaluate_now or straggler:
-            record = {"step": state.step, "loss": _mean_over_ranks(result.loss, loss_holders), "lr": lr}
+            record = {"step": state.step, "loss": _mean_over_ranks(result.loss, shape.loss_holders), "lr": lr}
             record["grad_norm"] = float(result.grad_norm)
             record.update(speed.report())
             record.update(straggler or {})
             if evaluate_now:
-                record.update(evaluate(par, val_set, cfg, device))
+                record.update(evaluate(run))
             if observer is not None:
                 observer.log(record)
         elif observer is not None:
@@ -172,7 +206,7 @@ def fit(
             watchdog.enter(state.step, "checkpoint")
             save_start = time.perf_counter()
             checkpoints.save(
-                state.step, resumable, blocking=not t.async_checkpoint or last or bool(stopped_by)
+                state.step, run.resumable, blocking=not t.async_checkpoint or last or bool(stopped_by)
             )
             save_s = time.perf_counter() - save_start
         if stopped_by:
@@ -239,20 +273,21 @@ def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(par: Parallelized, val_set, cfg: Config, device: torch.device) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def evaluate(run: Run) -> dict[str, float]:
     """Mean loss (and accuracy, for classifiers) over ``eval_batches`` fixed global batches of the val set."""
+    cfg, par, val_set, device = run.cfg, run.par, run.val_set, run.device
     t = cfg.trainer
     model = par.model
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    batch_size = global_batch_size(cfg)
+    batch_size = run.shape.global_batch_size
     dp_rank, dp_size = par.data_parallel
     per_rank = batch_size // dp_size
     autocast = _autocast(device, "fp32" if par.fsdp_mixed_precision else t.precision)
     for batch in range(t.eval_batches):
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
-        for chunk in split_micro_batches(indices, samples_per_pass(cfg) // dp_size):
+        for chunk in split_micro_batches(indices, run.shape.rank_samples_per_pass):
             inputs, targets = (x.to(device) for x in val_set.get_batch(chunk))
             with autocast:
                 logits = model(inputs) if par.pipeline is None else par.pipeline.forward(inputs)
@@ -269,41 +304,6 @@ def evaluate(par: Parallelized, val_set, cfg: Config, device: torch.device) -> d
     if not isinstance(cfg.model, GPTConfig):
         out["val_acc"] = float(sums[1] / sums[2])
     return out
-
-
-class Throughput:
-    """Step times since the last report → step time, samples/s or tokens/s (in all and per device), MFU
-    (hpctrain.train.metrics: 6N + 12·L·H·Q·T FLOPs per token against the device's peak), and this rank's
-    peak memory."""
-
-    def __init__(self, cfg: Config, device: torch.device, world_size: int) -> None:
-        self.samples_per_step = global_batch_size(cfg)
-        self.tokens_per_sample = tokens_per_sample(cfg.model)
-        self.is_tokens = isinstance(cfg.model, GPTConfig)
-        self.flops_per_token = flops_per_token(cfg.model)
-        self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
-        self.world_size = world_size
-        self.device = device
-        self._times: list[float] = []
-
-    def step_done(self, seconds: float) -> None:
-        self._times.append(seconds)
-
-    def report(self) -> dict[str, float | None]:
-        step_time = sum(self._times) / max(1, len(self._times))
-        self._times.clear()
-        samples_per_s = self.samples_per_step / step_time if step_time > 0 else 0.0
-        tokens_per_s = samples_per_s * self.tokens_per_sample
-        out: dict[str, float | None] = {"step_time_s": step_time}
-        out["tokens_per_s" if self.is_tokens else "samples_per_s"] = (
-            tokens_per_s if self.is_tokens else samples_per_s
-        )
-        out["tokens_per_s_per_device" if self.is_tokens else "samples_per_s_per_device"] = (
-            tokens_per_s if self.is_tokens else samples_per_s
-        ) / self.world_size
-        out["mfu"] = mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
-        out["peak_mem_gib"] = peak_memory_gib(self.device)
-        return {k: v for k, v in out.items() if v is not None}
 
 
 def _no_sync_unless(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[None]:

@@ -1,0 +1,214 @@
+"""The shape of a run: every number derived from a config, computed once. Torch-free.
+
+:func:`run_shape` turns a validated config into a frozen :class:`RunShape` (world size, mesh degrees,
+data-parallel size, pipeline stages, samples per pass, global batch, tokens per sample). Validation, the
+planner, the trainer and the reports read it; nothing else re-derives these numbers.
+
+The device mesh is ``pp × dp_replicate × dp_shard × tp`` (outermost first, torchtitan's order): tensor
+parallelism, the chattiest, stays innermost so its ranks are neighbours (one node, NVLink); pipeline
+parallelism, which only sends activations between neighbouring stages, is outermost and crosses nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.config.schema import Config, ParallelConfig
+from hpctrain.errors import ConfigError
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+
+# The mesh dimensions each strategy has. Every other dimension has size 1.
+STRATEGY_DIMS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "ddp": ("dp_replicate",),
+    "fsdp": ("dp_shard",),
+    "hsdp": ("dp_replicate", "dp_shard"),
+    "tp": ("tp",),
+    "pp": ("pp",),
+    "2d": ("dp_shard", "tp"),
+    "3d": ("pp", "dp_shard", "tp"),
+}
+
+# Pipeline schedules (torch.distributed.pipelining) → how many stages each rank holds (0: any number ≥ 2).
+PIPELINE_SCHEDULES = {
+    "gpipe": 1,
+    "1f1b": 1,
+    "interleaved_1f1b": 0,
+    "interleaved_zero_bubble": 0,
+    "zbv_zero_bubble": 2,
+}
+
+
+@dataclass(frozen=True)
+class Degrees:
+    pp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: how many different slices of each global batch are processed at once."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def sizes(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in MESH_DIMS}
+
+    def __str__(self) -> str:
+        return " × ".join(f"{name}={size}" for name, size in self.sizes().items() if size > 1) or "1 process"
+
+
+def resolve_degrees(parallel: ParallelConfig, world_size: int) -> Degrees:
+    """The degree of every mesh dimension for ``parallel`` on ``world_size`` ranks, or a ConfigError.
+
+    A strategy's dimensions are given (> 0) or derived (0); one derived dimension takes whatever the given
+    ones leave of the world size. Dimensions the strategy does not have must stay 0 or 1.
+    """
+    name = parallel.name
+    if name not in STRATEGY_DIMS:
+        raise ConfigError("parallel", name, "not a known choice", valid=", ".join(STRATEGY_DIMS))
+    dims = STRATEGY_DIMS[name]
+    for dim in MESH_DIMS:
+        value = getattr(parallel, dim)
+        if value < 0:
+            raise ConfigError(f"parallel.{dim}", value, "must be ≥ 0 (0: derived from the world size)")
+        if dim not in dims and value > 1:
+            having = [s for s, d in STRATEGY_DIMS.items() if dim in d]
+            raise ConfigError(
+                f"parallel.{dim}", value, f"parallel={name} has no {dim} dimension", valid=", ".join(having)
+            )
+    given = {dim: getattr(parallel, dim) for dim in dims if getattr(parallel, dim) > 0}
+    open_dims = [dim for dim in dims if dim not in given]
+    product = math.prod(given.values())
+    spelled = " × ".join(f"{d}={v}" for d, v in given.items())
+    if len(open_dims) > 1:
+        raise ConfigError(
+            f"parallel.{open_dims[0]}",
+            0,
+            f"parallel={name} can derive only one of {', '.join(open_dims)} from the world size",
+            valid="give all but one of them",
+        )
+    if open_dims:
+        if world_size % product:
+            raise ConfigError(
+                f"parallel.{next(iter(given))}",
+                given[next(iter(given))],
+                f"world size {world_size} is not divisible by {spelled} = {product}",
+            )
+        given[open_dims[0]] = world_size // product
+    elif product != world_size:
+        raise ConfigError(
+            "parallel",
+            name,
+            f"world size {world_size} ≠ {spelled or '1'} = {product}",
+            valid=f"degrees whose product is {world_size}",
+        )
+    return Degrees(**given)
+
+
+def world_size(cfg: Config) -> int:
+    c = cfg.cluster
+    return c.nproc if c.kind == "local" else c.nodes * c.tasks_per_node
+
+
+def degrees(cfg: Config) -> Degrees:
+    return resolve_degrees(cfg.parallel, world_size(cfg))
+
+
+def stages_per_rank(parallel: ParallelConfig) -> int:
+    """Pipeline stages each rank holds: as configured, or what the schedule needs."""
+    if parallel.stages_per_rank:
+        return parallel.stages_per_rank
+    return PIPELINE_SCHEDULES.get(parallel.schedule, 1) or 2
+
+
+def samples_per_pass(cfg: Config) -> int:
+    """Samples all data-parallel ranks process in one forward/backward pass of the whole model: a micro-batch
+    each, or under a pipeline one micro-batch per pipeline micro-batch."""
+    d = degrees(cfg)
+    pipeline = cfg.parallel.microbatches if d.pp > 1 else 1
+    return cfg.trainer.micro_batch_size * d.dp * pipeline
+
+
+def global_batch_size(cfg: Config) -> int:
+    """Samples per optimizer step: as configured, or one pass (no gradient accumulation)."""
+    return cfg.trainer.global_batch_size or samples_per_pass(cfg)
+
+
+def tokens_per_sample(model: Any) -> int:
+    """Sequence length the blocks see: ``seq_len`` for gpt, ``n_patches + 1`` (class token) for vit."""
+    if model.arch == "gpt":
+        return int(model.seq_len)
+    if model.arch == "vit":
+        if model.image_size % model.patch_size != 0:
+            raise ValueError(
+                f"image_size={model.image_size} is not divisible by patch_size={model.patch_size}"
+            )
+        return (model.image_size // model.patch_size) ** 2 + 1
+    raise ValueError(f"unknown model arch {model.arch!r}; expected 'gpt' or 'vit'")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """Every derived number of a run. ``microbatches`` is the pipeline's (1 without a pipeline)."""
+
+    world_size: int
+    degrees: Degrees
+    stages_per_rank: int
+    microbatches: int
+    micro_batch_size: int
+    global_batch_size: int
+    tokens_per_sample: int
+
+    @property
+    def dp(self) -> int:
+        return self.degrees.dp
+
+    @property
+    def n_stages(self) -> int:
+        return self.degrees.pp * self.stages_per_rank if self.degrees.pp > 1 else 1
+
+    @property
+    def samples_per_pass(self) -> int:
+        """Samples of one forward/backward pass over all data-parallel ranks."""
+        return self.micro_batch_size * self.dp * self.microbatches
+
+    @property
+    def rank_samples_per_pass(self) -> int:
+        """This data-parallel rank's samples per pass."""
+        return self.samples_per_pass // self.dp
+
+    @property
+    def passes(self) -> int:
+        """Forward/backward passes per optimizer step (gradient accumulation)."""
+        return self.global_batch_size // self.samples_per_pass
+
+    @property
+    def loss_holders(self) -> int:
+        """Ranks that compute the loss: all but the earlier pipeline stages."""
+        return self.world_size // self.degrees.pp
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.tokens_per_sample
+
+
+def run_shape(cfg: Config) -> RunShape:
+    """The shape of ``cfg`` (a ConfigError if its degrees do not fit its world size)."""
+    d = degrees(cfg)
+    return RunShape(
+        world_size=d.world,
+        degrees=d,
+        stages_per_rank=stages_per_rank(cfg.parallel) if d.pp > 1 else 1,
+        microbatches=cfg.parallel.microbatches if d.pp > 1 else 1,
+        micro_batch_size=cfg.trainer.micro_batch_size,
+        global_batch_size=global_batch_size(cfg),
+        tokens_per_sample=tokens_per_sample(cfg.model),
+    )
