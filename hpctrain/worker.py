@@ -23,6 +23,8 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.rundir import RunDir
+
 if TYPE_CHECKING:
     from hpctrain.resilience.watchdog import Heartbeat
 
@@ -59,7 +61,7 @@ def _train(run_dir: Path) -> None:
 
     from omegaconf import OmegaConf
 
-    from hpctrain.config.io import RUN_CONFIG, load_run_config
+    from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
@@ -74,16 +76,16 @@ def _train(run_dir: Path) -> None:
     error_file(run_dir, env.rank).unlink(missing_ok=True)  # left by an earlier start of a requeued job
     console = open_console() if env.is_main else None
     _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
-    cfg = load_run_config(run_dir / RUN_CONFIG)
+    cfg = load_run_config(RunDir(run_dir).config)
     signals.listen(cfg.cluster.signal)
     device = init_distributed(env, cfg.cluster.dist_timeout_s)
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
-    record_topology(env, run_dir / "ranks.json")
+    record_topology(env, RunDir(run_dir))
     job_id = requeue.slurm_job_id()
     end_time = walltime.job_end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:
-        plain = OmegaConf.to_container(OmegaConf.load(run_dir / RUN_CONFIG))
+        plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
 
     def on_hang(culprit: Heartbeat | None, why: str) -> None:
@@ -139,8 +141,8 @@ def _setup_logging(run_dir: Path, rank: int, console_handler: logging.Handler | 
     if "HPCTRAIN_LAUNCHER_PID" in os.environ:
         to_file: logging.Handler = logging.StreamHandler(sys.stderr)  # the local launcher redirects it there
     else:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        to_file = logging.FileHandler(run_dir / "logs" / f"rank{rank}.log")
+        RunDir(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        to_file = logging.FileHandler(RunDir(run_dir).log(rank))
     to_file.setFormatter(stamped)
     root.addHandler(to_file)
     if console_handler is None and rank == 0 and "HPCTRAIN_LAUNCHER_PID" not in os.environ:
@@ -159,7 +161,7 @@ def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
     try:
         write_error_record(run_dir, rank, type(err).__name__, message[0] if message else "", text)
     except OSError as io_err:
-        print(f"could not record the error in {run_dir / 'logs'}: {io_err}", file=sys.stderr)
+        print(f"could not record the error in {RunDir(run_dir).logs}: {io_err}", file=sys.stderr)
 
 
 def _finish(status: int) -> None:

@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hpctrain.checkpoint import layout
 from hpctrain.checkpoint.manager import BufferStager, CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState
+from hpctrain.rundir import checkpoints as layout
 
 WORLD_SIZE = 2
 

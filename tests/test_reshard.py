@@ -16,10 +16,10 @@ import pytest
 import torch
 from conftest import FAST, hpctrain, metrics
 
-from hpctrain.checkpoint import layout
 from hpctrain.checkpoint.manager import CheckpointManager, read_checkpoint
 from hpctrain.checkpoint.state import RNGState, TrainState
 from hpctrain.data import GlobalBatchSampler, shard_for_rank
+from hpctrain.rundir import checkpoints as layout
 
 GLOBAL_BATCH = 16  # divisible by 4, 2 and 1 data-parallel ranks: micro-batches of 4, 1 to 4 per rank
 MAX_STEPS = 12

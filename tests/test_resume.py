@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import FAST, hpctrain, metrics
 
-from hpctrain.checkpoint import layout
 from hpctrain.checkpoint.manager import read_checkpoint
+from hpctrain.rundir import checkpoints as layout
 
 # Dropout on: resume must also restore every rank's RNG streams to be exact.
 EXACT = [

@@ -41,8 +41,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
-from hpctrain.checkpoint import layout
 from hpctrain.faults import NO_FAULTS, FaultInjector
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.rundir.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,7 @@ class CheckpointManager:
         if final.exists():  # re-saving a step after a resume from an older checkpoint
             shutil.rmtree(final)
         tmp.rename(final)
-        layout.fsync_dir(self.root)
+        fsync_dir(self.root)
         self._prune()
 
     def _background_group(self) -> dist.ProcessGroup | None:

@@ -7,20 +7,16 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.schema import GROUP_SCHEMAS, MODEL_SCHEMAS, Config
+from hpctrain.rundir import RUN_CONFIG, RunDir
 
-RUN_CONFIG = "config.yaml"
+__all__ = ["RUN_CONFIG", "load_run_config", "write_run_config"]
 
 
 def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
     """Write ``cfg`` (resolved, without Hydra's own node) to ``run_dir/config.yaml``."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     keys = [k for k in cfg if k != "hydra"]
     text = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, keys), resolve=True)
-    path = run_dir / RUN_CONFIG
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    return RunDir(run_dir).write_config_text(text)
 
 
 def load_run_config(path: Path) -> Config:

@@ -9,7 +9,6 @@ import os
 import shlex
 from pathlib import Path
 
-from hpctrain.checkpoint import layout as checkpoint_layout
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
 from hpctrain.config.shape import (
@@ -23,6 +22,7 @@ from hpctrain.config.shape import (
     world_size,
 )
 from hpctrain.faults import check_faults
+from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.slurm.spec import (
     ENV_NAME,
     SAFE_CONSTRAINT,

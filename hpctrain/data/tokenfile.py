@@ -8,11 +8,12 @@ The header is ``{"format": "hpctrain-tokens", "version": 1, "dtype": "uint16", "
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from hpctrain.rundir.files import atomic_write
 
 FORMAT = "hpctrain-tokens"
 VERSION = 1
@@ -31,19 +32,6 @@ def dtype_for_vocab(vocab_size: int) -> str:
     if vocab_size <= 2**32:
         return "uint32"
     raise ValueError(f"vocab_size={vocab_size} does not fit in uint32 token ids")
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write through a temporary name in the same directory, then rename: readers never see a partial file."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_token_file(path: str | Path, tokens: np.ndarray, vocab_size: int) -> dict[str, Any]:
@@ -69,8 +57,8 @@ def write_token_file(path: str | Path, tokens: np.ndarray, vocab_size: int) -> d
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     # Data first, header last: a header on disk always describes a complete .bin (or the size check fails).
-    _atomic_write(path, lambda f: f.write(tokens.astype(DTYPES[dtype], copy=False).tobytes()))
-    _atomic_write(header_path(path), lambda f: f.write((json.dumps(header, indent=2) + "\n").encode()))
+    atomic_write(path, lambda f: f.write(tokens.astype(DTYPES[dtype], copy=False).tobytes()))
+    atomic_write(header_path(path), lambda f: f.write((json.dumps(header, indent=2) + "\n").encode()))
     return header
 
 

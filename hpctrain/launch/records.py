@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-JOB_RECORD = "job.json"
-SWEEP_RECORD = "sweep.json"
-METRICS_FILE = "metrics.jsonl"  # written by rank 0 (hpctrain.observe.loggers), read by status and summary
+from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
+from hpctrain.rundir.files import atomic_json
+
+__all__ = ["JOB_RECORD", "METRICS_FILE", "SWEEP_RECORD"]  # still imported from here by the CLI
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
 PEER_ERROR_MARKERS = (
     "Connection reset by peer",
@@ -60,9 +61,7 @@ class SweepRecord:
 
 
 def write_json(path: Path, record: object) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=1))  # type: ignore[call-overload]
-    tmp.replace(path)
+    atomic_json(path, asdict(record))  # type: ignore[call-overload]
 
 
 def read_job(run_dir: Path) -> JobRecord | None:
@@ -80,7 +79,7 @@ def read_sweep(sweep_dir: Path) -> SweepRecord | None:
 
 
 def error_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / "logs" / f"rank{rank}.error.json"
+    return RunDir(run_dir).error_file(rank)
 
 
 def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace: str = "") -> None:
@@ -95,9 +94,7 @@ def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace:
     }
     path = error_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    atomic_json(path, record)
 
 
 def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
@@ -130,7 +127,7 @@ def first_error(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
     """The error of the lowest rank that failed on its own, else of the lowest rank that failed at all."""
     ranks = sorted(
         int(m.group(1))
-        for path in (run_dir / "logs").glob("rank*.error.json")
+        for path in RunDir(run_dir).error_files()
         if (m := re.fullmatch(r"rank(\d+)\.error\.json", path.name))
     )
     found = [(rank, record) for rank in ranks if (record := read_error_record(run_dir, rank)) is not None]

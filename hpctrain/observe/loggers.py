@@ -6,51 +6,21 @@ before a crash, and about to be produced again) are dropped first, so every step
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import string
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from hpctrain.config.schema import LoggerConfig
-from hpctrain.launch.records import METRICS_FILE
+from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
-
-
-class MetricsFile:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._out: IO[str] | None = None
-
-    def drop_after(self, step: int) -> None:
-        if not self.path.exists():
-            return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(self.path)
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._out is None:
-            self._out = open(self.path, "a")  # noqa: SIM115 - held open across steps, closed by close()
-        self._out.write(json.dumps(record) + "\n")
-        self._out.flush()
-
-    def close(self) -> None:
-        if self._out is not None:
-            self._out.close()
-            self._out = None
 
 
 class ConsoleLogHandler(logging.Handler):
@@ -80,14 +50,14 @@ class Observer:
         self.run_dir = run_dir
         self.console = console
         self.run_config = run_config
-        self.metrics = MetricsFile(run_dir / METRICS_FILE)
+        self.metrics = RunDir(run_dir).metrics_writer()
         self._progress: Progress | None = None
         self._task: Any = None
         self._wandb: Any = None
 
     def start(self, start_step: int, total_steps: int, wandb_run_id: str | None) -> str | None:
         """Begin at ``start_step``; return the W&B run id to store in checkpoints (None without W&B)."""
-        self.metrics.drop_after(start_step)
+        self.metrics.keep_only(lambda r: r.get("step", 0) <= start_step)
         if self.console is not None and self.cfg.progress_bar and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]train"),

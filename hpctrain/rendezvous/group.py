@@ -9,15 +9,14 @@ timeout, so that a peer that never arrives (or dies) fails the run instead of ha
 
 from __future__ import annotations
 
-import json
 import os
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from hpctrain.rendezvous.env import DistEnv
+from hpctrain.rundir import RunDir
 
 
 def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
@@ -52,13 +51,11 @@ def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
     return device
 
 
-def record_topology(env: DistEnv, path: Path) -> list[dict[str, object]]:
-    """Gather every rank's host and pid; rank 0 writes them to ``path`` (ranks.json) for people and tools."""
+def record_topology(env: DistEnv, run_dir: RunDir) -> list[dict[str, object]]:
+    """Gather every rank's host and pid; rank 0 writes them to ranks.json for people and tools."""
     me = {"rank": env.rank, "local_rank": env.local_rank, "host": env.hostname, "pid": os.getpid()}
     everyone: list[dict[str, object]] = [{} for _ in range(env.world_size)]
     dist.all_gather_object(everyone, me)
     if env.is_main:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(everyone, indent=1))
-        tmp.replace(path)
+        run_dir.write_ranks(everyone)
     return everyone

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.launch.records import write_error_record
+from hpctrain.rundir import RunDir
+from hpctrain.rundir.files import atomic_json
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,9 @@ class Heartbeat:
     written: float
 
 
-def heartbeat_dir(run_dir: Path) -> Path:
-    return run_dir / "heartbeats"
-
-
 def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
     beats = []
-    for path in sorted(heartbeat_dir(run_dir).glob("rank*.json")):
+    for path in RunDir(run_dir).heartbeat_files():
         try:
             beats.append(Heartbeat(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):
@@ -101,7 +99,7 @@ class Watchdog:
         self.since = time.time()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
-        heartbeat_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        RunDir(run_dir).heartbeats.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="hpctrain-watchdog", daemon=True)
         self._thread.start()
 
@@ -134,11 +132,9 @@ class Watchdog:
 
     def _write_heartbeat(self) -> None:
         beat = Heartbeat(self.rank, self.host, os.getpid(), self.step, self.phase, self.since, time.time())
-        path = heartbeat_dir(self.run_dir) / f"rank{self.rank}.json"
-        tmp = path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(asdict(beat)))
-            tmp.replace(path)
+            # Not fsynced: rewritten every second, and only live processes read it.
+            atomic_json(RunDir(self.run_dir).heartbeat(self.rank), asdict(beat), durable=False, indent=None)
         except OSError as err:
             log.warning("heartbeat not written: %s", err)
 

@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
-from hpctrain.config.io import RUN_CONFIG
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.shape import RunShape
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
@@ -40,6 +39,7 @@ from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
+from hpctrain.rundir import RunDir
 from hpctrain.train.metrics import Throughput
 from hpctrain.train.optim import build_optimizer, build_scheduler
 
@@ -110,7 +110,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         resumable[f"compression_rank{env.rank}"] = par.compression
     faults = FaultInjector(cfg.faults, env.rank)
     checkpoints = CheckpointManager(
-        run_dir / "checkpoints", t.keep_last, env.rank, run_dir / RUN_CONFIG, faults=faults
+        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults
     )
     checkpoints.resume(resumable, t.resume)
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
@@ -327,7 +327,7 @@ def _start_profiler(run_dir: Path, rank: int, device: torch.device) -> torch.pro
     profiler = torch.profiler.profile(
         activities=activities,
         record_shapes=True,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir / "profile"), f"rank{rank}"),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(RunDir(run_dir).profile), f"rank{rank}"),
     )
     profiler.start()
     return profiler

@@ -11,8 +11,9 @@ truncated shard, a lost file) is damaged and skipped.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from hpctrain.rundir.files import atomic_json
 
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
@@ -45,11 +46,7 @@ def write_manifest(directory: Path, step: int) -> None:
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    path = directory / MANIFEST
-    with open(path, "w") as out:
-        json.dump({"step": step, "files": files}, out, indent=1)
-        out.flush()
-        os.fsync(out.fileno())
+    atomic_json(directory / MANIFEST, {"step": step, "files": files})
 
 
 def problem_with(directory: Path) -> str | None:
@@ -68,11 +65,3 @@ def problem_with(directory: Path) -> str | None:
         if actual != size:
             return f"{name} has {actual} bytes, the manifest says {size}"
     return None
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
