@@ -150,7 +150,7 @@ def test_flops_per_token_hand_computed() -> None:
 
 def test_flops_and_catalog_do_not_import_torch() -> None:
     code = (
-        "import sys, hpctrain.models.flops, hpctrain.data.catalog, hpctrain.data.sampler; "
+        "import sys, hpctrain.models.flops, hpctrain.config.catalog, hpctrain.data.sampler; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.launch.local import free_port
-from hpctrain.rendezvous.env import DistEnv
+from hpctrain.rendezvous.env import DistEnv, task_from_environ
 from hpctrain.rendezvous.group import init_distributed
-from hpctrain.slurm.spec import expand_nodelist, parse_time_limit, rendezvous_port, task_from_environ
+from hpctrain.slurm.spec import expand_nodelist, parse_time_limit, rendezvous_port
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ def _check_model(model: GPTConfig | ViTConfig) -> None:
 
 def check_data(data: DataConfig, model: GPTConfig | ViTConfig) -> None:
     """Can ``data`` feed ``model``? Also called by the dataset builder in each worker."""
-    from hpctrain.data.catalog import DATASET_KINDS, MODEL_INPUT_KIND, fixed_image_shape, fixed_vocab
+    from hpctrain.config.catalog import DATASET_KINDS, MODEL_INPUT_KIND, fixed_image_shape, fixed_vocab
 
     _one_of("data", data.name, tuple(DATASET_KINDS))
     gives, needs = DATASET_KINDS[data.name], MODEL_INPUT_KIND[model.arch]
@@ -139,7 +139,7 @@ def check_data(data: DataConfig, model: GPTConfig | ViTConfig) -> None:
 
 
 def _token_file_vocab(path: str | None) -> int:
-    from hpctrain.data.catalog import read_token_header
+    from hpctrain.config.catalog import read_token_header
 
     if path is None or path == "???":
         raise ConfigError(

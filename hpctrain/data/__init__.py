@@ -1,7 +1,7 @@
 """Datasets, the global batch sampler and token files.
 
-Exports are loaded lazily (PEP 562) so that importing ``hpctrain.data.catalog`` on the submit path does not
-pull in torch through ``datasets``.
+Exports are loaded lazily (PEP 562) so that importing a torch-free part (``hpctrain.data.sampler``,
+``hpctrain.data.tokenfile``) on the submit path does not pull in torch through ``datasets``.
 """
 
 from __future__ import annotations

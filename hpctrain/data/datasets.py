@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hpctrain.config import catalog
 from hpctrain.config.validate import check_data
-from hpctrain.data import catalog
 from hpctrain.data.tokenfile import read_token_file
 
 # Streams of np.random.default_rng((seed, STREAM, ...)): distinct so that tables and samples never share

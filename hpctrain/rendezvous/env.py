@@ -2,7 +2,7 @@
 
 The local launcher and torchrun export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; a task started by srun (submitit, or an sbatch template) has SLURM_PROCID & co instead
-(:func:`hpctrain.slurm.spec.task_from_environ`).
+(:func:`task_from_environ`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+
+from hpctrain.slurm.spec import expand_nodelist, rendezvous_port
 
 
 @dataclass(frozen=True)
@@ -24,8 +26,6 @@ class DistEnv:
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
-        from hpctrain.slurm.spec import task_from_environ
-
         env = dict(os.environ if environ is None else environ)
         if "RANK" not in env:
             task = task_from_environ(env)
@@ -50,3 +50,33 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+def task_from_environ(env: dict[str, str]) -> DistEnv | None:
+    """This task's place in the job from the variables srun sets (None outside an srun step).
+
+    The rendezvous host is the job's first node; the port comes from the job id, so every task agrees
+    without talking. Array tasks each have their own SLURM_JOB_ID, hence their own port.
+    """
+    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return None
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    return DistEnv(
+        rank=int(env["SLURM_PROCID"]),
+        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        world_size=int(env["SLURM_NTASKS"]),
+        local_world_size=_tasks_on_this_node(env),
+        master_addr=nodes[0],
+        master_port=rendezvous_port(env["SLURM_JOB_ID"]),
+        hostname=socket.gethostname(),
+    )
+
+
+def _tasks_on_this_node(env: dict[str, str]) -> int:
+    # SLURM_TASKS_PER_NODE looks like "2(x3),1": counts per node, run-length encoded.
+    counts: list[int] = []
+    for item in env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1")).split(","):
+        count, _, repeat = item.partition("(x")
+        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+    node = int(env.get("SLURM_NODEID", "0"))
+    return counts[node] if node < len(counts) else counts[-1]

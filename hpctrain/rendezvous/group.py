@@ -2,7 +2,7 @@
 
 The local launcher and torchrun export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; a task started by srun (submitit, or an sbatch template) has SLURM_PROCID & co instead, from
-which :func:`hpctrain.slurm.spec.task_from_environ` derives the same (first node, port from the job id).
+which :func:`hpctrain.rendezvous.env.task_from_environ` derives the same (first node, port from the job id).
 The process group uses NCCL with one GPU per local rank when CUDA is present, gloo otherwise, and a
 timeout, so that a peer that never arrives (or dies) fails the run instead of hanging it.
 """

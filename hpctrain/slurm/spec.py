@@ -3,16 +3,13 @@
 - time limits in every format sbatch accepts, to minutes;
 - which strings may reach an ``#SBATCH`` line or a shell unquoted;
 - node lists (``node[1-3,7],gpu-a01``) expanded to host names;
-- a task's rank, local rank, world size and rendezvous address from the variables srun sets.
+- the rendezvous port every task of a job derives alike.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import socket
-
-from hpctrain.rendezvous.env import DistEnv
 
 # Partition, account, qos, constraint, exclude, job name: what Slurm itself accepts in practice, and no
 # character a shell would act on (no space, quote, $, `, ;, &, |, <, >, parentheses, backslash, newline).
@@ -90,33 +87,3 @@ def rendezvous_port(job_id: str) -> int:
     """A port every task of a job derives alike, spread over 20000–39999 so jobs sharing a node differ."""
     digits = "".join(c for c in job_id if c.isdigit()) or "0"
     return 20000 + int(digits) % 20000
-
-
-def task_from_environ(env: dict[str, str]) -> DistEnv | None:
-    """This task's place in the job from the variables srun sets (None outside an srun step).
-
-    The rendezvous host is the job's first node; the port comes from the job id, so every task agrees
-    without talking. Array tasks each have their own SLURM_JOB_ID, hence their own port.
-    """
-    if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
-        return None
-    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
-    return DistEnv(
-        rank=int(env["SLURM_PROCID"]),
-        local_rank=int(env.get("SLURM_LOCALID", "0")),
-        world_size=int(env["SLURM_NTASKS"]),
-        local_world_size=_tasks_on_this_node(env),
-        master_addr=nodes[0],
-        master_port=rendezvous_port(env["SLURM_JOB_ID"]),
-        hostname=socket.gethostname(),
-    )
-
-
-def _tasks_on_this_node(env: dict[str, str]) -> int:
-    # SLURM_TASKS_PER_NODE looks like "2(x3),1": counts per node, run-length encoded.
-    counts: list[int] = []
-    for item in env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_TASKS_PER_NODE", "1")).split(","):
-        count, _, repeat = item.partition("(x")
-        counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
-    node = int(env.get("SLURM_NODEID", "0"))
-    return counts[node] if node < len(counts) else counts[-1]
