@@ -1,0 +1,196 @@
+"""Time per step: compute at the achievable MFU, each strategy's communication, the pipeline bubble.
+Torch-free; the method and its sources are in :mod:`hpctrain.plan.estimate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.shape import (
+    global_batch_size,
+    world_size,
+)
+from hpctrain.models.flops import flops_per_token
+from hpctrain.plan.layout import (
+    BACKWARD_SHARE,
+    COMM_EFFICIENCY,
+    FP32,
+    HALF,
+    LOOPED_SCHEDULES,
+    SELECTIVE_RECOMPUTE,
+    Layout,
+)
+from hpctrain.plan.memory import RankMemory, dtypes, unsharded_numel
+
+
+# ------------------------------------------------------------------------------------------------ time
+@dataclass(frozen=True)
+class Comm:
+    """One kind of communication of a step, per rank."""
+
+    name: str
+    bytes: float  # sent per rank per step
+    seconds: float | None  # at the group's bandwidth (None: bandwidth unknown)
+    exposed_s: float | None  # what is not hidden behind compute
+    link: str  # NVLink | InfiniBand | "" (unknown)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    flops_per_step: float  # model FLOPs of one optimizer step, all ranks (6N + 12·L·H·Q·T per token)
+    executed_flops: float  # with the recomputation of full activation checkpointing
+    compute_s: float  # per rank at the achievable MFU
+    bubble: float  # fraction of the step a pipeline rank idles
+    comms: tuple[Comm, ...]
+    step_s: float
+    samples_per_s: float
+    tokens_per_s: float
+    mfu: float  # model FLOPs / (step time × ranks × peak)
+    gpu_hours: float  # for trainer.max_steps
+    cost: float | None  # gpu_hours × cluster.cost_per_gpu_hour
+
+
+def ranks_per_node(cfg: Config) -> int:
+    c = cfg.cluster
+    return c.nproc if c.kind == "local" else c.tasks_per_node
+
+
+def group_bandwidth(cfg: Config, size: int, stride: int) -> tuple[float | None, str]:
+    """Bus bandwidth (bytes/s) of one group of the mesh, whose ranks are ``stride`` apart.
+
+    Ranks fill nodes in order (the mesh is pp × dp_replicate × dp_shard × tp, tp innermost). A group inside a
+    node uses NVLink. One that spans nodes is bound by the nodes' network links, which every group of that
+    mesh dimension on a node shares at once: a group with k ranks per node gets k / ranks-per-node of it
+    (a ring over whole nodes gets all of it, as in nccl-tests).
+    """
+    c = cfg.cluster
+    per_node = ranks_per_node(cfg)
+    members = 1 if stride >= per_node else min(size, per_node // stride)
+    if size <= members:
+        if c.intra_node_gbps is None:
+            return None, "NVLink"
+        return c.intra_node_gbps * 1e9 / 8 * COMM_EFFICIENCY, "NVLink"
+    if c.inter_node_gbps is None:
+        return None, "InfiniBand"
+    return c.inter_node_gbps * 1e9 / 8 * COMM_EFFICIENCY * members / per_node, "InfiniBand"
+
+
+def _comm(cfg: Config, name: str, volume: float, size: int, stride: int, hidden_behind: float) -> Comm:
+    bandwidth, link = group_bandwidth(cfg, size, stride)
+    if bandwidth is None:
+        return Comm(name, volume, None, None, link)
+    seconds = volume / bandwidth
+    return Comm(name, volume, seconds, max(0.0, seconds - hidden_behind), link)
+
+
+def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -> list[Comm]:
+    """What one rank sends per step, by strategy (ring collectives: all-reduce 2(n−1)/n × size, all-gather
+    and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles)."""
+    p, model, d = cfg.parallel, cfg.model, lay.degrees
+    dt = dtypes(lay.regime)
+    comms: list[Comm] = []
+    whole = unsharded_numel(cfg, lay, mem.pp_rank)
+    forward_passes = lay.passes * lay.microbatches
+    tp_stride, shard_stride = 1, d.tp
+    replicate_stride, pp_stride = d.tp * d.dp_shard, d.tp * d.dp
+    if d.dp_replicate > 1 and not lay.sharded:
+        n = d.dp_replicate
+        grad_bytes = whole * FP32
+        # fp16/bf16 hooks halve the bytes. Top-k all-gathers k fp32 values and int64 indices per rank:
+        # (n − 1)·12·ratio bytes per element against the all-reduce's 2(n − 1)/n·4. PowerSGD all-reduces
+        # P (a × r) and Q (b × r) for each a × b matrix: r(a + b)/(ab), about 2r/d for square blocks.
+        factor = {"fp16": 0.5, "bf16": 0.5, "topk": 1.5 * p.topk_ratio * n}.get(p.compression, 1.0)
+        if p.compression == "powersgd":
+            factor = 2 * p.powersgd_rank / model.d_model
+        volume = 2 * (n - 1) / n * grad_bytes * factor
+        # DDP all-reduces each bucket as soon as its gradients are ready: it overlaps the backward.
+        comms.append(_comm(cfg, "DDP all-reduce", volume, n, replicate_stride, BACKWARD_SHARE * compute_s))
+    if lay.sharded:
+        n = d.dp_shard
+        param_bytes = HALF if lay.regime == "fsdp_mixed" else FP32
+        if d.pp > 1:
+            # Under the pipeline a block stays gathered after its backward (see rank_memory): gathered once
+            # for the first forward, then again for each backward under ZeRO-3; reduced once per pass.
+            gathers = lay.passes * (1 + lay.microbatches if p.reshard_after_forward else 1)
+        else:
+            gathers = (2 if p.reshard_after_forward else 1) * forward_passes
+        reduces = lay.passes
+        gather = gathers * (n - 1) / n * whole * param_bytes
+        reduce = reduces * (n - 1) / n * whole * FP32
+        # FSDP2 prefetches the next block's all-gather during this block's compute, and reduce-scatters
+        # during the backward: all of it can hide behind compute.
+        fsdp = _comm(cfg, "FSDP all-gather + reduce-scatter", gather + reduce, n, shard_stride, compute_s)
+        comms.append(fsdp)
+        if d.dp_replicate > 1:
+            # HSDP then all-reduces each shard over the replicas, in the backward too: it hides in what
+            # compute the FSDP traffic left over.
+            r = d.dp_replicate
+            volume = lay.passes * 2 * (r - 1) / r * whole / n * FP32
+            window = max(0.0, compute_s - (fsdp.seconds or 0.0))
+            comms.append(_comm(cfg, "HSDP all-reduce", volume, r, replicate_stride, window))
+    if d.tp > 1:
+        n, width = lay.n_tokens, model.d_model
+        # Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the
+        # same bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's.
+        per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
+        all_reduces = mem.blocks * per_block
+        volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
+        if isinstance(model, GPTConfig):
+            # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
+            volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
+            volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
+        comms.append(_comm(cfg, "TP collectives", volume * forward_passes, d.tp, tp_stride, 0.0))
+    if d.pp > 1:
+        stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
+        boundaries = sum(1 for s in mem.stages if s != lay.n_stages - 1) + sum(
+            1 for s in mem.stages if s != 0
+        )
+        volume = forward_passes * boundaries * stream  # activations forward, their gradients backward
+        comms.append(_comm(cfg, "PP send/receive", volume, d.pp, pp_stride, 0.0))
+    return comms
+
+
+def pipeline_bubble(schedule: str, pp: int, microbatches: int, per_rank: int) -> float:
+    """Fraction of a pipelined step spent idle: (pp − 1)/(m + pp − 1) for GPipe and 1F1B; the looped
+    schedules divide the bubble by their stages per rank (Narayanan et al. 2021, section 2.2.2)."""
+    if pp <= 1:
+        return 0.0
+    bubble = (pp - 1) / (per_rank if schedule in LOOPED_SCHEDULES else 1)
+    return bubble / (microbatches + bubble)
+
+
+def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
+    """None when the cluster's peak FLOP/s is unknown (CPU profiles)."""
+    c = cfg.cluster
+    if not c.peak_flops:
+        return None
+    samples = global_batch_size(cfg)
+    tokens = samples * lay.tokens
+    model_flops = flops_per_token(cfg.model) * tokens
+    # Full checkpointing runs each block's forward again in the backward: one third more (the forward is 2
+    # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
+    executed = model_flops * (4 / 3 if lay.ac == "full" else 1.0)
+    ranks = world_size(cfg)
+    compute_s = executed / ranks / (c.peak_flops * c.achievable_mfu)
+    if lay.ac == "selective":
+        compute_s *= 1 + SELECTIVE_RECOMPUTE
+    comms = communication(cfg, lay, mem, compute_s)
+    blocking = sum(x.exposed_s or 0.0 for x in comms if x.name.startswith(("TP", "PP")))
+    hidden = sum(x.exposed_s or 0.0 for x in comms if not x.name.startswith(("TP", "PP")))
+    bubble = pipeline_bubble(cfg.parallel.schedule, lay.degrees.pp, lay.microbatches, lay.per_rank)
+    step_s = (compute_s + blocking) / (1 - bubble) + hidden
+    gpu_hours = step_s * cfg.trainer.max_steps * ranks / 3600
+    return StepTime(
+        flops_per_step=model_flops,
+        executed_flops=executed,
+        compute_s=compute_s,
+        bubble=bubble,
+        comms=tuple(comms),
+        step_s=step_s,
+        samples_per_s=samples / step_s,
+        tokens_per_s=tokens / step_s,
+        mfu=model_flops / (step_s * ranks * c.peak_flops),
+        gpu_hours=gpu_hours,
+        cost=gpu_hours * c.cost_per_gpu_hour if c.cost_per_gpu_hour is not None else None,
+    )
