@@ -11,6 +11,10 @@
 The hooks with memory (powersgd, topk) keep it in a :class:`CompressionState`, which the trainer checkpoints
 per rank. The module is on purpose without ``from __future__ import annotations``: DDP checks a hook's
 annotations by identity (``torch.futures.Future[torch.Tensor]``), and string annotations fail that check.
+
+Over 400 lines: the hooks (16-bit, PowerSGD, top-k), their resumable states and the bucket-layout helpers
+they share (parameter names per bucket, remapping a state to a new layout, the gloo and bucket-size checks)
+are one unit that ``register_compression`` installs together; split, each part would import the others.
 """
 
 import math
