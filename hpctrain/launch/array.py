@@ -11,7 +11,6 @@ waits for its batch and returns each member's final validation loss (or loss) as
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from hpctrain.config.io import write_run_config
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
 from hpctrain.launch.records import SWEEP_RECORD, SweepRecord, read_sweep, write_json
+from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +132,7 @@ def wait_for_objectives(job_ids: list[str], run_dirs: list[Path]) -> dict[str, f
 
 
 def _final_objective(run_dir: Path) -> float | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = RunDir(run_dir).read_metrics()  # a torn last line (a crash mid-write) is skipped
     if not records:
         return None
     last = records[-1]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hpctrain.config.schema import Config
 from hpctrain.launch.records import is_peer_symptom, read_error_file
+from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -215,11 +216,12 @@ def _console_fd() -> int | None:
 
 def _print_outputs(run_dir: Path) -> None:
     log.info("Outputs in %s", run_dir)
-    for name, what in (
-        ("config.yaml", "config"),
-        ("metrics.jsonl", "metrics"),
-        ("checkpoints", "checkpoints"),
-        ("logs", "logs"),
+    rd = RunDir(run_dir)
+    for path, what in (
+        (rd.config, "config"),
+        (rd.metrics, "metrics"),
+        (rd.checkpoints, "checkpoints"),
+        (rd.logs, "logs"),
     ):
-        if (run_dir / name).exists():
-            log.info("  %-12s %s", what, run_dir / name)
+        if path.exists():
+            log.info("  %-12s %s", what, path)
