@@ -207,7 +207,7 @@ def main() -> None:
         if submitted.returncode != 0:
             sys.exit(f"submission failed:\n{submitted.stderr}")
         sys.path.insert(0, str(REPO))
-        from hpctrain.launch.records import read_job
+        from hpctrain.rundir.records import read_job
 
         record = read_job(run)
         assert record is not None

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from hpctrain.config.io import RUN_CONFIG
-from hpctrain.launch.records import (
+from hpctrain.rundir.records import (
     JOB_RECORD,
     METRICS_FILE,
     SWEEP_RECORD,

@@ -63,13 +63,13 @@ def _train(run_dir: Path) -> None:
 
     from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
-    from hpctrain.launch.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.rendezvous.env import DistEnv
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue, walltime
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, read_heartbeats
+    from hpctrain.rundir.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
@@ -153,7 +153,7 @@ def _setup_logging(run_dir: Path, rank: int, console_handler: logging.Handler | 
 
 
 def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
-    from hpctrain.launch.records import write_error_record
+    from hpctrain.rundir.records import write_error_record
 
     text = "".join(traceback.format_exception(err))
     print(text, file=sys.stderr, flush=True)

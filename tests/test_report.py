@@ -17,8 +17,8 @@ import pytest
 from conftest import FAST, REPO, hpctrain, metrics
 from matplotlib.image import imread
 
-from hpctrain.launch.records import write_error_record
 from hpctrain.observe.report import Picture, Series, main, report_sweep, run_pictures
+from hpctrain.rundir.records import write_error_record
 
 SHORT = [*FAST, "trainer.max_steps=12", "trainer.log_every=3", "trainer.eval_every=6"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -24,8 +24,8 @@ from hpctrain.config.errors import ConfigError
 from hpctrain.config.io import write_run_config
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
-from hpctrain.launch.records import SWEEP_RECORD, SweepRecord, read_sweep, write_json
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.records import SWEEP_RECORD, SweepRecord, read_sweep, write_json
 
 log = logging.getLogger(__name__)
 

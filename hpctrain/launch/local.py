@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config.schema import Config
-from hpctrain.launch.records import is_peer_symptom, read_error_file
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.records import is_peer_symptom, read_error_file
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
-from hpctrain.launch.records import JOB_RECORD, JobRecord, write_json
 from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.rundir.records import JOB_RECORD, JobRecord, write_json
 from hpctrain.slurm.commands import check_client, run
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any
 
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
-from hpctrain.launch.records import JOB_RECORD, JobRecord, SweepMember, SweepRecord, write_json
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.rundir.records import JOB_RECORD, JobRecord, SweepMember, SweepRecord, write_json
 from hpctrain.slurm.commands import check_client
 from hpctrain.slurm.spec import parse_time_limit
 

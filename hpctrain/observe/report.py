@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpctrain.config.io import RUN_CONFIG, load_run_config
 from hpctrain.jobs import max_steps, read_records, split_overrides, table
-from hpctrain.launch.records import (
+from hpctrain.rundir.records import (
     JOB_RECORD,
     METRICS_FILE,
     SWEEP_RECORD,

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpctrain.launch.records import write_error_record
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.files import atomic_json
+from hpctrain.rundir.records import write_error_record
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from conftest import hpctrain, metrics
 
-from hpctrain.launch.records import read_job
 from hpctrain.rundir import checkpoints as layout
+from hpctrain.rundir.records import read_job
 
 from .test_preemption import last_step, resumes, submit, wait_until
 from .test_submit import wait_final

@@ -14,7 +14,7 @@ from conftest import FAST, REPO, hpctrain, metrics
 from test_resume import model_and_optimizer
 from wandb_history import history
 
-from hpctrain.launch.records import read_job
+from hpctrain.rundir.records import read_job
 
 from .test_submit import wait_final
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from conftest import REPO, hpctrain, metrics
 from test_report import check_png
 
-from hpctrain.launch.records import read_sweep
 from hpctrain.observe.report import report_sweep
+from hpctrain.rundir.records import read_sweep
 
 from .test_submit import wait_final
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.launch.records import read_job, read_sweep
+from hpctrain.rundir.records import read_job, read_sweep
 from hpctrain.slurm.commands import JobState, job_states
 
 SMALL = [

@@ -20,7 +20,7 @@ from typing import Any
 from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
 from hpctrain.rundir.files import atomic_json
 
-__all__ = ["JOB_RECORD", "METRICS_FILE", "SWEEP_RECORD"]  # still imported from here by the CLI
+__all__ = ["JOB_RECORD", "METRICS_FILE", "SWEEP_RECORD"]  # the record names, for those that read records
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
 PEER_ERROR_MARKERS = (
     "Connection reset by peer",
