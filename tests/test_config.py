@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import hpctrain
 
-from hpctrain.cli import precheck, sweep_members
+from hpctrain.cli.train import precheck, sweep_members
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.config.schema import GPTConfig, ViTConfig

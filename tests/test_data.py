@@ -9,17 +9,21 @@ import numpy as np
 import pytest
 import torch
 
+from hpctrain.cli.prepare import run as run_prepare
 from hpctrain.config.catalog import fixed_image_shape, fixed_vocab
 from hpctrain.config.schema import DataConfig, GPTConfig, ViTConfig
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.data.datasets import Digits, SyntheticImages, SyntheticTokens, TokenWindows, stdlib_text
-from hpctrain.data.prepare import main as prepare_main
 from hpctrain.data.tokenfile import read_header, read_token_file, write_token_file
 
 GPT = GPTConfig(seq_len=16, vocab_size=64)
 VIT = ViTConfig()
 
 # ---------------------------------------------------------------- datasets
+
+
+def prepare_main(argv: list[str]) -> int:
+    return run_prepare("prepare", argv)
 
 
 def test_synthetic_tokens_shapes_determinism_and_shift() -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, hpctrain
 
-from hpctrain.cli import precheck
+from hpctrain.cli.plan import check_fits
+from hpctrain.cli.train import precheck
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
@@ -19,7 +20,6 @@ from hpctrain.config.shape import Degrees, degrees, world_size
 from hpctrain.config.validate import validate
 from hpctrain.models.flops import flops_per_token, param_count
 from hpctrain.plan import estimate as plan
-from hpctrain.plan.cli import check_fits
 from hpctrain.plan.search import alternatives
 
 GIB = 2**30

@@ -17,11 +17,17 @@ import pytest
 from conftest import FAST, REPO, hpctrain, metrics
 from matplotlib.image import imread
 
-from hpctrain.observe.report import Picture, Series, main, report_sweep, run_pictures
+from hpctrain.cli import main as hpctrain_main
+from hpctrain.observe.report import Picture, Series, report_sweep, run_pictures
 from hpctrain.rundir.records import write_error_record
 
 SHORT = [*FAST, "trainer.max_steps=12", "trainer.log_every=3", "trainer.eval_every=6"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def main(argv: list[str]) -> int:
+    """``hpctrain report ARGV``, in this process."""
+    return hpctrain_main(["report", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -206,9 +212,9 @@ def test_bad_targets(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_report_imports_neither_torch_nor_matplotlib_until_it_draws(run: Path, tmp_path: Path) -> None:
     code = (
-        "import sys; from hpctrain.observe.report import main; "
+        "import sys; from hpctrain.cli import main; "
         "assert 'matplotlib' not in sys.modules, 'matplotlib imported with the module'; "
-        "rc = main(sys.argv[1:]); "
+        "rc = main(['report', *sys.argv[1:]]); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     result = subprocess.run(

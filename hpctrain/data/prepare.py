@@ -1,4 +1,4 @@
-"""``hpctrain prepare INPUT... --out PATH.bin [--from-npy] [--vocab-size V]``: write a token file.
+"""Token files from text or .npy arrays (what ``hpctrain prepare`` runs): write a token file.
 
 Text mode tokenizes bytes (vocab 256) of the given files and directories (recursively, in sorted path
 order, skipping hidden entries); ``--from-npy`` concatenates pre-tokenized 1-D integer ``.npy`` arrays.
@@ -8,33 +8,14 @@ under a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from hpctrain.data.tokenfile import header_path, write_token_file
+from hpctrain.data.tokenfile import write_token_file
 
 BYTE_VOCAB = 256
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="hpctrain prepare",
-        description="Tokenize text files (byte-level, vocab 256) or convert .npy token arrays into an "
-        "hpctrain token file (PATH.bin + PATH.json) for data=tokens data.path=PATH.bin.",
-    )
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files or directories (or .npy files)")
-    p.add_argument("--out", required=True, metavar="PATH.bin", help="output token file; must end in .bin")
-    p.add_argument("--from-npy", action="store_true", help="inputs are 1-D integer .npy token arrays")
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="vocabulary size (default: 256 for text, max id + 1 for npy)",
-    )
-    return p
 
 
 def _text_files(inputs: list[Path]) -> list[Path]:
@@ -73,43 +54,24 @@ def _load_npy(inputs: list[Path]) -> np.ndarray:
     return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
 
 
-def main(argv: list[str]) -> int:
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed usage or help already
-        return int(e.code or 0)
-    out = Path(args.out)
-    inputs = [Path(p) for p in args.inputs]
-    try:
-        if out.suffix != ".bin":
-            raise ValueError(f"--out must end in .bin (its header goes next to it as .json), got {out}")
-        if args.from_npy:
-            tokens = _load_npy(inputs)
-            if tokens.size and int(tokens.min()) < 0:
-                raise ValueError(f"token ids must be non-negative; found {int(tokens.min())}")
-            max_id = int(tokens.max()) if tokens.size else -1
-            vocab = args.vocab_size if args.vocab_size is not None else max_id + 1
-        else:
-            files = _text_files(inputs)
-            tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
-            max_id = int(tokens.max()) if tokens.size else -1
-            vocab = args.vocab_size if args.vocab_size is not None else BYTE_VOCAB
-        if tokens.size < 2:
-            raise ValueError(f"inputs hold {tokens.size} token(s); a training window needs at least 2")
-        if vocab <= max_id:
-            raise ValueError(f"--vocab-size={vocab} is too small for the largest token id {max_id}")
-        header = write_token_file(out, tokens, vocab)
-    except (ValueError, OSError) as e:
-        print(f"hpctrain prepare: error: {e}", file=sys.stderr)
-        return 1
-    nbytes = out.stat().st_size
-    print(
-        f"wrote {header['num_tokens']} tokens (vocab {header['vocab_size']}, {header['dtype']}, "
-        f"{nbytes} bytes) to {out} (header {header_path(out)})"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def prepare_tokens(inputs: list[Path], out: Path, from_npy: bool, vocab_size: int | None) -> dict[str, Any]:
+    """Write the token file ``out`` (and its header) from text files or directories, or from .npy token
+    arrays; return its header. A bad input is a ValueError (or an OSError) with one line."""
+    if out.suffix != ".bin":
+        raise ValueError(f"--out must end in .bin (its header goes next to it as .json), got {out}")
+    if from_npy:
+        tokens = _load_npy(inputs)
+        if tokens.size and int(tokens.min()) < 0:
+            raise ValueError(f"token ids must be non-negative; found {int(tokens.min())}")
+        max_id = int(tokens.max()) if tokens.size else -1
+        vocab = vocab_size if vocab_size is not None else max_id + 1
+    else:
+        files = _text_files(inputs)
+        tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+        max_id = int(tokens.max()) if tokens.size else -1
+        vocab = vocab_size if vocab_size is not None else BYTE_VOCAB
+    if tokens.size < 2:
+        raise ValueError(f"inputs hold {tokens.size} token(s); a training window needs at least 2")
+    if vocab <= max_id:
+        raise ValueError(f"--vocab-size={vocab} is too small for the largest token id {max_id}")
+    return write_token_file(out, tokens, vocab)

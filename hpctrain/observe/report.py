@@ -25,39 +25,37 @@ never a display). The ``*_pictures`` functions return what they drew, read back 
 
 from __future__ import annotations
 
-import argparse
 import math
-import statistics
-import sys
 import textwrap
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING
 
-from hpctrain.config.io import RUN_CONFIG, load_run_config
-from hpctrain.jobs import max_steps, read_records, split_overrides, table
+from hpctrain.observe.results import (
+    Member,
+    Picture,
+    ReportError,
+    ScalingPoint,
+    Series,
+    SweepReport,
+    error_text,
+    last_value,
+    load_sweep,
+    scaling_points,
+    throughput_key,
+    values,
+    world_size,
+)
+from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import (
-    JOB_RECORD,
     METRICS_FILE,
-    SWEEP_RECORD,
-    SweepMember,
-    error_last_line,
     first_error,
-    read_job,
-    read_sweep,
 )
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
 REPORT_DIR = "report"
-MULTIRUN_RECORD = "multirun.yaml"  # Hydra's record of a local multirun; its members are subdirectories
-THROUGHPUT_KEYS = ("tokens_per_s", "samples_per_s")
 FIGURE_SIZE = (8.0, 4.5)  # inches; at DPI, 800 × 450 pixels a panel
 DPI = 100
 CHARS_PER_INCH = 15  # of small text: how many characters a line of a subtitle or legend may hold
@@ -67,241 +65,6 @@ TICK_WIDTH = 30  # ... beside a bar
 BAR_LINE_IN = 0.19  # inches a line of a bar's label takes
 MAX_LABEL_LINES = 4  # of a member's label, and of a subtitle
 LEGEND_LINE_IN = 0.17  # inches a line of small text takes in a legend
-
-
-class ReportError(Exception):
-    """Nothing to plot, or a file that cannot be read or written: one line on stderr, exit status 1."""
-
-
-class UsageError(Exception):
-    """Bad arguments, or a directory that is neither a run nor a sweep: one line on stderr, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
-
-
-# ---------------------------------------------------------------------------------------------- results
-
-
-@dataclass(frozen=True)
-class Series:
-    """One line or one set of bars as drawn, read back from the figure: values in the units of its axis
-    (MFU and efficiency in percent); ``x`` holds steps, ranks, or member labels for bars."""
-
-    panel: str  # the axes it is drawn in: "loss", "val_loss", "throughput", "mfu", "speedup", ...
-    label: str
-    x: tuple[float | str, ...]
-    y: tuple[float, ...]
-    color: str  # "#rrggbb"
-
-
-@dataclass
-class Picture:
-    path: Path
-    series: list[Series]
-
-    def get(self, label: str, panel: str | None = None) -> Series:
-        found = [s for s in self.series if s.label == label and (panel is None or s.panel == panel)]
-        if len(found) != 1:
-            raise KeyError(f"{self.path.name}: {len(found)} series labelled {label!r} in panel {panel!r}")
-        return found[0]
-
-
-@dataclass
-class Member:
-    """One run of a sweep, and whether it is plotted (``skipped`` says why not)."""
-
-    index: int
-    label: str  # its own overrides (those not every member shares)
-    run_dir: Path
-    records: list[dict[str, Any]]
-    world_size: int | None
-    state: str | None = None  # Slurm's word, when Slurm could be asked
-    skipped: str | None = None
-
-
-@dataclass
-class ScalingPoint:
-    """Throughput at one world size: the mean over the members of that size, relative to the smallest."""
-
-    ranks: int
-    throughput: float
-    speedup: float  # throughput / throughput at the smallest world size
-    ideal: float  # ranks / smallest world size
-    efficiency: float  # speedup / ideal: per-rank throughput against the smallest size's
-    members: list[int] = field(default_factory=list)
-
-
-@dataclass
-class SweepReport:
-    members: list[Member]
-    common: list[str]
-    scaling: list[ScalingPoint]
-    pictures: list[Picture]
-
-
-# ---------------------------------------------------------------------------------------------- reading
-
-
-def values(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of the records that hold ``key``."""
-    kept = [r for r in records if r.get(key) is not None]
-    return [float(r["step"]) for r in kept], [float(r[key]) for r in kept]
-
-
-def last_value(records: list[dict[str, Any]], key: str) -> float | None:
-    return next((float(r[key]) for r in reversed(records) if r.get(key) is not None), None)
-
-
-def throughput_key(records: list[dict[str, Any]]) -> str | None:
-    """tokens_per_s for language models, samples_per_s for the others (whichever the records hold)."""
-    return next((k for k in THROUGHPUT_KEYS if any(r.get(k) is not None for r in records)), None)
-
-
-def steady_throughput(records: list[dict[str, Any]], key: str) -> float | None:
-    """The median throughput over logged windows after the first: the first window holds the warm-up steps
-    (allocations, first collectives, compilation), many times slower than the rest on small models."""
-    _, ys = values(records, key)
-    ys = [y for y in ys if math.isfinite(y)]
-    if len(ys) > 2:
-        ys = ys[1:]
-    return statistics.median(ys) if ys else None
-
-
-def world_size(run_dir: Path) -> int | None:
-    """The number of ranks a run was configured with (config.yaml), else the size its job.json records."""
-    from hpctrain.config.shape import world_size as configured
-
-    try:
-        return configured(load_run_config(run_dir / RUN_CONFIG))
-    except Exception:  # missing, partly written or from another version: job.json may still say
-        pass
-    try:
-        job = read_job(run_dir)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return job.nodes * job.tasks_per_node if job is not None and job.nodes else None
-
-
-def _is_run_dir(path: Path) -> bool:
-    return any((path / name).is_file() for name in (RUN_CONFIG, METRICS_FILE, JOB_RECORD))
-
-
-def _local_members(sweep_dir: Path) -> list[SweepMember]:
-    """A local multirun's members: its subdirectories that hold a run, in Hydra's job order (numeric names
-    when ``hydra.sweep.subdir`` is left at its default, the job number)."""
-    from omegaconf import OmegaConf
-
-    dirs = [p for p in sweep_dir.iterdir() if p.is_dir() and _is_run_dir(p)]
-    dirs.sort(key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name))
-    members = []
-    for position, path in enumerate(dirs):
-        try:
-            overrides = [str(o) for o in OmegaConf.load(path / ".hydra" / "overrides.yaml")]
-        except Exception:  # written by Hydra before the run starts; without it the member is still a run
-            overrides = []
-        index = int(path.name) if path.name.isdigit() else position
-        members.append(SweepMember(index, overrides, str(path), ""))
-    return members
-
-
-def _slurm_states(members: list[SweepMember]) -> dict[str, str]:
-    """Each member's Slurm state word; empty (with a note) where Slurm cannot be asked, e.g. a sweep
-    directory copied off the cluster: then failures are judged from the ranks' error records alone."""
-    from hpctrain.slurm.commands import SlurmUnavailable, job_states
-
-    ids = [m.job_id for m in members if m.job_id]
-    if not ids:
-        return {}
-    try:
-        return {job: state.state for job, state in job_states(ids).items()}
-    except (SlurmUnavailable, RuntimeError, OSError, ValueError) as err:
-        print(
-            f"hpctrain report: Slurm states unknown ({err}): judged from the run directories", file=sys.stderr
-        )
-        return {}
-
-
-def load_sweep(sweep_dir: Path, ask_slurm: bool = True) -> tuple[list[str], list[Member]]:
-    """The overrides every member shares, and the members with their metrics and why any is not plotted."""
-    from hpctrain.slurm.commands import FINAL_STATES
-
-    sweep_dir = sweep_dir.absolute()
-    try:
-        record = read_sweep(sweep_dir)
-    except (ValueError, TypeError, KeyError) as err:
-        raise ReportError(f"{sweep_dir}: unreadable {SWEEP_RECORD} ({err})") from None
-    swept = record.members if record is not None else _local_members(sweep_dir)
-    states = _slurm_states(swept) if record is not None and ask_slurm else {}
-    common, own = split_overrides(swept)
-    members = []
-    for sweep_member, overrides in zip(swept, own, strict=True):
-        run_dir = Path(sweep_member.run_dir)
-        beside = sweep_dir / run_dir.name
-        if beside.is_dir():
-            # sweep.json's paths are absolute; members are made inside the sweep directory, so the one beside
-            # it is the right one also when the sweep directory was copied or moved.
-            run_dir = beside
-        records = read_records(run_dir / METRICS_FILE)
-        member = Member(
-            index=sweep_member.index,
-            label=" ".join(overrides) or f"#{sweep_member.index}",
-            run_dir=run_dir,
-            records=records,
-            world_size=world_size(run_dir),
-            state=states.get(sweep_member.job_id),
-        )
-        error = first_error(run_dir) if run_dir.is_dir() else None
-        if member.state is not None and member.state in FINAL_STATES and member.state != "COMPLETED":
-            member.skipped = member.state
-            if error is not None:
-                member.skipped += f": {_error_text(error)}"
-        elif error is not None and member.state is None:
-            # Only without Slurm's word: a rank's error record outlives a requeue until the next start clears
-            # it, so while Slurm says the job is pending or running again, the record is not the final word.
-            member.skipped = f"failed: {_error_text(error)}"
-        elif not any(r.get("loss") is not None for r in records):
-            member.skipped = "no metrics" + (f" ({member.state})" if member.state else "")
-        members.append(member)
-    return common, members
-
-
-def _error_text(error: tuple[int, dict[str, Any]]) -> str:
-    rank, record = error
-    host = f" on {record['host']}" if record.get("host") else ""
-    return f"rank {rank}{host}: {error_last_line(record)}"
-
-
-def scaling_points(members: list[Member]) -> list[ScalingPoint]:
-    """Speedup and parallel efficiency by world size, when the plotted members span two or more sizes (a
-    scaling sweep); empty otherwise. Members of one size (e.g. seeds) are averaged."""
-    plotted = [m for m in members if m.skipped is None and m.world_size]
-    key = throughput_key([r for m in plotted for r in m.records])
-    if key is None:
-        return []
-    by_size: dict[int, list[tuple[int, float]]] = {}
-    for member in plotted:
-        rate = steady_throughput(member.records, key)
-        if rate is not None and rate > 0 and member.world_size is not None:
-            by_size.setdefault(member.world_size, []).append((member.index, rate))
-    if len(by_size) < 2:
-        return []
-    sizes = sorted(by_size)
-    base_size = sizes[0]
-    base = statistics.fmean(rate for _, rate in by_size[base_size])
-    points = []
-    for size in sizes:
-        rate = statistics.fmean(r for _, r in by_size[size])
-        speedup, ideal = rate / base, size / base_size
-        points.append(
-            ScalingPoint(size, rate, speedup, ideal, speedup / ideal, [i for i, _ in by_size[size]])
-        )
-    return points
-
-
-# ---------------------------------------------------------------------------------------------- drawing
 
 
 def _figure(panels: int, stacked: bool = False) -> tuple[Figure, list[Axes]]:
@@ -464,11 +227,11 @@ def _name(run_dir: Path) -> str:
 
 def run_pictures(run_dir: Path, out: Path | None = None) -> list[Picture]:
     """loss.png and (when throughput is logged) throughput.png of one run."""
-    records = read_records(run_dir / METRICS_FILE)
+    records = RunDir(run_dir).read_metrics()
     if not any(r.get("loss") is not None for r in records):
         error = first_error(run_dir)
         if error is not None:
-            raise ReportError(f"{run_dir}: failed before logging a step: {_error_text(error)}")
+            raise ReportError(f"{run_dir}: failed before logging a step: {error_text(error)}")
         raise ReportError(f"{run_dir}: no metrics yet (no loss in {METRICS_FILE})")
     out_dir = _out_dir(run_dir, out)
     size = world_size(run_dir)
@@ -633,112 +396,3 @@ def report_sweep(sweep_dir: Path, out: Path | None = None, ask_slurm: bool = Tru
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-
-
-def _member_table(members: list[Member]) -> str:
-    key = throughput_key([r for m in members for r in m.records])
-    unit = unit_of(key)
-    rows = []
-    for m in members:
-        loss, val = last_value(m.records, "loss"), last_value(m.records, "val_loss")
-        total = max_steps(m.run_dir)
-        step = str(m.records[-1]["step"]) if m.records else "-"
-        rate = steady_throughput(m.records, key) if key else None
-        note = f"skipped: {m.skipped}" if m.skipped else (m.state or "")
-        rows.append(
-            [
-                str(m.index),
-                m.label,
-                str(m.world_size or "?"),
-                f"{step}/{total}" if total is not None else step,
-                "" if loss is None else f"{loss:.4f}",
-                "" if val is None else f"{val:.4f}",
-                "" if rate is None else f"{rate:,.0f}",
-                note,
-            ]
-        )
-    headers = ["#", "overrides", "ranks", "step", "loss", "val_loss", unit, ""]
-    return table(headers, rows, right=(0, 2, 3, 4, 5, 6))
-
-
-def _scaling_table(points: list[ScalingPoint], unit: str) -> str:
-    rows = [
-        [
-            str(p.ranks),
-            f"{p.throughput:,.0f}",
-            f"{p.speedup:.2f}",
-            f"{p.ideal:g}",
-            f"{100 * p.efficiency:.0f}%",
-        ]
-        for p in points
-    ]
-    return table(["ranks", unit, "speedup", "ideal", "efficiency"], rows, right=range(5))
-
-
-def _resolve(text: str) -> tuple[str, Path]:
-    path = Path(text).expanduser()
-    if path.is_file() and path.name in (SWEEP_RECORD, MULTIRUN_RECORD, JOB_RECORD, METRICS_FILE, RUN_CONFIG):
-        path = path.parent
-    if not path.is_dir():
-        raise UsageError(f"{text}: no such directory")
-    if (path / SWEEP_RECORD).is_file() or (path / MULTIRUN_RECORD).is_file():
-        return "sweep", path
-    if _is_run_dir(path):
-        return "run", path
-    raise UsageError(
-        f"{text}: not a run or sweep directory (no {RUN_CONFIG}, {METRICS_FILE}, {JOB_RECORD}, "
-        f"{SWEEP_RECORD} or {MULTIRUN_RECORD})"
-    )
-
-
-def _run(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="hpctrain report", description="PNG pictures of a run's or a sweep's metrics.")
-    parser.add_argument("target", metavar="RUN_DIR|SWEEP_DIR")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="where to write the pictures (TARGET/report)")
-    args = parser.parse_args(list(argv))
-    kind, path = _resolve(args.target)
-    if kind == "run":
-        pictures = run_pictures(path, args.out)
-        error = first_error(path)
-        if error is not None:
-            print(f"run {path} failed: {_error_text(error)} (its metrics up to then are drawn)")
-        for picture in pictures:
-            print(f"wrote {picture.path}")
-        return EXIT_OK
-    report = report_sweep(path, args.out)
-    n = len(report.members)
-    print(f"sweep {path}: {n} member{'s' * (n != 1)}")
-    if report.common:
-        print(f"common overrides: {' '.join(report.common)}")
-    print(_member_table(report.members))
-    if report.scaling:
-        key = throughput_key([r for m in report.members if m.skipped is None for r in m.records])
-        print(_scaling_table(report.scaling, unit_of(key)))
-    if not report.pictures:
-        raise ReportError("nothing to plot: no member of the sweep has metrics")
-    for picture in report.pictures:
-        print(f"wrote {picture.path}")
-    return EXIT_OK
-
-
-def main(argv: list[str]) -> int:
-    """``hpctrain report TARGET [--out DIR]`` (``argv`` without the word ``report``)."""
-    try:
-        return _run(argv)
-    except UsageError as err:
-        print(f"hpctrain report: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except ReportError as err:
-        print(f"hpctrain report: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    except SystemExit as exit_:  # --help
-        return exit_.code if isinstance(exit_.code, int) else EXIT_OK
-    except BrokenPipeError:  # | head
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

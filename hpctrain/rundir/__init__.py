@@ -123,6 +123,15 @@ class RunDir:
     def write_ranks(self, ranks: list[dict[str, object]]) -> None:
         atomic_json(self.ranks, ranks)
 
+    def max_steps(self) -> int | None:
+        """``trainer.max_steps`` of the run's config.yaml; None when missing, partly written or unreadable."""
+        from omegaconf import OmegaConf  # a plain YAML read, no resolution
+
+        try:
+            return int(OmegaConf.load(self.config).trainer.max_steps)
+        except Exception:  # missing, partly written or from another version: progress shows the step only
+            return None
+
     def read_ranks(self) -> list[dict[str, Any]] | None:
         found = read_json(self.ranks)
         return found if isinstance(found, list) else None

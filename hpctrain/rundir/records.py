@@ -134,3 +134,11 @@ def first_error(run_dir: Path) -> tuple[int, dict[str, Any]] | None:
     causes = [(rank, r) for rank, r in found if not is_peer_symptom(error_last_line(r))]
     chosen = causes or found
     return chosen[0] if chosen else None
+
+
+def split_overrides(members: list[SweepMember]) -> tuple[list[str], list[list[str]]]:
+    """The overrides every member shares, and each member's own (all of them when there is one member)."""
+    if len(members) < 2:
+        return [], [list(m.overrides) for m in members]
+    common = [o for o in members[0].overrides if all(o in m.overrides for m in members[1:])]
+    return common, [[o for o in m.overrides if o not in common] for m in members]

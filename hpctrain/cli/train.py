@@ -1,11 +1,4 @@
-"""``python -m hpctrain`` / ``hpctrain``: compose a run with Hydra, check it, hand it to a launcher.
-
-    hpctrain [OVERRIDES...]             train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
-    hpctrain status|logs|cancel TARGET  a run dir, a sweep dir or a Slurm job id
-    hpctrain summary SWEEP_DIR          final metrics of every member, as a table and a CSV
-    hpctrain prepare INPUT... --out F   write a token file for ``data=tokens``
-    hpctrain plan [OVERRIDES...]        memory per GPU, step time, cost and layouts that fit (hpctrain.plan)
-    hpctrain report RUN_OR_SWEEP_DIR    PNGs: loss and throughput curves, sweep comparison, scaling
+"""``hpctrain [train] [OVERRIDES...]``: compose a run with Hydra, check it, hand it to a launcher.
 
 Every bad input is caught by :func:`precheck` before Hydra creates a run directory or any process starts,
 and is reported as one line on stderr with exit status 2. That includes a run on GPUs whose estimated
@@ -17,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -28,47 +20,8 @@ from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER, Config
 EXIT_BAD_CONFIG = 2
 
 
-def _prepare(argv: list[str]) -> int:
-    from hpctrain.data.prepare import main as prepare_main
-
-    return prepare_main(argv)
-
-
-def _plan(argv: list[str]) -> int:
-    from hpctrain.plan.cli import main as plan_main
-
-    return plan_main(argv)
-
-
-def _report(argv: list[str]) -> int:
-    from hpctrain.observe.report import main as report_main
-
-    return report_main(argv)
-
-
-def _jobs(command: str) -> Callable[[list[str]], int]:
-    def run(argv: list[str]) -> int:
-        from hpctrain import jobs
-
-        return jobs.main([command, *argv])
-
-    return run
-
-
-SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
-    "prepare": _prepare,
-    "plan": _plan,
-    "report": _report,
-    **{name: _jobs(name) for name in ("status", "logs", "cancel", "summary")},
-}
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[argv[0]](argv[1:])
-    if argv and argv[0] == "train":
-        argv = argv[1:]
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain [train] OVERRIDES...``: compose, check, launch (Hydra's flags work as usual)."""
     return train(argv)
 
 
@@ -86,7 +39,7 @@ def train(argv: list[str]) -> int:
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
             if first.dry_run:
-                from hpctrain.plan.cli import summary
+                from hpctrain.cli.plan import summary
                 from hpctrain.plan.estimate import estimate
 
                 print(summary(first, estimate(first)), flush=True)  # the memory and time plan, one line
@@ -110,7 +63,7 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
         typed = to_typed(cfg)
         validate(typed)
         if typed.plan_check and typed.cluster.gpus_per_node > 0:
-            from hpctrain.plan.cli import check_fits
+            from hpctrain.cli.plan import check_fits
 
             check_fits(typed)  # the memory per GPU must fit
         checked.append((typed, cfg))

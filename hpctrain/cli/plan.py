@@ -286,7 +286,8 @@ def check_fits(cfg: Config) -> Estimate:
     raise ConfigError("", None, reason, valid=valid)
 
 
-def main(argv: list[str]) -> int:
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain plan OVERRIDES... [--top N]``."""
     parser = argparse.ArgumentParser(
         prog="hpctrain plan",
         description="Memory per GPU, step time and cost of a run, and layouts that fit; starts nothing.",

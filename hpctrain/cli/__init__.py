@@ -1,0 +1,64 @@
+"""``python -m hpctrain`` / ``hpctrain``: one table of subcommands drives dispatch, ``--help`` and the README.
+
+    hpctrain [OVERRIDES...]          train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
+    hpctrain SUBCOMMAND ARGS...      one of :data:`SUBCOMMANDS`
+
+Each subcommand's module is imported only when it runs, and none imports torch: submitting and looking
+after jobs from a login node stays fast. Nothing outside this package imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import NamedTuple
+
+
+class Subcommand(NamedTuple):
+    usage: str  # the arguments, as shown by --help and in the README
+    help: str  # one line
+    module: str  # hpctrain.cli.<module>, which has run(name, argv) -> exit status
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
+    "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
+    "status": Subcommand("TARGET", "Slurm state and training progress of a run, a sweep or a job id", "jobs"),
+    "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "jobs"),
+    "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
+    "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
+    "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),
+    "prepare": Subcommand("INPUT... --out PATH.bin", "write a token file for data=tokens", "prepare"),
+}  # fmt: skip
+
+
+def _lines() -> list[tuple[str, str]]:
+    return [(f"hpctrain {name} {sub.usage}", sub.help) for name, sub in SUBCOMMANDS.items()]
+
+
+def usage() -> str:
+    width = max(len(left) for left, _ in _lines())
+    rows = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in _lines())
+    return (
+        "usage: hpctrain [OVERRIDES...] | hpctrain SUBCOMMAND ARGS...\n\n"
+        f"Subcommands:\n{rows}\n\n"
+        "TARGET is a run directory, a sweep directory or a Slurm job id. `hpctrain SUBCOMMAND --help` says\n"
+        "more; `hpctrain --hydra-help` lists the config groups and Hydra's own flags.\n"
+    )
+
+
+def readme_table() -> str:
+    """The README's list of commands (tests/test_cli.py checks the README holds exactly this)."""
+    rows = "\n".join(f"| `{left.strip()}` | {text} |" for left, text in _lines())
+    return "| command | what it does |\n|---|---|\n" + rows + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"], ["help"]):
+        print(usage(), end="")
+        return 0
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else "train"
+    rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    module = importlib.import_module(f"hpctrain.cli.{SUBCOMMANDS[name].module}")
+    return int(module.run(name, rest))

@@ -1,0 +1,67 @@
+"""What every subcommand shares: exit codes, the two error kinds, a parser that raises, small formatters.
+
+Bad arguments are one line on stderr and exit status 2; a target that cannot be found or read, or a Slurm
+query that fails, is one line on stderr and exit status 1. No torch import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from hpctrain.observe.text import table
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class JobsError(Exception):
+    """A target that cannot be found or read: one line on stderr, exit status 1."""
+
+
+class UsageError(Exception):
+    """Bad arguments: one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def guarded(prog: str, run: Callable[[], int]) -> int:
+    """Run a subcommand; its errors become one line on stderr and an exit status."""
+    try:
+        return run()
+    except UsageError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except JobsError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_FAILED
+    except SystemExit as exit_:  # --help
+        return exit_.code if isinstance(exit_.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # | head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+__all__ = ["table"]  # the plain-text table every subcommand prints (it lives in observe: reports use it too)

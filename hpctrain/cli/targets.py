@@ -1,0 +1,158 @@
+"""What a TARGET argument names: a run directory (``job.json``; a local run has none), a sweep directory
+(``sweep.json``) or a Slurm job id (``123``, or ``123_4`` for one array member), whose run or sweep directory
+is found from the job's output path while slurmctld still knows the job. No torch import here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.cli.common import JobsError
+from hpctrain.rundir import RunDir
+from hpctrain.rundir.records import (
+    JOB_RECORD,
+    METRICS_FILE,
+    SWEEP_RECORD,
+    JobRecord,
+    SweepMember,
+    SweepRecord,
+    read_job,
+    read_sweep,
+)
+from hpctrain.slurm import commands
+from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
+
+# ---------------------------------------------------------------------------------------------- targets
+
+
+@dataclass
+class Target:
+    """What a TARGET argument names. ``run_dir`` is None for a job id whose directory was not found."""
+
+    text: str
+    run_dir: Path | None = None
+    job: JobRecord | None = None  # None for a local run
+    sweep: SweepRecord | None = None
+    sweep_dir: Path | None = None
+    job_id: str | None = None  # a bare job id, when no directory is known
+
+    @property
+    def is_sweep(self) -> bool:
+        return self.sweep is not None
+
+    @property
+    def slurm_id(self) -> str | None:
+        return self.job.job_id if self.job is not None else self.job_id
+
+
+def resolve(text: str) -> Target:
+    path = Path(text).expanduser()
+    if path.is_file() and path.name in (JOB_RECORD, SWEEP_RECORD):
+        path = path.parent
+    if path.is_dir():
+        return _resolve_dir(text, path.absolute())
+    if JOB_ID.fullmatch(text):
+        return _resolve_job_id(text)
+    raise JobsError(f"{text}: no such run directory, sweep directory or Slurm job id")
+
+
+def _resolve_dir(text: str, path: Path) -> Target:
+    try:
+        sweep = read_sweep(path)
+        if sweep is not None:
+            return Target(text, sweep=sweep, sweep_dir=path)
+        job = read_job(path)
+    except (ValueError, TypeError, KeyError) as err:
+        raise JobsError(f"{text}: unreadable record ({err})") from None
+    if job is not None:
+        return Target(text, run_dir=path, job=job)
+    if RunDir(path).config.is_file() or RunDir(path).metrics.is_file():
+        return Target(text, run_dir=path)  # a local run
+    raise JobsError(
+        f"{text}: not a run or sweep directory (no {JOB_RECORD}, {SWEEP_RECORD} or {METRICS_FILE})"
+    )
+
+
+def _resolve_job_id(job_id: str) -> Target:
+    states = states_of([job_id])
+    if job_id not in states and not _array_members(job_id, states):
+        raise JobsError(f"{job_id}: unknown Slurm job id")
+    found = _directory_of_job(job_id)
+    return found if found is not None else Target(job_id, job_id=job_id)
+
+
+def _directory_of_job(job_id: str) -> Target | None:
+    """The run or sweep directory of a job, from where submitit or an sbatch script writes its output."""
+    try:
+        fields = commands.show_job(job_id) or {}
+    except RuntimeError:
+        return None
+    array = job_id.split("_")[0]
+    seen: set[Path] = set()
+    for key in ("StdOut", "Command", "WorkDir"):
+        value = fields.get(key, "")
+        if not value.startswith("/"):
+            continue
+        for parent in list(Path(value).parents)[:4]:
+            if parent in seen or parent == Path("/"):
+                continue
+            seen.add(parent)
+            try:
+                job = read_job(parent)
+                sweep = read_sweep(parent)
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            if job is not None and job.job_id == job_id:
+                return Target(job_id, run_dir=parent, job=job)
+            if sweep is not None:
+                if sweep.array_job_id == job_id:
+                    return Target(job_id, sweep=sweep, sweep_dir=parent)
+                member = next((m for m in sweep.members if m.job_id == job_id), None)
+                if member is not None:
+                    return member_target(job_id, member)
+                if sweep.array_job_id == array:
+                    return Target(job_id, sweep=sweep, sweep_dir=parent)
+    return None
+
+
+def member_target(text: str, member: SweepMember) -> Target:
+    run_dir = Path(member.run_dir)
+    try:
+        job = read_job(run_dir)
+    except (ValueError, TypeError, KeyError):
+        job = None
+    if job is None:  # the member's job.json is missing: its id is in the sweep's record
+        job = JobRecord(member.job_id, "", "", 0, 0, "")
+    return Target(text, run_dir=run_dir, job=job)
+
+
+def _array_members(array_id: str, states: dict[str, JobState]) -> list[JobState]:
+    """The members of job array ``array_id`` among ``states`` (Slurm answers for an array id with those)."""
+    return [s for job, s in states.items() if job.startswith(f"{array_id}_")]
+
+
+def state_of(job_id: str) -> tuple[JobState | None, list[JobState]]:
+    """A job's state; for a job array's id, one state standing for all its members, and the members."""
+    states = states_of([job_id])
+    if job_id in states:
+        return states[job_id], []
+    members = _array_members(job_id, states)
+    if not members:
+        return None, []
+    words = [m.state for m in members]
+    active = [w for w in words if w not in commands.FINAL_STATES]
+    if active:
+        word = "RUNNING" if "RUNNING" in active else active[0]
+    else:
+        word = next((w for w in words if w != "COMPLETED"), "COMPLETED")
+    return JobState(job_id, word, "", "", ""), members
+
+
+def states_of(job_ids: list[str]) -> dict[str, JobState]:
+    try:
+        return commands.job_states(job_ids)
+    except SlurmUnavailable as err:
+        raise JobsError(str(err)) from None
+    except (RuntimeError, OSError, ValueError) as err:  # a client that failed or timed out
+        raise JobsError(f"cannot query Slurm: {err}") from None
