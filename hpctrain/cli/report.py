@@ -70,7 +70,7 @@ def _resolve(text: str) -> tuple[str, Path]:
         path = path.parent
     if not path.is_dir():
         raise UsageError(f"{text}: no such directory")
-    if (path / SWEEP_RECORD).is_file() or (path / MULTIRUN_RECORD).is_file():
+    if RunDir(path).sweep.is_file() or RunDir(path).multirun.is_file():
         return "sweep", path
     if is_run_dir(path):
         return "run", path

@@ -75,7 +75,7 @@ def launch_array(
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
     if previous is not None:
         record.members = previous.members + record.members
-    write_json(sweep_dir / SWEEP_RECORD, record)
+    write_json(RunDir(sweep_dir).sweep, record)
     _print_submitted(record, sweep_dir, len(members), first.cluster.array_parallelism)
 
     results: dict[str, float | None] = {}

@@ -24,7 +24,8 @@ from hpctrain.config.validate import validate
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
-from hpctrain.rundir.records import JOB_RECORD, JobRecord, write_json
+from hpctrain.rundir import RunDir
+from hpctrain.rundir.records import JobRecord, write_json
 from hpctrain.slurm.commands import check_client, run
 
 log = logging.getLogger(__name__)
@@ -113,6 +114,6 @@ class SbatchLauncher:
         job_id = run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
         c = cfg.cluster
         record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir))
-        write_json(run_dir / JOB_RECORD, record)
+        write_json(RunDir(run_dir).job, record)
         print_submitted(record, run_dir)
         return 0

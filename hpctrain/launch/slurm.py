@@ -15,7 +15,8 @@ from typing import Any
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
-from hpctrain.rundir.records import JOB_RECORD, JobRecord, SweepMember, SweepRecord, write_json
+from hpctrain.rundir import RunDir
+from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, write_json
 from hpctrain.slurm.commands import check_client
 from hpctrain.slurm.spec import parse_time_limit
 
@@ -72,7 +73,7 @@ class SubmititLauncher:
         record = JobRecord(
             job.job_id, "submitit", cfg.cluster.name, cfg.cluster.nodes, cfg.cluster.tasks_per_node, output
         )
-        write_json(run_dir / JOB_RECORD, record)
+        write_json(RunDir(run_dir).job, record)
         print_submitted(record, run_dir)
         return 0
 
@@ -92,7 +93,7 @@ def submit_array(
     for index, (job, run_dir, member_overrides) in enumerate(zip(jobs, run_dirs, overrides, strict=True)):
         output = str(sweep_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
         write_json(
-            run_dir / JOB_RECORD,
+            RunDir(run_dir).job,
             JobRecord(job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output),
         )
         members.append(SweepMember(index, member_overrides, str(run_dir), job.job_id))
