@@ -209,6 +209,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
 
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.io import write_run_config
+    from hpctrain.config.shape import run_shape
     from hpctrain.config.validate import validate
     from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.stop import StopCheck
@@ -229,7 +230,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
         stop = StopCheck(StopSignals(set()), None, rank == 0, device)
         watchdog = Watchdog(run_dir, rank, env.hostname, 0.0, 0.0, lambda culprit, why: None)
         start = time.perf_counter()
-        fit(cfg, env, device, run_dir, recorder, stop, watchdog)  # type: ignore[arg-type]
+        fit(cfg, run_shape(cfg), env, device, run_dir, recorder, stop, watchdog)  # type: ignore[arg-type]
         watchdog.close()
         if recorder is not None:
             results[key] = {"records": recorder.records, "seconds": time.perf_counter() - start}
