@@ -6,7 +6,7 @@ Every row trains the same model on the same global batch of synthetic tokens, in
 code: ``parallelize`` → ``train_step`` (forward, backward, clipping, optimizer step; no logging, evaluation
 or checkpoints). Each row's micro-batch size is derived so that the global batch is the same everywhere.
 Rows of one world size share one launch of that many processes (gloo on CPU, NCCL on GPUs), as in
-``hpctrain.parallel.parity``; on CPU each rank runs one thread, as each rank would drive one GPU.
+``hpctrain.verify.parity``; on CPU each rank runs one thread, as each rank would drive one GPU.
 
 Columns:
 - step ms: median over the timed steps of the slowest rank's step time. Every step starts after a barrier,
@@ -50,9 +50,9 @@ from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
 from hpctrain.rendezvous.env import DistEnv
-from hpctrain.rendezvous.local_group import run_local_group
 from hpctrain.train.optim import build_optimizer
 from hpctrain.train.trainer import _grad_scaler, train_step
+from hpctrain.verify.local_group import run_local_group
 
 MIB = 2**20
 # Small enough that 8 processes on 2 CPU cores finish in a minute; untied embeddings so pipelines can split.

@@ -1,6 +1,6 @@
 """Issue 5: every parallel layout trains like one process, and a checkpoint moves between layouts.
 
-The parity table (``python -m hpctrain.parallel.parity``) is the acceptance test itself: each layout runs the
+The parity table (``python -m hpctrain.verify.parity``) is the acceptance test itself: each layout runs the
 real trainer for 10 steps and its losses must match the single-process run's (fp32: within 1e-5, relative).
 """
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.parallel.parity import CASES, EXTRA_CASES, MODELS
+from hpctrain.verify.parity import CASES, EXTRA_CASES, MODELS
 
 
 def test_every_layout_matches_one_process():
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.parallel.parity"],
+        [sys.executable, "-m", "hpctrain.verify.parity"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Does every parallel layout train like one process? ``python -m hpctrain.parallel.parity`` prints the table.
+"""Does every parallel layout train like one process? ``python -m hpctrain.verify.parity`` prints the table.
 
 Each case trains the same tiny model on the same global batches for 10 steps under one layout, through the
 real trainer (``fit``: data sharding, pipeline schedules, clipping, evaluation and a checkpoint at the end),
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.rendezvous.local_group import run_local_group
+from hpctrain.verify.local_group import run_local_group
 
 if TYPE_CHECKING:
     import torch
@@ -305,7 +305,7 @@ def format_table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hpctrain.parallel.parity", description=__doc__.split("\n")[0]
+        prog="python -m hpctrain.verify.parity", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")

@@ -1,4 +1,4 @@
-"""Is the plan right? ``python -m hpctrain.plan.measure`` prints the estimate next to the measurement.
+"""Is the plan right? ``python -m hpctrain.verify.plan_measure`` prints the estimate next to the measurement.
 
 Each case builds a tiny GPT or ViT, lays it out with the real ``hpctrain.parallel.apply.parallelize`` on a
 group of gloo processes (CPU), builds the real optimizer (``hpctrain.train.optim.build_optimizer``) and runs
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.parallel.parity import MODELS
-from hpctrain.rendezvous.local_group import run_local_group
+from hpctrain.verify.local_group import run_local_group
+from hpctrain.verify.parity import MODELS
 
 if TYPE_CHECKING:
     import torch
@@ -539,7 +539,7 @@ def format_table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hpctrain.plan.measure", description=__doc__.split("\n")[0]
+        prog="python -m hpctrain.verify.plan_measure", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     args = parser.parse_args(argv)
