@@ -12,7 +12,8 @@ from pathlib import Path
 
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.verify.parity import CASES, EXTRA_CASES, MODELS
+from hpctrain.verify.layouts import LAYOUTS, MODELS
+from hpctrain.verify.parity import CASES, EXTRA_CASES
 
 
 def test_every_layout_matches_one_process():
@@ -53,9 +54,9 @@ MODEL = [
     "optim.warmup_steps=2",
     "logger=jsonl",
 ]
-LAYOUT_3D = ["parallel=3d", "cluster.nproc=8", "parallel.microbatches=2", "trainer.micro_batch_size=2"]
-LAYOUT_FSDP = ["parallel=fsdp", "cluster.nproc=2", "trainer.micro_batch_size=4"]
-LAYOUT_NONE = ["parallel=none", "cluster.nproc=1", "trainer.micro_batch_size=4"]  # 2 micro-batches
+LAYOUT_3D = [*LAYOUTS["3d (pp 2 × fsdp 2 × tp 2)"].args(), "trainer.micro_batch_size=2"]
+LAYOUT_FSDP = [*LAYOUTS["fsdp zero3"].args(), "trainer.micro_batch_size=4"]
+LAYOUT_NONE = [*LAYOUTS["none"].args(), "trainer.micro_batch_size=4"]  # 2 micro-batches
 
 
 def _close(a: float, b: float) -> bool:
