@@ -2,11 +2,12 @@
 
     python bench/parallel.py [--steps 8] [--warmup 2] [--batch 16] [--only WORD ...]
 
-Every row trains the same model on the same global batch of synthetic tokens, in fp32, through the real
-code: ``parallelize`` → ``train_step`` (forward, backward, clipping, optimizer step; no logging, evaluation
-or checkpoints). Each row's micro-batch size is derived so that the global batch is the same everywhere.
-Rows of one world size share one launch of that many processes (gloo on CPU, NCCL on GPUs), as in
-``hpctrain.parallel.parity``; on CPU each rank runs one thread, as each rank would drive one GPU.
+The layouts are those of ``hpctrain.verify.layouts``. Every row trains the same model on the same global
+batch of synthetic tokens, in fp32, through the real code: ``parallelize`` → ``train_step`` (forward,
+backward, clipping, optimizer step; no logging, evaluation or checkpoints). Each row's micro-batch size is
+derived so that the global batch is the same everywhere. Rows of one world size share one launch of that
+many processes (gloo on CPU, NCCL on GPUs), as in ``hpctrain.verify.parity``; on CPU each rank runs one
+thread, as each rank would drive one GPU.
 
 Columns:
 - step ms: median over the timed steps of the slowest rank's step time. Every step starts after a barrier,
@@ -50,9 +51,10 @@ from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
 from hpctrain.rendezvous.env import DistEnv
-from hpctrain.rendezvous.local_group import run_local_group
 from hpctrain.train.optim import build_optimizer
 from hpctrain.train.trainer import _grad_scaler, train_step
+from hpctrain.verify.layouts import LAYOUTS, Layout
+from hpctrain.verify.local_group import run_local_group
 
 MIB = 2**20
 # Small enough that 8 processes on 2 CPU cores finish in a minute; untied embeddings so pipelines can split.
@@ -69,32 +71,37 @@ COMMON = ["data=synthetic", "data.num_samples=512", "trainer.precision=fp32"]
 
 @dataclass(frozen=True)
 class Row:
-    name: str
-    ranks: int
-    overrides: tuple[str, ...]  # trainer.micro_batch_size is derived from the global batch
+    layout: Layout
+    overrides: tuple[str, ...] = ()  # on top of the layout's; trainer.micro_batch_size is derived
+    name: str = ""  # the layout's name unless given
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.layout.name)
+
+    @property
+    def ranks(self) -> int:
+        return self.layout.ranks
 
 
+_L = LAYOUTS
 ROWS = [
-    Row("none", 1, ("parallel=none",)),
-    Row("ddp", 2, ("parallel=ddp",)),
-    Row("ddp + fp16 compression", 2, ("parallel=ddp", "parallel.compression=fp16")),
-    Row("ddp + topk compression", 2, ("parallel=ddp", "parallel.compression=topk")),
-    Row("fsdp zero3", 2, ("parallel=fsdp",)),
-    Row("fsdp zero2", 2, ("parallel=fsdp", "parallel.reshard_after_forward=false")),
-    Row("fsdp offload", 2, ("parallel=fsdp", "parallel.cpu_offload=true")),
-    Row("fsdp + full AC", 2, ("parallel=fsdp", "parallel.activation_checkpointing=full")),
-    Row("tp", 2, ("parallel=tp", "parallel.sequence_parallel=false")),
-    Row("tp + sp", 2, ("parallel=tp", "parallel.sequence_parallel=true")),
-    Row("pp 1f1b", 2, ("parallel=pp", "parallel.schedule=1f1b", "parallel.microbatches=4")),
-    Row("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "parallel.microbatches=4")),
-    Row(
-        "pp interleaved 1f1b",
-        2,
-        ("parallel=pp", "parallel.schedule=interleaved_1f1b", "parallel.microbatches=4"),
-    ),
-    Row("2d (fsdp 2 × tp 2)", 4, ("parallel=2d",)),
-    Row("hsdp (2 × 2)", 4, ("parallel=hsdp",)),
-    Row("3d (pp 2 × fsdp 2 × tp 2)", 8, ("parallel=3d", "parallel.microbatches=2")),
+    Row(_L["none"]),
+    Row(_L["ddp"]),
+    Row(_L["ddp"], ("parallel.compression=fp16",), name="ddp + fp16 compression"),
+    Row(_L["ddp"], ("parallel.compression=topk",), name="ddp + topk compression"),
+    Row(_L["fsdp zero3"]),
+    Row(_L["fsdp zero2"]),
+    Row(_L["fsdp offload"]),
+    Row(_L["fsdp zero3"], ("parallel.activation_checkpointing=full",), name="fsdp + full AC"),
+    Row(_L["tp"]),
+    Row(_L["tp + sp"]),
+    Row(_L["pp 1f1b"]),
+    Row(_L["pp gpipe"]),
+    Row(_L["pp interleaved 1f1b"]),
+    Row(_L["2d (fsdp 2 × tp 2)"]),
+    Row(_L["hsdp (2 × 2)"]),
+    Row(_L["3d (pp 2 × fsdp 2 × tp 2)"]),
 ]
 REFERENCE = ROWS[0]
 
@@ -107,8 +114,8 @@ def build_config(row: Row, batch: int) -> Config:
             [
                 *MODEL,
                 *COMMON,
+                *row.layout.args(),
                 *row.overrides,
-                f"cluster.nproc={row.ranks}",
                 f"trainer.global_batch_size={batch}",
             ]
         )

@@ -66,10 +66,11 @@ def _train(run_dir: Path) -> None:
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.rendezvous.env import DistEnv
     from hpctrain.rendezvous.group import init_distributed, record_topology
-    from hpctrain.resilience import requeue, walltime
+    from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, read_heartbeats
     from hpctrain.rundir.records import error_file, is_peer_symptom, read_error_record
+    from hpctrain.slurm import commands
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
@@ -82,7 +83,7 @@ def _train(run_dir: Path) -> None:
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, RunDir(run_dir))
     job_id = requeue.slurm_job_id()
-    end_time = walltime.job_end_time(job_id) if job_id and env.is_main else None
+    end_time = commands.end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:
         plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))

@@ -1,6 +1,6 @@
 """Issue 5: every parallel layout trains like one process, and a checkpoint moves between layouts.
 
-The parity table (``python -m hpctrain.parallel.parity``) is the acceptance test itself: each layout runs the
+The parity table (``python -m hpctrain.verify.parity``) is the acceptance test itself: each layout runs the
 real trainer for 10 steps and its losses must match the single-process run's (fp32: within 1e-5, relative).
 """
 
@@ -12,12 +12,13 @@ from pathlib import Path
 
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.parallel.parity import CASES, EXTRA_CASES, MODELS
+from hpctrain.verify.layouts import LAYOUTS, MODELS
+from hpctrain.verify.parity import CASES, EXTRA_CASES
 
 
 def test_every_layout_matches_one_process():
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.parallel.parity"],
+        [sys.executable, "-m", "hpctrain.verify.parity"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -53,9 +54,9 @@ MODEL = [
     "optim.warmup_steps=2",
     "logger=jsonl",
 ]
-LAYOUT_3D = ["parallel=3d", "cluster.nproc=8", "parallel.microbatches=2", "trainer.micro_batch_size=2"]
-LAYOUT_FSDP = ["parallel=fsdp", "cluster.nproc=2", "trainer.micro_batch_size=4"]
-LAYOUT_NONE = ["parallel=none", "cluster.nproc=1", "trainer.micro_batch_size=4"]  # 2 micro-batches
+LAYOUT_3D = [*LAYOUTS["3d (pp 2 × fsdp 2 × tp 2)"].args(), "trainer.micro_batch_size=2"]
+LAYOUT_FSDP = [*LAYOUTS["fsdp zero3"].args(), "trainer.micro_batch_size=4"]
+LAYOUT_NONE = [*LAYOUTS["none"].args(), "trainer.micro_batch_size=4"]  # 2 micro-batches
 
 
 def _close(a: float, b: float) -> bool:

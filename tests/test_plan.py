@@ -1,5 +1,5 @@
 """hpctrain plan: the estimator's numbers, the check before every GPU submission, and the estimate against
-the real tensors of parallelized models (hpctrain.plan.measure)."""
+the real tensors of parallelized models (hpctrain.verify.plan_measure)."""
 
 from __future__ import annotations
 
@@ -267,10 +267,10 @@ def test_plan_command_prints_the_table_and_the_submit_path_stays_torch_free(tmp_
 # ------------------------------------------------------------------------------ estimate vs measurement
 def test_estimate_matches_the_real_tensors(tmp_path: Path):
     """Parameters, gradients and optimizer state exactly, activations within 15%, on the real parallelized
-    models (the cases of ``python -m hpctrain.plan.measure`` up to 2 ranks, and 2d: gpt and vit; none, ddp,
-    fsdp ZeRO-2/3, tp with and without sequence parallelism, pp 1F1B and GPipe, fsdp × tp; no, full and
+    models (the cases of ``python -m hpctrain.verify.plan_measure`` up to 2 ranks, and 2d: gpt and vit; none,
+    ddp, fsdp ZeRO-2/3, tp with and without sequence parallelism, pp 1F1B and GPipe, fsdp × tp; no, full and
     selective checkpointing; fp32, bf16 autocast and FSDP bf16)."""
-    from hpctrain.plan import measure
+    from hpctrain.verify import plan_measure as measure
 
     # The 4-rank cases take ~15 s each on 2 cores: one of them (FSDP over TP) here, all in the command.
     cases = [c for c in measure.CASES if c.ranks <= 2 or c.name.startswith("2d")]

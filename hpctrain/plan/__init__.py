@@ -3,6 +3,7 @@
 - :mod:`hpctrain.plan.estimate`: pure functions of the typed config → dataclasses with the numbers.
 - :mod:`hpctrain.plan.search`: other layouts of the same world size that fit, fastest first.
 - :mod:`hpctrain.cli.plan`: ``hpctrain plan OVERRIDES...`` prints them as a table.
-- :mod:`hpctrain.plan.measure`: ``python -m hpctrain.plan.measure`` checks the estimate against the real
-  tensors of parallelized models on this machine (imports torch; never on the submit path).
+
+Whether the estimate is right is checked outside this package, by ``python -m hpctrain.verify.plan_measure``
+(:mod:`hpctrain.verify`: it imports torch and the trainer; nothing here imports it).
 """

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 from hpctrain.resilience.watchdog import Heartbeat
+from hpctrain.slurm import commands
 from hpctrain.slurm.spec import expand_nodelist
 
 log = logging.getLogger(__name__)
@@ -41,29 +40,10 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
 
-def cancelled(job_id: str) -> bool:
-    """Did someone scancel the job? Then its SIGTERM is no pre-emption: requeueing would undo the cancel.
-
-    Accounting shows "CANCELLED by <uid>" as soon as scancel runs, while a signal alone (pre-emption
-    schemes, ``scancel --signal``) leaves the job RUNNING. Without accounting, a job Slurm is already ending
-    (COMPLETING) is taken as cancelled: not requeueing a job is the safe mistake.
-    """
-    sacct = subprocess.run(
-        ["sacct", "--noheader", "--allocations", "--jobs", job_id, "--format", "State%40"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if sacct.returncode == 0 and sacct.stdout.strip():
-        return sacct.stdout.split()[0] == "CANCELLED"
-    show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30)
-    return "JobState=COMPLETING" in show.stdout or "JobState=CANCELLED" in show.stdout
-
-
 def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_main: bool) -> None:
     """Requeue ``job_id`` (rank 0 asks), or raise RequeueCapReached on every rank when the cap is reached.
     A job that was cancelled is left to end."""
-    if cancelled(job_id):
+    if commands.was_cancelled(job_id):
         log.info(
             "Stopped by %s at step %d (checkpoint saved): the job was cancelled, not requeueing", reason, step
         )
@@ -84,8 +64,8 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
             done + 1,
             max_requeues,
         )
-        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-        if result.returncode != 0:
+        result = commands.requeue(job_id)
+        if not result.ok:
             # A pre-empting partition with PreemptMode=REQUEUE requeues the job itself: then this is a no-op.
             log.warning(
                 "scontrol requeue %s failed (%s); the checkpoint of step %d is saved either way",
@@ -121,7 +101,7 @@ def respond_to_fault(
     }
     with open(run_dir / FAULTS, "a") as out:
         out.write(json.dumps(record) + "\n")
-    if job_id is None or cancelled(job_id):
+    if job_id is None or commands.was_cancelled(job_id):
         return
     if done >= max_requeues:
         log.error(
@@ -131,10 +111,12 @@ def respond_to_fault(
         )
         return
     exclude = _exclusion(job_id, culprit.host) if culprit else None
-    _scontrol("requeue", job_id)
+    _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))
     # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
     # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
-    if exclude and _scontrol("update", f"JobId={job_id}", f"ExcNodeList={exclude}"):
+    if exclude and _logged(
+        commands.update_job(job_id, {"ExcNodeList": exclude}, attempts=5, ignore_sigterm=True)
+    ):
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
@@ -153,46 +135,27 @@ def _first_to_respond(run_dir: Path, job_id: str | None, restart: int) -> bool:
     return True
 
 
-def _scontrol(*args: str, attempts: int = 5) -> bool:
-    """Run scontrol; immune to the SIGTERM that a requeue sends the job's processes (this one included)."""
-    for attempt in range(attempts):
-        result = subprocess.run(
-            ["scontrol", *args], capture_output=True, text=True, timeout=60, preexec_fn=_ignore_sigterm
+def _logged(result: commands.Outcome) -> bool:
+    """Whether an scontrol call succeeded (tried 5 times, immune to the SIGTERM that a requeue sends the
+    job's processes, this one included); a warning when it did not."""
+    if not result.ok:
+        log.warning(
+            "%s failed (exit %d): %s",
+            result.command,
+            result.returncode,
+            (result.stderr or result.stdout).strip(),
         )
-        if result.returncode == 0:
-            return True
-        if attempt + 1 < attempts:
-            time.sleep(0.5)  # e.g. "no longer pending" while the requeue is still under way
-    log.warning(
-        "scontrol %s failed (exit %d): %s",
-        " ".join(args),
-        result.returncode,
-        (result.stderr or result.stdout).strip(),
-    )
-    return False
-
-
-def _ignore_sigterm() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return result.ok
 
 
 def _exclusion(job_id: str, host: str) -> str | None:
     """The job's excluded nodes plus ``host``, or None when too few nodes would remain to run it."""
-    show = subprocess.run(
-        ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
-    ).stdout
-    fields = dict(item.split("=", 1) for item in show.split() if "=" in item)
+    fields = commands.job_fields(job_id)
     excluded = (
         [] if fields.get("ExcNodeList", "(null)") == "(null)" else expand_nodelist(fields["ExcNodeList"])
     )
     partition = fields.get("Partition", os.environ.get("SLURM_JOB_PARTITION", ""))
-    nodes = subprocess.run(
-        ["sinfo", "--noheader", "--partition", partition, "--format", "%N"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout.split()
-    available = {n for item in nodes for n in expand_nodelist(item)} - set(excluded) - {host}
+    available = commands.partition_nodes(partition) - set(excluded) - {host}
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", fields.get("NumNodes", "1").split("-")[0]))
     if len(available) < needed:
         log.warning(

@@ -1,8 +1,15 @@
-"""Slurm's client commands (sbatch, squeue, sacct, scancel, scontrol), always with a configuration in place.
+"""Every Slurm client command hpctrain runs (sbatch, squeue, sacct, scancel, scontrol, sinfo): the only module
+that starts one.
 
-A Slurm client that finds no configuration falls back to DNS SRV look-ups (configless mode); on a machine
-that is not meant to do that, every call would try to leave it. So a client runs only when SLURM_CONF or
-/etc/slurm/slurm.conf is there, unless HPCTRAIN_SLURM_CONFIGLESS=1 says the site really is configless.
+From a login node (submit, ``hpctrain jobs``): :func:`run` and the functions on it run a client only when
+SLURM_CONF or /etc/slurm/slurm.conf is there, unless HPCTRAIN_SLURM_CONFIGLESS=1 says the site really is
+configless: a client that finds no configuration falls back to DNS SRV look-ups (configless mode), and on a
+machine that is not meant to do that, every call would try to leave it. A failure raises.
+
+From inside a running job (:mod:`hpctrain.resilience`: requeue, exclude a node, the end time): the job's
+node has the configuration Slurm started it with, and a failure is the caller's to handle (a requeue that
+fails is logged, not raised), so these functions report the exit status instead of raising, and check for
+no client (``check_client`` looks for sbatch, a login-node tool).
 """
 
 from __future__ import annotations
@@ -11,9 +18,14 @@ import contextlib
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+
+from hpctrain.slurm.spec import expand_nodelist
 
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 # sacct states that mean the job will not run again (requeues end in PENDING/REQUEUED instead).
@@ -156,10 +168,14 @@ def show_job(job_id: str) -> dict[str, str] | None:
             return None
         raise
     line = next((line for line in out.splitlines() if line.strip()), "")
-    # Fields are Key=Value separated by spaces; a value may itself hold spaces (Command=, Comment=).
-    parts = re.split(r"(?:^|\s)([A-Za-z][\w:/]*)=", line)
-    fields = {key: value.strip() for key, value in zip(parts[1::2], parts[2::2], strict=True)}
-    return fields or None
+    return _fields(line) or None
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``scontrol show``'s Key=Value fields, separated by spaces or newlines; a value may itself hold spaces
+    (Command=, Comment=). For several records, the last one's value of each key."""
+    parts = re.split(r"(?:^|\s)([A-Za-z][\w:/]*)=", text)
+    return {key: value.strip() for key, value in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def cancel(job_ids: list[str]) -> None:
@@ -172,3 +188,108 @@ def cancel(job_ids: list[str]) -> None:
             run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
     if job_ids:
         run(["scancel", *job_ids])
+
+
+# ------------------------------------------------------------------------------ from inside a running job
+@dataclass(frozen=True)
+class Outcome:
+    """How a command run from inside the job ended (it does not raise on a non-zero exit)."""
+
+    command: str  # as typed: "scontrol requeue 12_3"
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def _in_job(args: list[str], timeout: float, attempts: int = 1, ignore_sigterm: bool = False) -> Outcome:
+    """Run a client from inside the job, up to ``attempts`` times 0.5 s apart until it exits 0.
+
+    ``ignore_sigterm``: the client ignores SIGTERM, as a requeue sends one to every process of the job
+    (the client asking for the requeue included)."""
+
+    def once() -> Outcome:
+        result = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=_ignore_sigterm if ignore_sigterm else None,
+        )
+        return Outcome(" ".join(args), result.returncode, result.stdout, result.stderr)
+
+    outcome = once()
+    for _ in range(attempts - 1):
+        if outcome.ok:
+            break
+        time.sleep(0.5)  # e.g. "no longer pending" while a requeue is still under way
+        outcome = once()
+    return outcome
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def was_cancelled(job_id: str) -> bool:
+    """Did someone scancel the job? Then its SIGTERM is no pre-emption: requeueing would undo the cancel.
+
+    Accounting shows "CANCELLED by <uid>" as soon as scancel runs, while a signal alone (pre-emption
+    schemes, ``scancel --signal``) leaves the job RUNNING. Without accounting, a job Slurm is already ending
+    (COMPLETING) is taken as cancelled: not requeueing a job is the safe mistake.
+    """
+    sacct = _in_job(["sacct", "--noheader", "--allocations", "--jobs", job_id, "--format", "State%40"], 30)
+    if sacct.ok and sacct.stdout.strip():
+        return sacct.stdout.split()[0] == "CANCELLED"
+    show = _show_job_text(job_id)
+    return "JobState=COMPLETING" in show or "JobState=CANCELLED" in show
+
+
+def _show_job_text(job_id: str) -> str:
+    """``scontrol show job``'s output from inside the job; empty when scontrol fails."""
+    return _in_job(["scontrol", "show", "job", job_id], 30).stdout
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """The job's ``scontrol show job`` fields (ExcNodeList, Partition, NumNodes, ...) from inside it; empty
+    when scontrol fails. (:func:`show_job` is the login node's, which raises.)"""
+    return _fields(_show_job_text(job_id))
+
+
+def partition_nodes(partition: str) -> set[str]:
+    """The host names of a partition's nodes (sinfo); empty when sinfo fails."""
+    out = _in_job(["sinfo", "--noheader", "--partition", partition, "--format", "%N"], 30).stdout
+    return {node for item in out.split() for node in expand_nodelist(item)}
+
+
+def requeue(job_id: str, attempts: int = 1, ignore_sigterm: bool = False) -> Outcome:
+    """``scontrol requeue``: the job goes back to the queue, its processes get SIGTERM. See :func:`_in_job`
+    for ``attempts`` and ``ignore_sigterm``."""
+    return _in_job(["scontrol", "requeue", job_id], 60, attempts, ignore_sigterm)
+
+
+def update_job(
+    job_id: str, fields: dict[str, str], attempts: int = 1, ignore_sigterm: bool = False
+) -> Outcome:
+    """``scontrol update JobId=<job_id> Key=Value...`` (e.g. ``{"ExcNodeList": "node3"}``: Slurm takes an
+    exclusion only while the job is pending)."""
+    args = ["scontrol", "update", f"JobId={job_id}", *(f"{key}={value}" for key, value in fields.items())]
+    return _in_job(args, 60, attempts, ignore_sigterm)
+
+
+def end_time(job_id: str) -> float | None:
+    """The job's end time as a Unix timestamp, from squeue; None when unknown (no limit, no Slurm)."""
+    try:
+        out = _in_job(["squeue", "--noheader", "--jobs", job_id, "--format", "%e"], 30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.split()
+    if not out.ok or len(lines) != 1:
+        return None
+    try:
+        return datetime.fromisoformat(lines[0]).timestamp()  # squeue prints local time without a zone
+    except ValueError:  # N/A, NONE, Unknown: no limit to guard
+        return None

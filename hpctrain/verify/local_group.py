@@ -1,7 +1,7 @@
 """Run one function on N processes of this machine, joined into one process group over loopback.
 
-For the tools that run many configurations inside one group of processes (``hpctrain.parallel.parity``,
-``hpctrain.plan.measure``, ``bench/parallel.py``). Training runs go through ``hpctrain.launch.local``.
+For the tools that run many configurations inside one group of processes (``hpctrain.verify.parity``,
+``hpctrain.verify.plan_measure``, ``bench/parallel.py``). Training runs go through ``hpctrain.launch.local``.
 """
 
 from __future__ import annotations

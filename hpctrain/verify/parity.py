@@ -1,4 +1,4 @@
-"""Does every parallel layout train like one process? ``python -m hpctrain.parallel.parity`` prints the table.
+"""Does every parallel layout train like one process? ``python -m hpctrain.verify.parity`` prints the table.
 
 Each case trains the same tiny model on the same global batches for 10 steps under one layout, through the
 real trainer (``fit``: data sharding, pipeline schedules, clipping, evaluation and a checkpoint at the end),
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.rendezvous.local_group import run_local_group
+from hpctrain.verify.layouts import LAYOUTS, MODELS, Layout
+from hpctrain.verify.local_group import run_local_group
 
 if TYPE_CHECKING:
     import torch
@@ -43,148 +44,114 @@ _COMMON = [
     "optim.warmup_steps=2",
     "logger.progress_bar=false",
 ]
-MODELS = {
-    "gpt": [
-        "model=gpt",
-        "model.n_layers=4",
-        "model.d_model=64",
-        "model.n_heads=4",
-        "model.seq_len=32",
-        "model.tie_embeddings=false",
-    ],
-    "vit": [
-        "model=vit",
-        "model.n_layers=4",
-        "model.d_model=64",
-        "model.n_heads=4",
-        "model.image_size=12",
-        "model.patch_size=4",
-    ],
-}
+_L = LAYOUTS
 
 
 @dataclass(frozen=True)
 class Case:
-    name: str
-    ranks: int
-    overrides: tuple[str, ...]
+    layout: Layout
+    overrides: tuple[str, ...]  # on top of the layout's: micro-batch size, precision, checkpointing, ...
     models: tuple[str, ...] = ("gpt", "vit")
     tolerance: float = TOLERANCE
     reference: str = "1 process"  # the single-process case this one is compared with
+    name: str = ""  # the layout's name unless given
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.layout.name)
+
+    @property
+    def ranks(self) -> int:
+        return self.layout.ranks
 
 
+AC_FULL, AC_SELECTIVE = (
+    "parallel.activation_checkpointing=full",
+    "parallel.activation_checkpointing=selective",
+)
 CASES = [
-    Case("ddp", 2, ("parallel=ddp", "trainer.micro_batch_size=2")),  # 2 passes: gradient accumulation
-    Case("fsdp zero3", 2, ("parallel=fsdp", "trainer.micro_batch_size=4")),
-    Case(
-        "fsdp zero2",
-        2,
-        # 2 passes: gradient accumulation under FSDP
-        ("parallel=fsdp", "parallel.reshard_after_forward=false", "trainer.micro_batch_size=2"),
-    ),
-    Case("fsdp offload", 2, ("parallel=fsdp", "parallel.cpu_offload=true", "trainer.micro_batch_size=4")),
-    Case(
-        "fsdp + full AC",
-        2,
-        ("parallel=fsdp", "parallel.activation_checkpointing=full", "trainer.micro_batch_size=4"),
-    ),
-    Case("tp", 2, ("parallel=tp", "parallel.sequence_parallel=false", "trainer.micro_batch_size=4")),
-    Case("tp + sp", 2, ("parallel=tp", "trainer.micro_batch_size=8")),
-    Case(
-        "tp + sp + selective AC",
-        2,
-        ("parallel=tp", "parallel.activation_checkpointing=selective", "trainer.micro_batch_size=8"),
-    ),
+    Case(_L["ddp"], ("trainer.micro_batch_size=2",)),  # 2 passes: gradient accumulation
+    Case(_L["fsdp zero3"], ("trainer.micro_batch_size=4",)),
+    Case(_L["fsdp zero2"], ("trainer.micro_batch_size=2",)),  # 2 passes: gradient accumulation under FSDP
+    Case(_L["fsdp offload"], ("trainer.micro_batch_size=4",)),
+    Case(_L["fsdp zero3"], (AC_FULL, "trainer.micro_batch_size=4"), name="fsdp + full AC"),
+    Case(_L["tp"], ("trainer.micro_batch_size=4",)),
+    Case(_L["tp + sp"], ("trainer.micro_batch_size=8",)),
+    Case(_L["tp + sp"], (AC_SELECTIVE, "trainer.micro_batch_size=8"), name="tp + sp + selective AC"),
     # 2 pipeline steps of 4 micro-batches of 1: gradient accumulation over pipeline steps
-    Case("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "trainer.micro_batch_size=1")),
-    Case("pp 1f1b", 2, ("parallel=pp", "parallel.schedule=1f1b", "trainer.micro_batch_size=2")),
-    Case(
-        "pp interleaved 1f1b",
-        2,
-        ("parallel=pp", "parallel.schedule=interleaved_1f1b", "trainer.micro_batch_size=2"),
-    ),
-    Case(
-        "pp interleaved zero bubble",
-        2,
-        ("parallel=pp", "parallel.schedule=interleaved_zero_bubble", "trainer.micro_batch_size=2"),
-    ),
-    Case(
-        "pp zbv zero bubble",
-        2,
-        ("parallel=pp", "parallel.schedule=zbv_zero_bubble", "trainer.micro_batch_size=2"),
-    ),
-    Case("2d (fsdp 2 × tp 2)", 4, ("parallel=2d", "trainer.micro_batch_size=4")),
-    Case("hsdp (2 × 2)", 4, ("parallel=hsdp", "trainer.micro_batch_size=2")),
-    Case(
-        "3d (pp 2 × fsdp 2 × tp 2)",
-        8,
-        ("parallel=3d", "parallel.microbatches=2", "trainer.micro_batch_size=2"),
-        models=("gpt",),
-    ),
+    Case(_L["pp gpipe"], ("trainer.micro_batch_size=1",)),
+    Case(_L["pp 1f1b"], ("trainer.micro_batch_size=2",)),
+    Case(_L["pp interleaved 1f1b"], ("trainer.micro_batch_size=2",)),
+    Case(_L["pp interleaved zero bubble"], ("trainer.micro_batch_size=2",)),
+    Case(_L["pp zbv zero bubble"], ("trainer.micro_batch_size=2",)),
+    Case(_L["2d (fsdp 2 × tp 2)"], ("trainer.micro_batch_size=4",)),
+    Case(_L["hsdp (2 × 2)"], ("trainer.micro_batch_size=2",)),
+    Case(_L["3d (pp 2 × fsdp 2 × tp 2)"], ("trainer.micro_batch_size=2",), models=("gpt",)),
 ]
 # Mixed precision and compilation, against the same fp32 single-process run: bf16 rounds every activation
 # to 8 significant bits, so these agree to about 1e-3 rather than to rounding level.
 MIXED_TOLERANCE = 1e-2
+FP16, BF16 = "trainer.precision=fp16", "trainer.precision=bf16"
 EXTRA_CASES = [
     Case(
-        "ddp fp16 (GradScaler)",
-        2,
-        ("parallel=ddp", "trainer.precision=fp16", "trainer.micro_batch_size=4"),
-        models=("gpt",),
-        tolerance=MIXED_TOLERANCE,
+        _L["ddp"],
+        (FP16, "trainer.micro_batch_size=4"),
+        ("gpt",),
+        MIXED_TOLERANCE,
+        name="ddp fp16 (GradScaler)",
     ),
     Case(
-        "fsdp bf16 (MixedPrecisionPolicy)",
-        2,
-        ("parallel=fsdp", "trainer.precision=bf16", "trainer.micro_batch_size=4"),
-        models=("gpt",),
-        tolerance=MIXED_TOLERANCE,
+        _L["fsdp zero3"],
+        (BF16, "trainer.micro_batch_size=4"),
+        ("gpt",),
+        MIXED_TOLERANCE,
+        name="fsdp bf16 (MixedPrecisionPolicy)",
     ),
     Case(
-        "fsdp fp16 (ShardedGradScaler)",
-        2,
-        ("parallel=fsdp", "trainer.precision=fp16", "trainer.micro_batch_size=4"),
-        models=("gpt",),
-        tolerance=MIXED_TOLERANCE,
+        _L["fsdp zero3"],
+        (FP16, "trainer.micro_batch_size=4"),
+        ("gpt",),
+        MIXED_TOLERANCE,
+        name="fsdp fp16 (ShardedGradScaler)",
     ),
     Case(
-        "tp + sp bf16 (autocast)",
-        2,
-        ("parallel=tp", "trainer.precision=bf16", "trainer.micro_batch_size=8"),
-        models=("gpt",),
-        tolerance=MIXED_TOLERANCE,
+        _L["tp + sp"],
+        (BF16, "trainer.micro_batch_size=8"),
+        ("gpt",),
+        MIXED_TOLERANCE,
+        name="tp + sp bf16 (autocast)",
     ),
     Case(
-        "pp 1f1b bf16 (autocast)",
-        2,
-        ("parallel=pp", "trainer.precision=bf16", "trainer.micro_batch_size=2"),
-        models=("gpt",),
-        tolerance=MIXED_TOLERANCE,
+        _L["pp 1f1b"],
+        (BF16, "trainer.micro_batch_size=2"),
+        ("gpt",),
+        MIXED_TOLERANCE,
+        name="pp 1f1b bf16 (autocast)",
     ),
     Case(
-        "fsdp + compile",
-        2,
-        ("parallel=fsdp", "parallel.compile=true", "trainer.micro_batch_size=4"),
-        models=("gpt",),
+        _L["fsdp zero3"],
+        ("parallel.compile=true", "trainer.micro_batch_size=4"),
+        ("gpt",),
+        name="fsdp + compile",
     ),
 ]
-REFERENCE = Case("1 process", 1, ("parallel=none", "trainer.micro_batch_size=8"))
+REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8",), name="1 process")
 # GPT-2's tied embedding and LM head under tensor parallelism: one vocabulary-split weight for both.
 TIED = "model.tie_embeddings=true"
-TIED_REFERENCE = Case("1 process, tied", 1, ("parallel=none", "trainer.micro_batch_size=8", TIED), ("gpt",))
+TIED_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8", TIED), ("gpt",), name="1 process, tied")
 CASES.append(
     Case(
-        "tp + sp, tied embeddings",
-        2,
-        ("parallel=tp", "trainer.micro_batch_size=8", TIED),
+        _L["tp + sp"],
+        ("trainer.micro_batch_size=8", TIED),
         ("gpt",),
         reference=TIED_REFERENCE.name,
+        name="tp + sp, tied embeddings",
     )
 )
 
 
 def overrides(case: Case, model: str) -> list[str]:
-    return [*MODELS[model], *_COMMON, f"cluster.nproc={case.ranks}", *case.overrides]
+    return [*MODELS[model], *_COMMON, *case.layout.args(), *case.overrides]
 
 
 class _Recorder:
@@ -209,6 +176,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
 
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.io import write_run_config
+    from hpctrain.config.shape import run_shape
     from hpctrain.config.validate import validate
     from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.stop import StopCheck
@@ -229,7 +197,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
         stop = StopCheck(StopSignals(set()), None, rank == 0, device)
         watchdog = Watchdog(run_dir, rank, env.hostname, 0.0, 0.0, lambda culprit, why: None)
         start = time.perf_counter()
-        fit(cfg, env, device, run_dir, recorder, stop, watchdog)  # type: ignore[arg-type]
+        fit(cfg, run_shape(cfg), env, device, run_dir, recorder, stop, watchdog)  # type: ignore[arg-type]
         watchdog.close()
         if recorder is not None:
             results[key] = {"records": recorder.records, "seconds": time.perf_counter() - start}
@@ -304,7 +272,7 @@ def format_table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m hpctrain.parallel.parity", description=__doc__.split("\n")[0]
+        prog="python -m hpctrain.verify.parity", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")

@@ -1,0 +1,75 @@
+"""The parallel layouts the verification tools run, and the tiny models they train: the one table of them.
+
+:mod:`hpctrain.verify.parity`, :mod:`hpctrain.verify.plan_measure` and ``bench/parallel.py`` pick layouts
+from :data:`LAYOUTS` by name and add what they vary on top (micro-batch size, activation checkpointing,
+precision, optimizer, compression). A layout is its world size and the ``parallel`` overrides that give its
+degrees and schedule. Hydra overrides only: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    ranks: int  # the world size (cluster.nproc)
+    overrides: tuple[str, ...]  # the parallel group and its settings
+
+    def args(self) -> list[str]:
+        """The overrides that give this layout."""
+        return [f"cluster.nproc={self.ranks}", *self.overrides]
+
+
+_LAYOUTS = [
+    Layout("none", 1, ("parallel=none",)),
+    Layout("ddp", 2, ("parallel=ddp",)),
+    Layout("fsdp zero3", 2, ("parallel=fsdp",)),
+    Layout("fsdp zero2", 2, ("parallel=fsdp", "parallel.reshard_after_forward=false")),
+    Layout("fsdp offload", 2, ("parallel=fsdp", "parallel.cpu_offload=true")),
+    Layout("tp", 2, ("parallel=tp", "parallel.sequence_parallel=false")),
+    Layout("tp + sp", 2, ("parallel=tp", "parallel.sequence_parallel=true")),
+    Layout("pp gpipe", 2, ("parallel=pp", "parallel.schedule=gpipe", "parallel.microbatches=4")),
+    Layout("pp 1f1b", 2, ("parallel=pp", "parallel.schedule=1f1b", "parallel.microbatches=4")),
+    Layout(
+        "pp interleaved 1f1b",
+        2,
+        ("parallel=pp", "parallel.schedule=interleaved_1f1b", "parallel.microbatches=4"),
+    ),
+    Layout(
+        "pp interleaved zero bubble",
+        2,
+        ("parallel=pp", "parallel.schedule=interleaved_zero_bubble", "parallel.microbatches=4"),
+    ),
+    Layout(
+        "pp zbv zero bubble",
+        2,
+        ("parallel=pp", "parallel.schedule=zbv_zero_bubble", "parallel.microbatches=4"),
+    ),
+    Layout("2d (fsdp 2 × tp 2)", 4, ("parallel=2d",)),
+    Layout("hsdp (2 × 2)", 4, ("parallel=hsdp",)),
+    Layout("3d (pp 2 × tp 2)", 4, ("parallel=3d", "parallel.microbatches=2")),
+    Layout("3d (pp 2 × fsdp 2 × tp 2)", 8, ("parallel=3d", "parallel.microbatches=2")),
+]
+LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in _LAYOUTS}
+
+# The tiny models of parity and plan_measure (bench/parallel.py times a larger GPT of its own).
+MODELS = {
+    "gpt": [
+        "model=gpt",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.tie_embeddings=false",  # a pipeline puts the embedding and the head on different stages
+    ],
+    "vit": [
+        "model=vit",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.image_size=12",
+        "model.patch_size=4",
+    ],
+}
