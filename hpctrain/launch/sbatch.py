@@ -26,7 +26,7 @@ from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
-from hpctrain.slurm.commands import check_client, run
+from hpctrain.slurm.commands import check_client, submit_script
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class SbatchLauncher:
         snapshot_package(run_dir)
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
         (run_dir / SLURM_DIR).mkdir(parents=True, exist_ok=True)
-        job_id = run(["sbatch", "--parsable", str(path)]).strip().split(";")[0]
+        job_id = submit_script(path)
         c = cfg.cluster
         record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir))
         write_json(RunDir(run_dir).job, record)

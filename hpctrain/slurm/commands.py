@@ -68,6 +68,11 @@ def run(args: list[str], timeout: float = 60) -> str:
     return result.stdout
 
 
+def submit_script(script: Path) -> str:
+    """``sbatch --parsable SCRIPT``: the new job's id (without a cluster name)."""
+    return run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+
+
 @dataclass(frozen=True)
 class JobState:
     job_id: str
