@@ -68,7 +68,7 @@ def _train(run_dir: Path) -> None:
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import StopCheck
-    from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, read_heartbeats
+    from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
     from hpctrain.train.trainer import fit
@@ -103,7 +103,7 @@ def _train(run_dir: Path) -> None:
             # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
             # left no record was killed (OOM, a node failure): requeue without its node.
             time.sleep(STALE_AFTER_S + 1)
-            beats = read_heartbeats(run_dir)
+            beats = read_heartbeats(run_dir, job_key())
             culprit, why = find_culprit(beats, time.time())
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
             if own_error is None or is_peer_symptom(own_error["message"]):

@@ -31,7 +31,10 @@ from hpctrain.rundir.records import write_error_record
 
 log = logging.getLogger(__name__)
 
-PHASES = ("startup", "data", "compute", "checkpoint")  # in the order a step goes through them
+PHASES = ("startup", "data", "compute", "report", "checkpoint")  # in the order a step goes through them
+# Only a train step's own work is timed against the recent steps. Evaluation, logging ("report") and saves
+# ("checkpoint") take as long as they take: a slow save is not a hang, and killing it would requeue forever.
+ARMED_PHASES = ("data", "compute")
 HEARTBEAT_S = 1.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
 EXIT_HUNG = 3
@@ -46,15 +49,27 @@ class Heartbeat:
     phase: str
     since: float  # when this (step, phase) began
     written: float
+    job: str = ""  # which start of which job wrote it (job_key): files of an earlier start are not evidence
 
 
-def read_heartbeats(run_dir: Path) -> list[Heartbeat]:
+def job_key(environ: dict[str, str] | None = None) -> str:
+    """The same on every rank of one start of one job, different for a requeued start or another job."""
+    env = os.environ if environ is None else environ
+    if "SLURM_JOB_ID" in env:
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}"
+    return f"local:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+
+
+def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:
+    """The ranks' heartbeats; with ``job``, only those written by that start of that job."""
     beats = []
     for path in RunDir(run_dir).heartbeat_files():
         try:
-            beats.append(Heartbeat(**json.loads(path.read_text())))
+            beat = Heartbeat(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue  # being replaced right now
+        if job is None or beat.job == job:
+            beats.append(beat)
     return beats
 
 
@@ -97,6 +112,8 @@ class Watchdog:
         self.step = 0
         self.phase = "startup"
         self.since = time.time()
+        self.step_started = self.since  # when the current step's armed phases began
+        self.job = job_key()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
         RunDir(run_dir).heartbeats.mkdir(parents=True, exist_ok=True)
@@ -105,7 +122,10 @@ class Watchdog:
 
     # --- called by the training loop: plain attribute writes, nothing else on the hot path
     def enter(self, step: int, phase: str) -> None:
-        self.step, self.phase, self.since = step, phase, time.time()
+        now = time.time()
+        if step != self.step:
+            self.step_started = now
+        self.step, self.phase, self.since = step, phase, now
 
     def step_done(self, seconds: float) -> None:
         self.recent.append(seconds)
@@ -115,14 +135,12 @@ class Watchdog:
 
     # --- the thread
     def _run(self) -> None:
-        step_started = (self.step, time.time())
         while not self._stop.wait(HEARTBEAT_S):
             self._write_heartbeat()
-            if self.step != step_started[0]:
-                step_started = (self.step, time.time())
             limit = self._limit()
-            if limit is not None and time.time() - step_started[1] > limit:
-                self._fire(time.time() - step_started[1], limit)
+            age = time.time() - self.step_started
+            if limit is not None and self.phase in ARMED_PHASES and age > limit:
+                self._fire(age, limit)
                 return
 
     def _limit(self) -> float | None:
@@ -131,7 +149,9 @@ class Watchdog:
         return max(self.factor * statistics.median(self.recent), self.min_s)
 
     def _write_heartbeat(self) -> None:
-        beat = Heartbeat(self.rank, self.host, os.getpid(), self.step, self.phase, self.since, time.time())
+        beat = Heartbeat(
+            self.rank, self.host, os.getpid(), self.step, self.phase, self.since, time.time(), self.job
+        )
         try:
             # Not fsynced: rewritten every second, and only live processes read it.
             atomic_json(RunDir(self.run_dir).heartbeat(self.rank), asdict(beat), durable=False, indent=None)
@@ -156,7 +176,7 @@ class Watchdog:
         for _ in range(int(STALE_AFTER_S / HEARTBEAT_S) + 1):  # every rank's heartbeat catches up meanwhile
             self._write_heartbeat()
             time.sleep(HEARTBEAT_S)
-        culprit, why = find_culprit(read_heartbeats(self.run_dir), time.time())
+        culprit, why = find_culprit(read_heartbeats(self.run_dir, self.job), time.time())
         where = f"rank {culprit.rank} on {culprit.host}" if culprit else "no single rank"
         write_error_record(
             self.run_dir,

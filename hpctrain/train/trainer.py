@@ -183,6 +183,7 @@ def fit(
         step_s = time.perf_counter() - step_start
         speed.step_done(step_s)
         watchdog.step_done(step_s)
+        watchdog.enter(state.step, "report")  # evaluation and logging are not timed as the step
 
         if profiler is not None and state.step == profile_last:
             profiler.stop()  # writes the trace
