@@ -15,9 +15,11 @@ from hpctrain.resilience import requeue
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.slurm import commands
 
+# A canned answer per client, or per client and first word (``scontrol.requeue.rc``) when one is given.
 FAKE = """#!/bin/sh
 name=$(basename "$0")
 echo "$name $*" >> "$FAKE_DIR/calls"
+[ -f "$FAKE_DIR/$name.$1.rc" ] && name="$name.$1"
 [ -f "$FAKE_DIR/$name.out" ] && cat "$FAKE_DIR/$name.out"
 exit $(cat "$FAKE_DIR/$name.rc" 2>/dev/null || echo 0)
 """
@@ -127,11 +129,22 @@ def test_a_requeue_that_keeps_failing_is_tried_five_times_and_logged(
 
 def test_a_stop_requeues_once_from_rank_0(fake: Fake, caplog: pytest.LogCaptureFixture):
     fake.answer("sacct", "RUNNING\n")
-    fake.answer("scontrol", "", rc=1)
+    fake.answer("scontrol.requeue", "slurm_requeue error: busy", rc=1)
+    fake.answer("scontrol", SHOW_JOB.replace("JobState=RUNNING", "JobState=REQUEUED"))
     with caplog.at_level(logging.WARNING):
         requeue.requeue_or_fail("12", "SIGUSR2", 40, max_requeues=3, is_main=True)
-    assert fake.calls()[1:] == ["scontrol requeue 12"]  # one try: a pre-empting partition may requeue itself
+    # One try: a pre-empting partition requeues the job itself, and then the failure is only logged.
+    assert fake.calls()[1:] == ["scontrol requeue 12", "scontrol show job 12"]
     assert "scontrol requeue 12 failed" in caplog.text
     fake.answer("sacct", "CANCELLED by 0\n")
     requeue.requeue_or_fail("12", "SIGTERM", 41, max_requeues=3, is_main=True)
     assert fake.calls()[-1].startswith("sacct")
+
+
+def test_a_refused_requeue_fails_the_job_with_the_reason(fake: Fake):
+    """The job must end FAILED saying why, not COMPLETED as if training had finished."""
+    fake.answer("sacct", "RUNNING\n")
+    fake.answer("scontrol.requeue", "Requested operation is presently disabled", rc=1)
+    fake.answer("scontrol", SHOW_JOB)  # still RUNNING: nobody else requeues it
+    with pytest.raises(requeue.RequeueFailed, match=r"scontrol requeue 12 failed: .*presently disabled"):
+        requeue.requeue_or_fail("12", "SIGUSR2", 40, max_requeues=3, is_main=True)

@@ -23,6 +23,14 @@ class RequeueCapReached(RuntimeError):
     pass
 
 
+class RequeueFailed(RuntimeError):
+    """Slurm refused to requeue a stopped job: it must end FAILED with the reason, not COMPLETED."""
+
+
+# States of a job that Slurm itself is requeueing (a pre-empting partition with PreemptMode=REQUEUE).
+BEING_REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED")
+
+
 def slurm_job_id() -> str | None:
     """This job as Slurm commands must name it (None outside Slurm, or under the local launcher).
 
@@ -66,11 +74,20 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
         )
         result = commands.requeue(job_id)
         if not result.ok:
+            why = (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
+            state = commands.job_fields(job_id).get("JobState", "")
+            if state not in BEING_REQUEUED:
+                raise RequeueFailed(
+                    f"stopped by {reason} at step {step} (checkpoint saved), but scontrol requeue {job_id} "
+                    f"failed: {why}. Resubmit with trainer.resume=auto to continue."
+                )
             # A pre-empting partition with PreemptMode=REQUEUE requeues the job itself: then this is a no-op.
             log.warning(
-                "scontrol requeue %s failed (%s); the checkpoint of step %d is saved either way",
+                "scontrol requeue %s failed (%s) while Slurm requeues the job itself (%s); the checkpoint of "
+                "step %d is saved either way",
                 job_id,
-                result.stderr.strip(),
+                why,
+                state,
                 step,
             )
 
