@@ -7,6 +7,7 @@ assert on it. The workers live at module level so that spawn can pickle them.
 from __future__ import annotations
 
 import faulthandler
+import io
 import math
 import pickle
 from datetime import timedelta
@@ -105,8 +106,8 @@ def _flat_params(model: nn.Module) -> torch.Tensor:
 
 
 def _powersgd_fields(state: dict[str, Any]) -> dict[str, Any]:
-    blob = pickle.loads(state["pickle"])
-    blob["rng"] = blob["rng"].get_state()[1].copy()  # the Mersenne Twister key, comparable with ==
+    blob = torch.load(io.BytesIO(state["saved"]), weights_only=True)  # never a pickle: weights-only
+    blob["rng"] = blob["rng"][1].numpy()  # the Mersenne Twister key, comparable with ==
     return blob
 
 

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
+from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.files import fsync_dir
@@ -167,11 +168,15 @@ class CheckpointManager:
 
     def _load(self, directory: Path, state: Mapping[str, Any]) -> str | None:
         try:
-            metadata = dcp.FileSystemReader(directory).read_metadata()
+            metadata = SafeFileSystemReader(directory).read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
-            dcp.load({k: v for k, v in state.items() if k not in absent}, checkpoint_id=directory)
+            dcp.load(
+                {k: v for k, v in state.items() if k not in absent},
+                storage_reader=SafeFileSystemReader(directory),
+                planner=SafeLoadPlanner(),
+            )
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException

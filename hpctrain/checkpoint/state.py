@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pickle
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -11,6 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from hpctrain.checkpoint.safe import UnsafeCheckpoint, decode, encode
 
 # Optimizer state flattened to one entry per parameter ("state.<name>.exp_avg", "param_groups.<name>.lr"):
 # pipeline stages hold different parameters, so a nested "param_groups" list would differ between ranks and
@@ -61,8 +62,8 @@ class TrainState:
 class RNGState:
     """This rank's generators (python, numpy, torch CPU, CUDA), saved under a per-rank key.
 
-    Pickled to bytes: DCP would otherwise split the numpy state tuple and reload it with torch's
-    weights-only unpickler, which refuses numpy arrays.
+    Stored as bytes that the weights-only unpickler reads (:func:`hpctrain.checkpoint.safe.encode`): DCP would
+    otherwise split the numpy state tuple, and a pickle would let a crafted checkpoint run code.
 
     ``seed`` (default: torch's current initial seed, i.e. this rank's seed when made right after
     ``seed_everything``) is what :meth:`fresh_stream` derives a stream from when a checkpoint has no state
@@ -78,10 +79,12 @@ class RNGState:
         return fresh
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pickle": pickle.dumps(self._capture())}
+        return {"encoded": encode(self._capture())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._restore(pickle.loads(state["pickle"]))
+        if "encoded" not in state:  # hpctrain before safe loading pickled it: never unpickled here
+            raise UnsafeCheckpoint("the RNG state was written by an older hpctrain as a pickle: not loaded")
+        self._restore(decode(state["encoded"]))
 
     @staticmethod
     def _capture() -> dict[str, Any]:

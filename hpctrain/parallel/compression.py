@@ -17,11 +17,12 @@ they share (parameter names per bucket, remapping a state to a new layout, the g
 are one unit that ``register_compression`` installs together; split, each part would import the others.
 """
 
+import io
 import math
-import pickle
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -167,10 +168,10 @@ class PowerSGDCompressionState(CompressionState):
     """torch's ``PowerSGDState`` (error feedback, warm-started P/Q matrices, iteration count, the RNG that
     seeds Q) plus the bucket layouts its per-bucket tensors were made in.
 
-    Saved as ``{"pickle": bytes}``: the per-bucket tensors exist only after the first compressed step and
-    their sizes depend on the model, so a fresh state could not give DCP a template of fixed tensors to load
-    into; the bytes carry whatever there is.
-    """
+    Saved as ``{"saved": bytes}`` (torch.save, read back weights-only; numpy's RNG state as a tensor): the
+    per-bucket tensors exist only after the first compressed step and their sizes depend on the model, so a
+    fresh state could not give DCP a template of fixed tensors to load into; the bytes carry whatever there
+    is."""
 
     def __init__(
         self,
@@ -218,10 +219,20 @@ class PowerSGDCompressionState(CompressionState):
             blob[field] = {index: t.detach().cpu() for index, t in blob[field].items()}
         blob["matrix_approximation_rank"] = s.matrix_approximation_rank
         blob["layouts"] = dict(self.layouts)
-        return {"pickle": pickle.dumps(blob)}
+        name, keys, pos, has_gauss, cached = s.rng.get_state()
+        blob["rng"] = (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))
+        out = io.BytesIO()
+        torch.save(blob, out)  # tensors, numbers and tuples of names: the weights-only unpickler reads it
+        return {"saved": out.getvalue()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        blob = pickle.loads(state["pickle"])
+        if "saved" not in state:  # hpctrain before safe loading pickled it: never unpickled here
+            raise ValueError("the PowerSGD state was written by an older hpctrain as a pickle: not loaded")
+        blob = torch.load(io.BytesIO(state["saved"]), weights_only=True)
+        name, keys, pos, has_gauss, cached = blob["rng"]
+        rng = np.random.RandomState()
+        rng.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        blob["rng"] = rng
         s = self.torch_state
         for field in self._FIELDS:
             setattr(s, field, blob[field])

@@ -4,14 +4,18 @@
     <run>/checkpoints/.tmp-step_00000025/   being written (or abandoned by a crash): never loaded
 
 A checkpoint is committed by renaming its temporary directory once every rank has written its shards and
-``manifest.json`` (each file's size) is on disk. A directory whose files do not match its manifest (a
-truncated shard, a lost file) is damaged and skipped.
+``manifest.json`` (each file's size and CRC-32) is on disk. A directory whose files do not match its
+manifest (a truncated shard, a lost file, a flipped bit) is damaged and skipped. Manifests of hpctrain
+before checksums (sizes only) are still checked by size. A checkpoint directory that is a symbolic link is
+not one of this run's: auto-resume never follows it out of the run directory.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
+from typing import Any
 
 from hpctrain.rundir.files import atomic_json
 
@@ -35,18 +39,43 @@ def committed(root: Path) -> list[Path]:
     found = [
         p
         for p in root.iterdir()
-        if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
+        if p.is_dir() and not p.is_symlink() and p.name.startswith(PREFIX) and p.name[len(PREFIX) :].isdigit()
     ]
     return sorted(found, key=step_of, reverse=True)
 
 
+CHUNK = 1 << 20
+
+
+def crc32(path: Path) -> int:
+    """CRC-32 of a file (zlib's, as in zip and gzip), read in 1 MiB chunks."""
+    value = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
 def write_manifest(directory: Path, step: int) -> None:
     files = {
-        str(p.relative_to(directory)): p.stat().st_size
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "crc32": crc32(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    atomic_json(directory / MANIFEST, {"step": step, "files": files})
+    atomic_json(
+        directory / MANIFEST, {"format": "hpctrain-checkpoint", "version": 2, "step": step, "files": files}
+    )
+
+
+def _expected(entry: Any) -> tuple[int, int | None]:
+    """(size, crc32) of a manifest entry: version 2 has both, version 1 (a bare int) the size only."""
+    if isinstance(entry, bool):
+        raise ValueError("not a file entry")
+    if isinstance(entry, int):
+        return entry, None
+    if isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("crc32"), int):
+        return entry["size"], entry["crc32"]
+    raise ValueError("not a file entry")
 
 
 def problem_with(directory: Path) -> str | None:
@@ -55,13 +84,27 @@ def problem_with(directory: Path) -> str | None:
         manifest = json.loads((directory / MANIFEST).read_text())
     except FileNotFoundError:
         return f"no {MANIFEST} (never committed)"
-    except ValueError as err:
+    except (OSError, ValueError) as err:
         return f"unreadable {MANIFEST}: {err}"
-    for name, size in manifest["files"].items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        return f"{MANIFEST} lists no files (not a manifest of this hpctrain)"
+    checks = []
+    for name, entry in files.items():
+        try:
+            size, checksum = _expected(entry)
+        except ValueError:
+            return f"{MANIFEST} has an entry for {name} of the wrong shape"
         path = directory / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{MANIFEST} names {name}, outside the checkpoint"
         if not path.is_file():
             return f"{name} is missing"
         actual = path.stat().st_size
         if actual != size:
             return f"{name} has {actual} bytes, the manifest says {size}"
+        checks.append((name, path, checksum))
+    for name, path, checksum in checks:  # sizes first: cheap, and the usual damage
+        if checksum is not None and crc32(path) != checksum:
+            return f"{name} does not match its checksum (the file changed after it was written)"
     return None

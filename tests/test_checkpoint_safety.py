@@ -1,0 +1,125 @@
+"""Loading a checkpoint never runs code from it, and a damaged one is never loaded silently."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import FAST, hpctrain, metrics
+
+from hpctrain.checkpoint.safe import UnsafeCheckpoint, decode, encode, load_metadata
+from hpctrain.rundir import checkpoints as layout
+
+RUN = [*FAST, "trainer.max_steps=4", "trainer.ckpt_every=2", "trainer.log_every=1", "trainer.keep_last=5"]
+
+
+class _Exploit:
+    """What a crafted .metadata would hold: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("safety") / "run"
+    result = hpctrain(*RUN, f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def test_a_crafted_metadata_pickle_is_refused_before_it_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    with pytest.raises(UnsafeCheckpoint, match="system"):
+        load_metadata(pickle.dumps(_Exploit(marker)))
+    assert not marker.exists()
+
+
+def test_resume_skips_a_crafted_checkpoint_without_running_it(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    marker = tmp_path / "pwned"
+    newest = layout.committed(run / "checkpoints")[0]
+    (newest / ".metadata").write_bytes(pickle.dumps(_Exploit(marker)))
+    layout.write_manifest(newest, layout.step_of(newest))  # whoever crafted it rewrote the manifest too
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert not marker.exists(), "the checkpoint's pickle ran"
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "Skipping checkpoint" in log and "UnsafeCheckpoint" in log and "system" in log
+    assert "Resumed from" in log and "step_00000002" in log.split("Resumed from")[1].splitlines()[0]
+
+
+def test_a_flipped_bit_is_caught_by_the_checksum_and_named(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    newest = layout.committed(run / "checkpoints")[0]
+    shard = sorted(newest.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: a size-only manifest would load it
+    shard.write_bytes(bytes(data))
+    problem = layout.problem_with(newest)
+    assert problem is not None and shard.name in problem and "checksum" in problem
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert f"{shard.name} does not match its checksum" in log
+    assert [r["step"] for r in metrics(run)][-2:] == [5, 6]
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    ["[]", '{"files": 3}', '{"files": {"a": "big"}}', '{"files": {"../../etc/passwd": 1}}', "{}"],
+)
+def test_a_manifest_of_the_wrong_shape_is_a_problem_not_a_crash(tmp_path: Path, manifest: str) -> None:
+    directory = tmp_path / "step_00000001"
+    directory.mkdir()
+    (directory / layout.MANIFEST).write_text(manifest)
+    problem = layout.problem_with(directory)
+    assert problem is not None and "\n" not in problem
+
+
+def test_an_older_size_only_manifest_still_verifies(trained: Path, tmp_path: Path) -> None:
+    import json
+
+    run = _copy(trained, tmp_path)
+    newest = layout.committed(run / "checkpoints")[0]
+    manifest = json.loads((newest / layout.MANIFEST).read_text())
+    old = {"step": manifest["step"], "files": {k: v["size"] for k, v in manifest["files"].items()}}
+    (newest / layout.MANIFEST).write_text(json.dumps(old))
+    assert layout.problem_with(newest) is None
+
+
+def test_a_symlinked_checkpoint_is_not_followed_out_of_the_run(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere" / "step_00000009"
+    outside.mkdir(parents=True)
+    root = tmp_path / "run" / "checkpoints"
+    root.mkdir(parents=True)
+    (root / "step_00000009").symlink_to(outside, target_is_directory=True)
+    assert layout.committed(root) == []
+
+
+def test_rng_state_round_trips_without_pickle() -> None:
+    random.seed(3)
+    np.random.seed(4)
+    torch.manual_seed(5)
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    back = decode(encode(state))
+    assert back["python"] == state["python"]
+    assert back["numpy"][0] == "MT19937" and np.array_equal(back["numpy"][1], state["numpy"][1])
+    assert back["numpy"][1].dtype == state["numpy"][1].dtype and back["numpy"][2:] == state["numpy"][2:]
+    assert torch.equal(back["torch"], state["torch"])
