@@ -44,3 +44,17 @@ def test_an_unknown_word_is_an_override_refused_in_one_line() -> None:
     )
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "stauts" in result.stderr, result.stderr
+
+
+def test_no_subcommand_but_train_imports_torch() -> None:
+    """status, logs, plan, ... run on login nodes: their modules (and what they import) leave torch out."""
+    names = [name for name in SUBCOMMANDS if name != "train"]
+    code = (
+        "import contextlib, io, sys; from hpctrain.cli import main\n"
+        f"for name in {names!r}:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        assert main([name, '--help']) == 0, name\n"
+        "    assert 'torch' not in sys.modules, name\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr

@@ -24,7 +24,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
     "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
     "status": Subcommand("TARGET", "Slurm state and training progress of a run, a sweep or a job id", "jobs"),
-    "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "jobs"),
+    "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "logs"),
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),

@@ -1,11 +1,11 @@
-"""``hpctrain status | logs | cancel | summary``: look after runs and sweeps once they are submitted.
+"""``hpctrain status | cancel | summary``: look after runs and sweeps once they are submitted.
 
 A TARGET is a run directory (``job.json``; a local run has none and shows its progress only), a sweep
 directory (``sweep.json``) or a Slurm job id (``123``, or ``123_4`` for one array member), whose run or sweep
 directory is found from the job's output path while slurmctld still knows the job.
+:mod:`hpctrain.cli.targets` resolves it; ``hpctrain logs`` is :mod:`hpctrain.cli.logs`.
 
     hpctrain status TARGET                   job, Slurm state, nodes, elapsed, step / max_steps, loss, error
-    hpctrain logs TARGET [-f] [-n N] [--rank R] [--member I]    the tail of logs/rank<R>.log
     hpctrain cancel TARGET                   scancel the run's job, or every member of a sweep
     hpctrain summary SWEEP_DIR [--csv PATH]  final metrics of every member, as a table and a CSV
 
@@ -26,14 +26,12 @@ from hpctrain.cli.common import (
     EXIT_OK,
     JobsError,
     Parser,
-    UsageError,
     fmt,
     guarded,
     plural,
     table,
 )
-from hpctrain.cli.logs import DEFAULT_TAIL, logs
-from hpctrain.cli.targets import Target, member_target, resolve, state_of, states_of
+from hpctrain.cli.targets import TARGET_HELP, Target, resolve, state_of, states_of
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import (
     JOB_RECORD,
@@ -307,53 +305,27 @@ def _parser(command: str) -> Parser:
             "--csv", type=Path, metavar="PATH", help="where to write the CSV (SWEEP_DIR/summary.csv)"
         )
     else:
-        parser.add_argument(
-            "target", metavar="TARGET", help="a run directory, a sweep directory or a Slurm job id"
-        )
-    if command == "logs":
-        parser.add_argument(
-            "-f", "--follow", action="store_true", help="follow until the job ends (or Ctrl-C)"
-        )
-        parser.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL, metavar="N", help="last N lines")
-        parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose log (default 0)")
-        parser.add_argument("--member", type=int, metavar="I", help="which member of a sweep")
+        parser.add_argument("target", metavar="TARGET", help=TARGET_HELP)
     return parser
 
 
 def _run(command: str, argv: list[str]) -> int:
     args = _parser(command).parse_args(argv)
-    if command == "logs":
-        if args.lines < 0:
-            raise UsageError(f"-n must be 0 or more, not {args.lines}")
-        if args.rank < 0:
-            raise UsageError(f"--rank must be 0 or more, not {args.rank}")
     target = resolve(args.target)
     if command == "status":
         return status(target)
     if command == "cancel":
         return cancel(target)
-    if command == "summary":
-        return summary(target, args.csv)
-    if target.is_sweep:
-        assert target.sweep is not None
-        members = {m.index: m for m in target.sweep.members}
-        if args.member is None or args.member not in members:
-            choice = f"0..{len(members) - 1}" if members else "none"
-            raise UsageError(f"{args.target} is a sweep: choose a member with --member I ({choice})")
-        target = member_target(args.target, members[args.member])
-    elif args.member is not None:
-        raise UsageError(f"--member is for a sweep directory; {args.target} is a single run")
-    return logs(target, args.follow, args.lines, args.rank)
+    return summary(target, args.csv)
 
 
 COMMANDS = {
     "status": "Slurm state and training progress of a run, a sweep or a job id.",
-    "logs": "The tail of a rank's log; -f follows it until the job ends.",
     "cancel": "Cancel a run's Slurm job, or every member of a sweep.",
     "summary": "Final metrics of every member of a sweep, as a table and a CSV.",
 }
 
 
 def run(command: str, argv: list[str]) -> int:
-    """``hpctrain COMMAND ARGS...`` for COMMAND one of status, logs, cancel, summary."""
+    """``hpctrain COMMAND ARGS...`` for COMMAND one of status, cancel, summary."""
     return guarded(f"hpctrain {command}", lambda: _run(command, argv))

@@ -1,5 +1,5 @@
 """``hpctrain logs TARGET [-f] [-n N] [--rank R] [--member I]``: the tail of a rank's log, or follow it until
-the job ends. No torch import here."""
+the job ends. TARGET is resolved by :mod:`hpctrain.cli.targets`. No torch import here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.cli.common import EXIT_OK, JobsError
-from hpctrain.cli.targets import Target, state_of
+from hpctrain.cli.common import EXIT_OK, JobsError, Parser, UsageError, guarded
+from hpctrain.cli.targets import TARGET_HELP, Target, member_target, resolve, state_of
 from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
 
@@ -111,3 +111,42 @@ def _follow(path: Path, n: int, job_id: str | None, fallback: Path | None) -> in
         else:
             raise JobsError(f"the job ended without writing {path}")
     return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+DESCRIPTION = "The tail of a rank's log; -f follows it until the job ends."
+
+
+def _parser() -> Parser:
+    parser = Parser(prog="hpctrain logs", description=DESCRIPTION)
+    parser.add_argument("target", metavar="TARGET", help=TARGET_HELP)
+    parser.add_argument("-f", "--follow", action="store_true", help="follow until the job ends (or Ctrl-C)")
+    parser.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL, metavar="N", help="last N lines")
+    parser.add_argument("--rank", type=int, default=0, metavar="R", help="whose log (default 0)")
+    parser.add_argument("--member", type=int, metavar="I", help="which member of a sweep")
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.lines < 0:
+        raise UsageError(f"-n must be 0 or more, not {args.lines}")
+    if args.rank < 0:
+        raise UsageError(f"--rank must be 0 or more, not {args.rank}")
+    target = resolve(args.target)
+    if target.is_sweep:
+        assert target.sweep is not None
+        members = {m.index: m for m in target.sweep.members}
+        if args.member is None or args.member not in members:
+            choice = f"0..{len(members) - 1}" if members else "none"
+            raise UsageError(f"{args.target} is a sweep: choose a member with --member I ({choice})")
+        target = member_target(args.target, members[args.member])
+    elif args.member is not None:
+        raise UsageError(f"--member is for a sweep directory; {args.target} is a single run")
+    return logs(target, args.follow, args.lines, args.rank)
+
+
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain logs TARGET [-f] [-n N] [--rank R] [--member I]`` (``argv`` without the word ``logs``)."""
+    return guarded("hpctrain logs", lambda: _run(argv))

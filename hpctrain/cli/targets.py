@@ -23,6 +23,8 @@ from hpctrain.rundir.records import (
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
 
+TARGET_HELP = "a run directory, a sweep directory or a Slurm job id"  # the TARGET argument's --help
+
 # ---------------------------------------------------------------------------------------------- targets
 
 

@@ -43,7 +43,7 @@ def test_report_of_a_slurm_sweep(slurm_cluster: object, tmp_path: Path) -> None:
     assert {job: s.state for job, s in states.items()} == expected
 
     report = subprocess.run(
-        [sys.executable, "-m", "hpctrain.observe.report", str(sweep)],
+        [sys.executable, "-m", "hpctrain", "report", str(sweep)],
         cwd=REPO,
         capture_output=True,
         text=True,
