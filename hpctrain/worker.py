@@ -79,7 +79,7 @@ def _train(run_dir: Path) -> None:
     _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
     cfg = load_run_config(RunDir(run_dir).config)
     signals.listen(cfg.cluster.signal)
-    device = init_distributed(env, cfg.cluster.dist_timeout_s)
+    device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, RunDir(run_dir))
     job_id = requeue.slurm_job_id()

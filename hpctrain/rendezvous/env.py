@@ -23,6 +23,9 @@ class DistEnv:
     master_addr: str
     master_port: int
     hostname: str
+    # Started by srun: (job id, array task, restart count), from which every task derives the same port
+    # candidates (hpctrain.slurm.spec.rendezvous_port); None when a launcher chose MASTER_PORT.
+    port_key: tuple[str, str, str] | None = None
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> DistEnv:
@@ -55,20 +58,23 @@ class DistEnv:
 def task_from_environ(env: dict[str, str]) -> DistEnv | None:
     """This task's place in the job from the variables srun sets (None outside an srun step).
 
-    The rendezvous host is the job's first node; the port comes from the job id, so every task agrees
-    without talking. Array tasks each have their own SLURM_JOB_ID, hence their own port.
+    The rendezvous host is the job's first node; the port comes from the job id, array task and restart
+    count, so every task agrees without talking (and rank 0 moves on to the next candidate, telling the
+    others through the run directory, when the port is taken: :mod:`hpctrain.rendezvous.group`).
     """
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return None
     nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+    key = (env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID", ""), env.get("SLURM_RESTART_COUNT", "0"))
     return DistEnv(
         rank=int(env["SLURM_PROCID"]),
         local_rank=int(env.get("SLURM_LOCALID", "0")),
         world_size=int(env["SLURM_NTASKS"]),
         local_world_size=_tasks_on_this_node(env),
         master_addr=nodes[0],
-        master_port=rendezvous_port(env["SLURM_JOB_ID"]),
+        master_port=rendezvous_port(*key),
         hostname=socket.gethostname(),
+        port_key=key,
     )
 
 

@@ -2,14 +2,19 @@
 
 The local launcher and torchrun export RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT; a task started by srun (submitit, or an sbatch template) has SLURM_PROCID & co instead, from
-which :func:`hpctrain.rendezvous.env.task_from_environ` derives the same (first node, port from the job id).
+which :func:`hpctrain.rendezvous.env.task_from_environ` derives the same (first node, port from the job id,
+array task and restart count). Such a port can be taken (another job on the node, a predecessor's socket in
+TIME_WAIT): rank 0 then moves on to the next candidate and writes the one it listens on into the run
+directory (rendezvous.json, keyed by the job start), where the other ranks read it.
 The process group uses NCCL with one GPU per local rank when CUDA is present, gloo otherwise, and a
 timeout, so that a peer that never arrives (or dies) fails the run instead of hanging it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -17,10 +22,17 @@ import torch.distributed as dist
 
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.rundir import RunDir
+from hpctrain.slurm.spec import rendezvous_port
+
+log = logging.getLogger(__name__)
 
 
-def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
-    """Join the process group; return this rank's device."""
+PORT_ATTEMPTS = 8
+
+
+def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = None) -> torch.device:
+    """Join the process group; return this rank's device. With ``run_dir``, ranks started by srun agree on
+    a free port through it (:func:`slurm_store`)."""
     if torch.cuda.is_available():
         if env.local_rank >= torch.cuda.device_count():
             raise RuntimeError(
@@ -33,22 +45,66 @@ def init_distributed(env: DistEnv, timeout_s: float) -> torch.device:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    port = env.master_port
     try:
+        if env.port_key is not None and run_dir is not None:
+            store, port = slurm_store(env, run_dir, timeout_s)
+            where: dict[str, object] = {"store": store}
+        else:
+            where = {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
         dist.init_process_group(
             backend=backend,
-            init_method=f"tcp://{env.master_addr}:{env.master_port}",
             rank=env.rank,
             world_size=env.world_size,
             timeout=timedelta(seconds=timeout_s),
             device_id=device if backend == "nccl" else None,
+            **where,  # type: ignore[arg-type]
         )
     except Exception as err:
         raise RuntimeError(
             f"rank {env.rank} on {env.hostname} could not join the {env.world_size}-rank process "
-            f"group at {env.master_addr}:{env.master_port} ({backend}, timeout {timeout_s} s): "
+            f"group at {env.master_addr}:{port} ({backend}, timeout {timeout_s} s): "
             f"{err}"
         ) from err
     return device
+
+
+def slurm_store(env: DistEnv, run_dir: RunDir, timeout_s: float) -> tuple[dist.TCPStore, int]:
+    """The rendezvous store of a job start begun by srun, and its port.
+
+    Rank 0 listens on the first free port of the start's candidates and records it; the others wait (at
+    most ``timeout_s``) for the record of this very start, then connect.
+    """
+    assert env.port_key is not None
+    key = ":".join(env.port_key)
+    timeout = timedelta(seconds=timeout_s)
+    if env.is_main:
+        for attempt in range(PORT_ATTEMPTS):
+            port = rendezvous_port(*env.port_key, attempt=attempt)
+            try:
+                store = dist.TCPStore(
+                    env.master_addr,
+                    port,
+                    env.world_size,
+                    is_master=True,
+                    timeout=timeout,
+                    wait_for_workers=False,
+                )
+            except (RuntimeError, OSError) as err:
+                if "in use" not in str(err).lower():
+                    raise
+                log.info("Rendezvous port %d is taken; trying the next candidate", port)
+                continue
+            run_dir.write_rendezvous({"job": key, "host": env.master_addr, "port": port})
+            return store, port
+        raise RuntimeError(f"no free rendezvous port among {PORT_ATTEMPTS} candidates on {env.master_addr}")
+    deadline = time.monotonic() + timeout_s
+    while (record := run_dir.read_rendezvous()) is None or record.get("job") != key:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 did not publish its rendezvous port in {run_dir.rendezvous}")
+        time.sleep(0.2)
+    port = int(record["port"])
+    return dist.TCPStore(env.master_addr, port, env.world_size, is_master=False, timeout=timeout), port
 
 
 def record_topology(env: DistEnv, run_dir: RunDir) -> list[dict[str, object]]:

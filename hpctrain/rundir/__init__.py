@@ -5,6 +5,7 @@
     <run>/sweep.json                  a sweep directory's members (one Slurm array)
     <run>/metrics.jsonl               rank 0's logged records, one JSON object per line
     <run>/ranks.json                  every rank's host and pid
+    <run>/rendezvous.json             the port rank 0 of a Slurm job start listens on (when it had to move)
     <run>/logs/rank<R>.log            each rank's log; rank<R>.error.json: the error it died of
     <run>/heartbeats/rank<R>.json     the hang watchdog's heartbeats
     <run>/checkpoints/step_<N>/       committed checkpoints (hpctrain.rundir.checkpoints)
@@ -28,6 +29,7 @@ JOB_RECORD = "job.json"
 SWEEP_RECORD = "sweep.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
+RENDEZVOUS_FILE = "rendezvous.json"
 # Hydra's record of a sweep's members (written by Hydra's launchers).
 MULTIRUN_RECORD = "multirun.yaml"
 
@@ -131,6 +133,17 @@ class RunDir:
             return int(OmegaConf.load(self.config).trainer.max_steps)
         except Exception:  # missing, partly written or from another version: progress shows the step only
             return None
+
+    @property
+    def rendezvous(self) -> Path:
+        return self.path / RENDEZVOUS_FILE
+
+    def write_rendezvous(self, record: dict[str, Any]) -> None:
+        atomic_json(self.rendezvous, record)
+
+    def read_rendezvous(self) -> dict[str, Any] | None:
+        found = read_json(self.rendezvous)
+        return found if isinstance(found, dict) else None
 
     def read_ranks(self) -> list[dict[str, Any]] | None:
         found = read_json(self.ranks)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 
 # Partition, account, qos, constraint, exclude, job name: what Slurm itself accepts in practice, and no
 # character a shell would act on (no space, quote, $, `, ;, &, |, <, >, parentheses, backslash, newline).
@@ -83,7 +84,12 @@ def _split_top_level(text: str) -> list[str]:
     return [i for i in items if i]
 
 
-def rendezvous_port(job_id: str) -> int:
-    """A port every task of a job derives alike, spread over 20000–39999 so jobs sharing a node differ."""
-    digits = "".join(c for c in job_id if c.isdigit()) or "0"
-    return 20000 + int(digits) % 20000
+def rendezvous_port(job_id: str, array_task: str = "", restart: str = "0", attempt: int = 0) -> int:
+    """A port every task of a job start derives alike, over 20000–39999.
+
+    A CRC-32 of (job id, array task, restart count, attempt): job ids that differ by 20000 no longer land on
+    the same port (``id % 20000`` did), a requeued start moves off its predecessor's port (which may still
+    be in TIME_WAIT), and ``attempt`` gives the next candidate when a port is taken.
+    """
+    key = f"{job_id}:{array_task}:{restart}:{attempt}".encode()
+    return 20000 + zlib.crc32(key) % 20000
