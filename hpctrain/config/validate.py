@@ -5,11 +5,11 @@ Runs on the submitting machine (no torch import). Rules are grouped by config gr
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
 from hpctrain.config.errors import ConfigError
+from hpctrain.config.sanity import check_no_control_characters, check_writable_dir
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
@@ -48,6 +48,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     """Every rule below; the run's shape when none fails."""
+    check_no_control_characters(cfg)
     _check_model(cfg.model)
     check_data(cfg.data, cfg.model)
     _check_cluster(cfg)
@@ -190,14 +191,14 @@ def _check_cluster(cfg: Config) -> None:
     _one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
     for key in ("partition", "account", "qos", "exclude", "job_name", "mem"):
         value = getattr(c, key)
-        if value is not None and not SAFE_SLURM_TOKEN.match(value):
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
             raise ConfigError(
                 f"cluster.{key}",
                 value,
                 "contains characters a shell or sbatch would act on",
                 valid="letters, digits and _ . , : @ % + = [ ] -",
             )
-    if c.constraint is not None and not SAFE_CONSTRAINT.match(c.constraint):
+    if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
         raise ConfigError(
             "cluster.constraint",
             c.constraint,
@@ -205,17 +206,17 @@ def _check_cluster(cfg: Config) -> None:
             valid="features joined by & | , with [ ] ( ) *",
         )
     for name in c.env:
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise ConfigError(f"cluster.env.{name}", c.env[name], "not a valid environment variable name")
     for line in c.setup:
         try:
             shlex.split(line)
         except ValueError as err:
             raise ConfigError("cluster.setup", line, f"cannot be split into words: {err}") from None
-    if c.container_image is not None and not SAFE_CONTAINER.match(c.container_image):
+    if c.container_image is not None and not SAFE_CONTAINER.fullmatch(c.container_image):
         raise ConfigError("cluster.container_image", c.container_image, "not an image reference or path")
     for mount in c.container_mounts:
-        if not SAFE_MOUNT.match(mount):
+        if not SAFE_MOUNT.fullmatch(mount):
             raise ConfigError("cluster.container_mounts", mount, "not a mount", valid="SRC:DST[:FLAGS]")
 
 
@@ -417,14 +418,3 @@ def _check_batch(cfg: Config) -> None:
             f"must be a multiple of {names} = {factors} = {per_pass}",
             valid=f"e.g. {lower} or {lower + per_pass}",
         )
-
-
-def check_writable_dir(key: str, path: Path) -> None:
-    """The nearest existing ancestor must be a writable directory, so the run can create ``path``."""
-    probe = path.absolute()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(key, path, f"cannot create a directory there: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(key, path, f"cannot create a directory there: {probe} is not writable")
