@@ -3,6 +3,7 @@ started or created, no traceback."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,35 @@ def test_control_characters_and_unusable_run_dirs(tmp_path: Path, overrides, env
     result = hpctrain("dry_run=true", *overrides, env=env, cwd=tmp_path, timeout=60)
     _refused(result, words)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was created"
+
+
+# --- cluster.setup lines are shell by design: verbatim in the job script, each on its own line
+@pytest.mark.parametrize("template", ["srun", "torchrun"])
+def test_setup_lines_reach_the_job_script_verbatim(tmp_path: Path, template: str):
+    run_dir = tmp_path / "render"
+    lines = ["source $HOME/venv/bin/activate && cd ~/proj", 'echo "$VIRTUAL_ENV" | tr a-z A-Z > ~/out']
+    result = hpctrain(
+        SLURM,
+        "launcher=sbatch",
+        f"cluster.sbatch_template={template}",
+        "dry_run=true",
+        "cluster.setup=[" + ",".join(f"'{line}'" for line in lines) + "]",
+        f"hydra.run.dir={run_dir}",
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    script = (run_dir / "job.sbatch").read_text()
+    for line in lines:
+        assert f"\n{line}\n" in script, script
+    # Run the setup part with a HOME of the test's own: $HOME, &&, ~ and the pipe act as typed.
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    (home / "proj").mkdir()
+    (home / "venv" / "bin" / "activate").write_text("export VIRTUAL_ENV=myenv\n")
+    setup = script[script.index(lines[0]) : script.index(lines[1]) + len(lines[1])]
+    ran = subprocess.run(
+        ["bash", "-c", setup + "\npwd"], capture_output=True, text=True, env={"HOME": str(home)}
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(home / "proj")
+    assert (home / "out").read_text().strip() == "MYENV"

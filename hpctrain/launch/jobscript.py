@@ -1,8 +1,9 @@
 """The lines a Slurm job runs before its tasks, shared by the submitit launcher and the sbatch templates.
 
-Config values reach a shell here, so every one is quoted: environment values with shlex.quote, and each
-setup line is split into words and re-joined quoted, so ``module load cuda/12.4`` runs as written while
-``x; touch /tmp/p`` becomes the single (failing) command ``'x;' touch /tmp/p`` — no operator is ever acted on.
+Environment values reach a shell here and are quoted (shlex.quote). ``cluster.setup`` lines are shell by
+design (``source $HOME/venv/bin/activate && cd ~/proj``): each is written verbatim on a line of its own, like
+a line the user would type into the job script (validation refuses control characters, so a line cannot
+hold a second one, and a line shlex cannot split, so an open quote cannot swallow the lines after it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def setup_lines(cluster: ClusterConfig, snapshot: Path) -> list[str]:
         "export PYTHONSAFEPATH=1",
     ]
     lines += [f"export {name}={shlex.quote(str(value))}" for name, value in cluster.env.items()]
-    lines += [shlex.join(shlex.split(line)) for line in cluster.setup]
+    lines += list(cluster.setup)  # shell by design: verbatim
     return lines
 
 
