@@ -3,11 +3,15 @@ started or created, no traceback."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import hpctrain
+from conftest import FAST, REPO, hpctrain, worker_pids
 
 SLURM = "cluster=slurm_test"
 
@@ -84,3 +88,79 @@ def test_setup_lines_reach_the_job_script_verbatim(tmp_path: Path, template: str
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == str(home / "proj")
     assert (home / "out").read_text().strip() == "MYENV"
+
+
+# --- secrets: a cluster.env value whose name looks secret is never recorded, yet reaches the workers
+def _grep(root: Path, text: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and text.encode() in p.read_bytes()]
+
+
+def test_secret_env_value_is_not_recorded_but_reaches_the_workers(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            *FAST,
+            "trainer.max_steps=100000",
+            "++cluster.env.MY_API_KEY=s3cretvalue",
+            "++cluster.env.PLAIN=visible",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        environ = b""
+        while b"MY_API_KEY=" not in environ:
+            assert first.poll() is None and time.monotonic() < deadline, "no worker started"
+            for pid in worker_pids(run_dir):
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes()
+                except OSError:
+                    continue
+            time.sleep(0.1)
+        assert b"\0MY_API_KEY=s3cretvalue\0" in environ and b"\0PLAIN=visible\0" in environ
+    finally:
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+    assert (run_dir / "config.yaml").is_file() and "visible" in (run_dir / "config.yaml").read_text()
+    assert "***" in (run_dir / "config.yaml").read_text()
+    assert _grep(run_dir, "s3cretvalue") == []
+
+
+@pytest.mark.parametrize("launcher", ["sbatch", "submitit"])
+def test_secret_env_value_stays_out_of_slurm_job_scripts(tmp_path: Path, launcher: str):
+    run_dir = tmp_path / "run"
+    result = hpctrain(
+        SLURM,
+        f"launcher={launcher}",
+        "dry_run=true",
+        "++cluster.env.WANDB_API_KEY=s3cretvalue",
+        "++cluster.env.DB_PASSWORD_FILE=s3cretvalue",
+        f"hydra.run.dir={run_dir}",
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "s3cretvalue" not in result.stdout + result.stderr
+    assert _grep(run_dir, "s3cretvalue") == []
+    if launcher == "sbatch":
+        assert (run_dir / "job.sbatch").stat().st_mode & 0o777 == 0o700
+
+
+def test_launchers_pass_secrets_through_the_environment(monkeypatch: pytest.MonkeyPatch):
+    from hpctrain.config.redact import export_secrets, redact_config
+
+    for name in ("HPCTRAIN_TEST_TOKEN", "PLAIN"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # restored to its old state afterwards
+    export_secrets({"HPCTRAIN_TEST_TOKEN": "t0k", "PLAIN": "x"})
+    assert os.environ["HPCTRAIN_TEST_TOKEN"] == "t0k" and "PLAIN" not in os.environ
+    plain = {"cluster": {"env": {"WANDB_API_KEY": "k", "A_SECRET": "s", "HOME2": "h"}}, "x": 1}
+    assert redact_config(plain) == {
+        "cluster": {"env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"}},
+        "x": 1,
+    }

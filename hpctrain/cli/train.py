@@ -147,6 +147,7 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.compose import to_typed
+    from hpctrain.config.redact import redact_files
     from hpctrain.config.validate import validate
     from hpctrain.launch import get_launcher, write_run_config
     from hpctrain.rundir import RunLock
@@ -161,6 +162,8 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
     except ConfigError as err:  # a sweep trial the precheck could not enumerate (interval sweeps)
         print(f"hpctrain: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_CONFIG) from None
+    # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
+    redact_files([*(run_dir / ".hydra").glob("*.yaml"), run_dir.parent / "multirun.yaml"], typed.cluster.env)
     try:
         write_run_config(run_dir, cfg)
         status = get_launcher(typed).launch(typed, run_dir)
