@@ -164,3 +164,45 @@ def test_launchers_pass_secrets_through_the_environment(monkeypatch: pytest.Monk
         "cluster": {"env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"}},
         "x": 1,
     }
+
+
+# --- precheck gaps: numbers that are not finite, local runs this machine cannot hold, malformed sweeps
+PRECHECK = [
+    (["optim.lr=inf"], ["optim.lr=inf", "finite"]),
+    (["optim.lr=nan"], ["optim.lr=nan", "finite"]),
+    (["optim.grad_clip=nan"], ["optim.grad_clip=nan", "finite"]),
+    (["optim.weight_decay=-inf"], ["optim.weight_decay", "-inf"]),
+    (["cluster.nproc=100000"], ["cluster.nproc=100000", "CPU cores", "valid: 1.."]),
+    (["cluster.master_addr=no-such-host.invalid"], ["cluster.master_addr=no-such-host.invalid", "resolved"]),
+    (["-m", "optim.lr=1,"], ["cannot parse override 'optim.lr=1,'"]),
+    (["-m", "optim.lr=1,2", "trainer.max_steps=[1"], ["cannot parse override 'trainer.max_steps=[1'"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "words"), PRECHECK, ids=[" ".join(o) for o, _ in PRECHECK])
+def test_precheck_gaps(tmp_path: Path, overrides: list[str], words: list[str]):
+    dirs = [f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"]
+    result = hpctrain("dry_run=true", *overrides, *dirs, cwd=tmp_path, timeout=60)
+    _refused(result, words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was created"
+
+
+@pytest.mark.parametrize("case", ["same file", "its header", "inside the input directory"])
+def test_prepare_refuses_to_write_over_its_input(tmp_path: Path, case: str):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("hello world\n")
+    made = hpctrain("prepare", str(src / "a.txt"), "--out", str(tmp_path / "a.bin"), timeout=60)
+    assert made.returncode == 0, made.stderr
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    inputs, out = {
+        "same file": (tmp_path / "a.bin", tmp_path / "a.bin"),
+        "its header": (tmp_path / "a.json", tmp_path / "a.bin"),
+        "inside the input directory": (src, src / "corpus.bin"),
+    }[case]
+    result = hpctrain("prepare", str(inputs), "--out", str(out), timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--out={out}" in lines[0] and "valid:" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -88,9 +88,14 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
     they are left out here and each trial is validated when it starts."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parser = OverridesParser.create()
     axes: list[list[str]] = []
-    for override in parsed:
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception as err:  # Hydra's grammar errors: one line, like compose's
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
         key = override.get_key_element()
         if override.is_interval_sweep():
             continue

@@ -2,6 +2,8 @@
 
 - No string value may hold a control character (a newline, a carriage return, an escape...): such values
   reach a shell, a path or an ``#SBATCH`` line, where a newline starts a new command or directive.
+- No number may be nan or ±inf; a local run may not ask for more processes than the machine can hold, nor
+  rendezvous at an address it cannot resolve.
 - A run or sweep directory must be one the run can create and write: not ``/``, not under a file, not on a
   read-only or pseudo file system (probed by creating and removing a temporary directory, which works for
   root too, where ``os.access`` says yes to everything).
@@ -10,6 +12,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,25 +42,55 @@ def check_text(key: str, value: str) -> None:
         )
 
 
-def strings(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
-    """Every string of a typed config (dataclasses, dicts, lists), with its dotted key."""
-    if isinstance(value, str):
-        yield key, value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+def leaves(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a typed config (dataclasses, dicts, lists), with its dotted key; a dict's keys too."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            yield from strings(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+            yield from leaves(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
     elif isinstance(value, dict):
         for name, item in value.items():
-            yield from strings(str(name), f"{key}.{name}")
-            yield from strings(item, f"{key}.{name}")
+            yield f"{key}.{name}", str(name)
+            yield from leaves(item, f"{key}.{name}")
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            yield from strings(item, f"{key}[{i}]")
+            yield from leaves(item, f"{key}[{i}]")
+    else:
+        yield key, value
 
 
 def check_no_control_characters(cfg: Any) -> None:
-    for key, text in strings(cfg):
-        check_text(key, text)
+    for key, value in leaves(cfg):
+        if isinstance(value, str):
+            check_text(key, value)
+
+
+def check_finite(cfg: Any) -> None:
+    """No number of the config may be nan or ±inf (``optim.lr=inf`` would train nothing but NaNs)."""
+    for key, value in leaves(cfg):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(key, value, "must be a finite number")
+
+
+def check_local_cluster(nproc: int, master_addr: str) -> None:
+    """``cluster=local``: a process count this machine can hold, and a rendezvous address it can resolve."""
+    cap = max(16, 8 * (os.cpu_count() or 1))
+    if nproc > cap:
+        raise ConfigError(
+            "cluster.nproc",
+            nproc,
+            f"too many local processes for {os.cpu_count()} CPU cores",
+            valid=f"1..{cap} (max(16, 8 × cores))",
+        )
+    try:
+        socket.getaddrinfo(master_addr, None)
+    except (OSError, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ConfigError(
+            "cluster.master_addr",
+            master_addr,
+            f"cannot be resolved: {reason}",
+            valid="an address or host name of this machine, e.g. 127.0.0.1",
+        ) from None
 
 
 def check_writable_dir(key: str, path: Path) -> None:

@@ -9,7 +9,12 @@ import shlex
 from pathlib import Path
 
 from hpctrain.config.errors import ConfigError
-from hpctrain.config.sanity import check_no_control_characters, check_writable_dir
+from hpctrain.config.sanity import (
+    check_finite,
+    check_local_cluster,
+    check_no_control_characters,
+    check_writable_dir,
+)
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
@@ -49,6 +54,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     """Every rule below; the run's shape when none fails."""
     check_no_control_characters(cfg)
+    check_finite(cfg)
     _check_model(cfg.model)
     check_data(cfg.data, cfg.model)
     _check_cluster(cfg)
@@ -164,6 +170,7 @@ def _check_cluster(cfg: Config) -> None:
     _at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
     if c.kind == "local":
         _at_least("cluster.nproc", c.nproc, 1)
+        check_local_cluster(c.nproc, c.master_addr)
         return
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "array_parallelism"):
         _at_least(f"cluster.{key}", getattr(c, key), 1)
