@@ -26,6 +26,7 @@ class ConfigError(ValueError):
 def _show(value: Any) -> str:
     if value is None:
         return "null"
-    text = str(value)
+    # Control characters are shown escaped (\n, \x1b): the line stays one line and the terminal untouched.
+    text = "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in str(value))
     # Long enough for any real path; a pasted blob is cut so the message stays one readable line.
     return text if len(text) <= 400 else text[:397] + "..."

@@ -23,12 +23,15 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, RunLock
 
 if TYPE_CHECKING:
+    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.watchdog import Heartbeat
 
 PR_SET_PDEATHSIG = 1
+LOCK_WAIT_S = 15.0
 
 log = logging.getLogger("hpctrain.worker")
 
@@ -59,22 +62,37 @@ def _train(run_dir: Path) -> None:
     # for USR2, kill the process, its default action).
     signals = StopSignals({"USR2", "TERM"})
 
+    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.resilience import requeue
+    from hpctrain.rundir.records import error_file
+
+    env = DistEnv.from_environ()
+    error_file(run_dir, env.rank).unlink(missing_ok=True)  # left by an earlier start of a requeued job
+    job_id = requeue.slurm_job_id()
+    # One run per directory: under Slurm rank 0 holds the lock (the local launcher holds it for local runs).
+    # A requeued job's previous incarnation may still be dying: wait a few seconds for its lock to go.
+    lock = RunLock(run_dir).acquire(wait_s=LOCK_WAIT_S, job_id=job_id) if job_id and env.is_main else None
+    try:
+        _fit(run_dir, env, job_id, signals)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _fit(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> None:
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
-    from hpctrain.rendezvous.env import DistEnv
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
-    from hpctrain.rundir.records import error_file, is_peer_symptom, read_error_record
+    from hpctrain.rundir.records import is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
     from hpctrain.train.trainer import fit
 
-    env = DistEnv.from_environ()
-    error_file(run_dir, env.rank).unlink(missing_ok=True)  # left by an earlier start of a requeued job
     console = open_console() if env.is_main else None
     _setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
     cfg = load_run_config(RunDir(run_dir).config)
@@ -82,7 +100,6 @@ def _train(run_dir: Path) -> None:
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, RunDir(run_dir))
-    job_id = requeue.slurm_job_id()
     end_time = commands.end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:

@@ -71,7 +71,16 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
         else:
             check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+            _check_unlocked(Path(cfg.hydra.run.dir))
     return checked[0]
+
+
+def _check_unlocked(run_dir: Path) -> None:
+    """Refuse, before Hydra writes anything there, a run directory another live run holds."""
+    from hpctrain.rundir import RunDir, RunLock
+
+    if RunDir(run_dir).lock.is_file():
+        RunLock(run_dir).acquire().release()
 
 
 def sweep_members(overrides: list[str]) -> list[list[str]]:
@@ -79,9 +88,14 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
     they are left out here and each trial is validated when it starts."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
+    parser = OverridesParser.create()
     axes: list[list[str]] = []
-    for override in parsed:
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception as err:  # Hydra's grammar errors: one line, like compose's
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
         key = override.get_key_element()
         if override.is_interval_sweep():
             continue
@@ -138,17 +152,28 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.compose import to_typed
+    from hpctrain.config.redact import redact_files
     from hpctrain.config.validate import validate
     from hpctrain.launch import get_launcher, write_run_config
+    from hpctrain.rundir import RunLock
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
     try:
         typed = to_typed(cfg)
         validate(typed)
+        # A local run is one process tree: the launcher holds the run directory's lock for the run's life
+        # (a Slurm job's rank 0 takes it in hpctrain.worker).
+        lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None
     except ConfigError as err:  # a sweep trial the precheck could not enumerate (interval sweeps)
         print(f"hpctrain: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_CONFIG) from None
-    write_run_config(run_dir, cfg)
-    status = get_launcher(typed).launch(typed, run_dir)
+    # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
+    redact_files([*(run_dir / ".hydra").glob("*.yaml"), run_dir.parent / "multirun.yaml"], typed.cluster.env)
+    try:
+        write_run_config(run_dir, cfg)
+        status = get_launcher(typed).launch(typed, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
     if status:
         raise SystemExit(status)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from hpctrain.config.redact import redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, MODEL_SCHEMAS, Config
 from hpctrain.rundir import RUN_CONFIG, RunDir
 
@@ -13,9 +14,11 @@ __all__ = ["RUN_CONFIG", "load_run_config", "write_run_config"]
 
 
 def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
-    """Write ``cfg`` (resolved, without Hydra's own node) to ``run_dir/config.yaml``."""
+    """Write ``cfg`` (resolved, without Hydra's own node, secret ``cluster.env`` values as ``***``) to
+    ``run_dir/config.yaml``."""
     keys = [k for k in cfg if k != "hydra"]
-    text = OmegaConf.to_yaml(OmegaConf.masked_copy(cfg, keys), resolve=True)
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
+    text = OmegaConf.to_yaml(OmegaConf.create(redact_config(plain)))
     return RunDir(run_dir).write_config_text(text)
 
 

@@ -134,7 +134,9 @@ class ClusterConfig:
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
     env: dict[str, str] = field(default_factory=dict)  # exported in the job (values quoted)
-    setup: list[str] = field(default_factory=list)  # commands run before the tasks start, e.g. module load
+    # Shell lines run in the job script before the tasks start, each verbatim on its own line ($HOME, &&, ~
+    # and pipes work as typed), e.g. "module load cuda/12.4" or "source $HOME/venv/bin/activate && cd ~/proj".
+    setup: list[str] = field(default_factory=list)
     container_image: str | None = None  # pyxis/enroot: srun --container-image
     container_mounts: list[str] = field(default_factory=list)  # src:dst[:flags]
     array_parallelism: int = 64  # sweep members running at once

@@ -5,11 +5,16 @@ Runs on the submitting machine (no torch import). Rules are grouped by config gr
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 
 from hpctrain.config.errors import ConfigError
+from hpctrain.config.sanity import (
+    check_finite,
+    check_local_cluster,
+    check_no_control_characters,
+    check_writable_dir,
+)
 from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
@@ -48,6 +53,8 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     """Every rule below; the run's shape when none fails."""
+    check_no_control_characters(cfg)
+    check_finite(cfg)
     _check_model(cfg.model)
     check_data(cfg.data, cfg.model)
     _check_cluster(cfg)
@@ -163,6 +170,7 @@ def _check_cluster(cfg: Config) -> None:
     _at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
     if c.kind == "local":
         _at_least("cluster.nproc", c.nproc, 1)
+        check_local_cluster(c.nproc, c.master_addr)
         return
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "array_parallelism"):
         _at_least(f"cluster.{key}", getattr(c, key), 1)
@@ -190,14 +198,14 @@ def _check_cluster(cfg: Config) -> None:
     _one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
     for key in ("partition", "account", "qos", "exclude", "job_name", "mem"):
         value = getattr(c, key)
-        if value is not None and not SAFE_SLURM_TOKEN.match(value):
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
             raise ConfigError(
                 f"cluster.{key}",
                 value,
                 "contains characters a shell or sbatch would act on",
                 valid="letters, digits and _ . , : @ % + = [ ] -",
             )
-    if c.constraint is not None and not SAFE_CONSTRAINT.match(c.constraint):
+    if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
         raise ConfigError(
             "cluster.constraint",
             c.constraint,
@@ -205,17 +213,17 @@ def _check_cluster(cfg: Config) -> None:
             valid="features joined by & | , with [ ] ( ) *",
         )
     for name in c.env:
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise ConfigError(f"cluster.env.{name}", c.env[name], "not a valid environment variable name")
     for line in c.setup:
         try:
             shlex.split(line)
         except ValueError as err:
             raise ConfigError("cluster.setup", line, f"cannot be split into words: {err}") from None
-    if c.container_image is not None and not SAFE_CONTAINER.match(c.container_image):
+    if c.container_image is not None and not SAFE_CONTAINER.fullmatch(c.container_image):
         raise ConfigError("cluster.container_image", c.container_image, "not an image reference or path")
     for mount in c.container_mounts:
-        if not SAFE_MOUNT.match(mount):
+        if not SAFE_MOUNT.fullmatch(mount):
             raise ConfigError("cluster.container_mounts", mount, "not a mount", valid="SRC:DST[:FLAGS]")
 
 
@@ -417,14 +425,3 @@ def _check_batch(cfg: Config) -> None:
             f"must be a multiple of {names} = {factors} = {per_pass}",
             valid=f"e.g. {lower} or {lower + per_pass}",
         )
-
-
-def check_writable_dir(key: str, path: Path) -> None:
-    """The nearest existing ancestor must be a writable directory, so the run can create ``path``."""
-    probe = path.absolute()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ConfigError(key, path, f"cannot create a directory there: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(key, path, f"cannot create a directory there: {probe} is not writable")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.data.tokenfile import write_token_file
+from hpctrain.data.tokenfile import header_path, write_token_file
 
 BYTE_VOCAB = 256
 
@@ -54,11 +54,25 @@ def _load_npy(inputs: list[Path]) -> np.ndarray:
     return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
 
 
+def _check_not_an_input(out: Path, inputs: list[Path]) -> None:
+    """The output (PATH.bin and its PATH.json header) must not overwrite an input, nor land inside an input
+    directory, where the next run would read it back as text."""
+    written = {out.resolve(), header_path(out).resolve()}
+    for path in inputs:
+        resolved = path.resolve()
+        if resolved in written or (path.is_dir() and any(w.is_relative_to(resolved) for w in written)):
+            raise ValueError(
+                f"--out={out} would overwrite or land inside the input {path} "
+                "(valid: a path outside every input file and directory)"
+            )
+
+
 def prepare_tokens(inputs: list[Path], out: Path, from_npy: bool, vocab_size: int | None) -> dict[str, Any]:
     """Write the token file ``out`` (and its header) from text files or directories, or from .npy token
     arrays; return its header. A bad input is a ValueError (or an OSError) with one line."""
     if out.suffix != ".bin":
         raise ValueError(f"--out must end in .bin (its header goes next to it as .json), got {out}")
+    _check_not_an_input(out, inputs)
     if from_npy:
         tokens = _load_npy(inputs)
         if tokens.size and int(tokens.min()) < 0:

@@ -1,8 +1,10 @@
 """The lines a Slurm job runs before its tasks, shared by the submitit launcher and the sbatch templates.
 
-Config values reach a shell here, so every one is quoted: environment values with shlex.quote, and each
-setup line is split into words and re-joined quoted, so ``module load cuda/12.4`` runs as written while
-``x; touch /tmp/p`` becomes the single (failing) command ``'x;' touch /tmp/p`` — no operator is ever acted on.
+Environment values reach a shell here and are quoted (shlex.quote); a secret one (hpctrain.config.redact)
+is not written at all: the job inherits it from the submitter's environment. ``cluster.setup`` lines are
+shell by design (``source $HOME/venv/bin/activate && cd ~/proj``): each is written verbatim on a line of
+its own, as the user would type it into the job script (validation refuses control characters, so a line
+cannot hold a second one, and a line shlex cannot split, so an open quote cannot swallow the next ones).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from hpctrain.config.redact import is_secret
 from hpctrain.config.schema import ClusterConfig
 
 
@@ -20,8 +23,12 @@ def setup_lines(cluster: ClusterConfig, snapshot: Path) -> list[str]:
         f"export PYTHONPATH={shlex.quote(str(snapshot))}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONSAFEPATH=1",
     ]
-    lines += [f"export {name}={shlex.quote(str(value))}" for name, value in cluster.env.items()]
-    lines += [shlex.join(shlex.split(line)) for line in cluster.setup]
+    for name, value in cluster.env.items():
+        if is_secret(name):  # never written: the job inherits it from the submitter's environment
+            lines.append(f"# {name}: from the submitting process's environment (a secret, not recorded)")
+        else:
+            lines.append(f"export {name}={shlex.quote(str(value))}")
+    lines += list(cluster.setup)  # shell by design: verbatim
     return lines
 
 

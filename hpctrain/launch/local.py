@@ -117,6 +117,9 @@ class LocalLauncher:
     def _spawn(self, cfg: Config, run_dir: Path, rank: int, port: int, console_fd: int | None) -> _Worker:
         nproc = cfg.cluster.nproc
         env = dict(os.environ)
+        # cluster.env, secrets included, from the launching process's typed config (config.yaml has *** for a
+        # secret): the workers inherit it, as a Slurm job inherits the submitter's environment.
+        env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),

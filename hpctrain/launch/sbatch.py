@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 
 from hpctrain.config.errors import ConfigError
+from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
@@ -101,13 +102,15 @@ class SbatchLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         path = run_dir / SCRIPT
+        path.touch(mode=0o700)
+        path.chmod(0o700)  # the job script is the user's alone
         path.write_text(script)
-        path.chmod(0o755)
         if cfg.dry_run:
             print_dry_run(cfg, run_dir, script)
             log.info("Written to %s; submit it with: sbatch %s", path, shlex.quote(str(path)))
             return 0
         check_client()
+        export_secrets(cfg.cluster.env)  # sbatch propagates the submitter's environment to the job
         snapshot_package(run_dir)
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
         (run_dir / SLURM_DIR).mkdir(parents=True, exist_ok=True)

@@ -7,11 +7,13 @@ rank (:func:`hpctrain.launch.slurm_task.run_task`). No torch import on this path
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
@@ -58,6 +60,12 @@ def _executor(cluster: ClusterConfig, folder: Path, snapshot: Path) -> Any:
     return executor
 
 
+def _private(job: Any) -> None:
+    """submitit's job script, readable by its owner only (0700)."""
+    with contextlib.suppress(AttributeError, OSError):
+        Path(job.paths.submission_file).chmod(0o700)
+
+
 class SubmititLauncher:
     def launch(self, cfg: Config, run_dir: Path) -> int:
         snapshot = run_dir / SNAPSHOT_DIR
@@ -65,10 +73,12 @@ class SubmititLauncher:
             print_dry_run(cfg, run_dir, submitit_parameters(cfg.cluster, snapshot))
             return 0
         check_client()
+        export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
         snapshot_package(run_dir)
         from hpctrain.launch.slurm_task import run_task
 
         job = _executor(cfg.cluster, run_dir / SLURM_DIR, snapshot).submit(run_task, str(run_dir))
+        _private(job)
         output = str(run_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
         record = JobRecord(
             job.job_id, "submitit", cfg.cluster.name, cfg.cluster.nodes, cfg.cluster.tasks_per_node, output
@@ -83,12 +93,15 @@ def submit_array(
 ) -> SweepRecord:
     """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]``."""
     check_client()
+    export_secrets(cluster.env)
     snapshot = snapshot_package(sweep_dir)
     from hpctrain.launch.slurm_task import run_task
 
     executor = _executor(cluster, sweep_dir / SLURM_DIR, snapshot)
     with executor.batch():
         jobs = [executor.submit(run_task, str(d)) for d in run_dirs]
+    for job in jobs:
+        _private(job)
     members = []
     for index, (job, run_dir, member_overrides) in enumerate(zip(jobs, run_dirs, overrides, strict=True)):
         output = str(sweep_dir / SLURM_DIR / "%j" / "%j_%t_log.out")

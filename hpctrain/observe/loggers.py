@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from hpctrain.config.redact import redact_config
 from hpctrain.config.schema import LoggerConfig
 from hpctrain.rundir import RunDir
 
@@ -88,7 +89,7 @@ class Observer:
             resume="allow",  # the same run continues after a resume or requeue
             name=self.run_dir.name,
             tags=list(self.cfg.wandb_tags),
-            config=self.run_config,
+            config=redact_config(self.run_config),  # secret cluster.env values never reach W&B
         )
         log.info("W&B run %s (%s) in %s", run_id, self.cfg.wandb_mode, self.run_dir / "wandb")
         return run_id

@@ -11,6 +11,7 @@
     <run>/checkpoints/step_<N>/       committed checkpoints (hpctrain.rundir.checkpoints)
     <run>/profile/                    torch.profiler traces
     <run>/plots/                      hpctrain report's PNGs
+    <run>/.lock                       the exclusive lock of the run using it (hpctrain.rundir.lock)
 
 Everything else asks :class:`RunDir` for a path; nothing else spells these names. Writes go through
 :func:`hpctrain.rundir.files.atomic_write`.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.rundir.files import JsonlWriter, atomic_json, atomic_write, read_json, read_jsonl
+from hpctrain.rundir.lock import LOCK_FILE, RunLock
 
 RUN_CONFIG = "config.yaml"
 JOB_RECORD = "job.json"
@@ -102,6 +104,10 @@ class RunDir:
         return self.path / "plots"
 
     @property
+    def lock(self) -> Path:
+        return self.path / LOCK_FILE
+
+    @property
     def hydra_overrides(self) -> Path:
         return self.path / ".hydra" / "overrides.yaml"
 
@@ -152,12 +158,14 @@ class RunDir:
 
 __all__ = [
     "JOB_RECORD",
+    "LOCK_FILE",
     "METRICS_FILE",
     "MULTIRUN_RECORD",
     "RANKS_FILE",
     "RUN_CONFIG",
     "SWEEP_RECORD",
     "RunDir",
+    "RunLock",
     "atomic_json",
     "atomic_write",
 ]

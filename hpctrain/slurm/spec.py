@@ -37,7 +37,7 @@ def parse_time_limit(text: str) -> int:
     """Minutes in a Slurm time limit (seconds round up, as Slurm does). ValueError if it does not parse."""
     text = text.strip()
     for pattern, _ in _TIME_FORMATS:
-        match = pattern.match(text)
+        match = pattern.fullmatch(text)
         if match:
             parts = {k: int(v) for k, v in match.groupdict().items()}
             seconds = (
