@@ -171,7 +171,6 @@ PRECHECK = [
     (["optim.lr=inf"], ["optim.lr=inf", "finite"]),
     (["optim.lr=nan"], ["optim.lr=nan", "finite"]),
     (["optim.grad_clip=nan"], ["optim.grad_clip=nan", "finite"]),
-    (["optim.weight_decay=-inf"], ["optim.weight_decay", "-inf"]),
     (["cluster.nproc=100000"], ["cluster.nproc=100000", "CPU cores", "valid: 1.."]),
     (["cluster.master_addr=no-such-host.invalid"], ["cluster.master_addr=no-such-host.invalid", "resolved"]),
     (["-m", "optim.lr=1,"], ["cannot parse override 'optim.lr=1,'"]),
