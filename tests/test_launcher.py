@@ -129,3 +129,43 @@ def test_wandb_offline_run_id_survives_resume(run_dir: Path):
     assert read_checkpoint(run_dir / "checkpoints" / "step_00000008")["train"]["wandb_run_id"] == first_id
     runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(f"-{first_id}") for name in runs), runs
+
+
+def test_ctrl_c_lets_a_slow_step_finish_and_save(run_dir: Path):
+    """A step longer than cluster.kill_grace_s: the workers are not killed before they have saved."""
+    proc = _start(run_dir, "faults.slow_rank=0:2", "cluster.kill_grace_s=0.5")
+    try:
+        _wait_for_training(run_dir, proc)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-2000:]
+    saved = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert saved, f"no checkpoint after Ctrl-C: {stderr[-2000:]}"
+    assert "checkpoint saved" in (run_dir / "logs" / "rank0.log").read_text()
+    _assert_no_workers_left(run_dir)
+
+
+def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
+    proc = _start(run_dir, "faults.slow_rank=0:60", "cluster.kill_grace_s=0.5")
+    try:
+        deadline = time.monotonic() + 90
+        log = run_dir / "logs" / "rank0.log"
+        while not (log.exists() and "Training from step" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(1)  # inside the first (60 s) step
+        proc.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert proc.poll() is None, "the first Ctrl-C must wait for the step"
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT
+    _assert_no_workers_left(run_dir)

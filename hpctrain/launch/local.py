@@ -6,7 +6,9 @@ worker together with anything it spawned (compile workers, the W&B service); wor
 kill them if the launcher dies (see :mod:`hpctrain.worker`), so no process outlives a run.
 
 When one worker fails, the others are stopped (SIGTERM, then SIGKILL after ``cluster.kill_grace_s``) and
-the launcher exits non-zero naming the rank and its error. No torch import here.
+the launcher exits non-zero naming the rank and its error. Ctrl-C (or SIGTERM) is different: the workers
+are asked to stop and given all the time they need to finish their step and save a checkpoint; a second
+Ctrl-C stops them as after a failure. No torch import here.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class _Failure:
 class LocalLauncher:
     poll_s: float = POLL_S
     _stop_signal: int | None = field(default=None, init=False)
+    _signals_seen: int = field(default=0, init=False)
 
     def launch(self, cfg: Config, run_dir: Path) -> int:
         nproc = cfg.cluster.nproc
@@ -113,6 +116,7 @@ class LocalLauncher:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self._stop_signal = signum
+        self._signals_seen += 1
 
     def _spawn(self, cfg: Config, run_dir: Path, rank: int, port: int, console_fd: int | None) -> _Worker:
         nproc = cfg.cluster.nproc
@@ -153,6 +157,7 @@ class LocalLauncher:
         """Wait for the workers; on the first failure, stop the rest. Failures come back cause first."""
         failures: list[_Failure] = []
         settle_until: float | None = None
+        asked = False  # the workers were asked to stop (first Ctrl-C)
         while True:
             for worker in workers:
                 if worker.exited_at is None and worker.proc.poll() is not None:
@@ -163,6 +168,20 @@ class LocalLauncher:
                 settle_until = time.monotonic() + SETTLE_S
             done = all(w.exited_at is not None for w in workers)
             settled = settle_until is not None and time.monotonic() >= settle_until
+            if self._stop_signal is not None and self._signals_seen == 1 and not failures and not done:
+                if not asked:
+                    # Not SIGKILL after a grace time: a step longer than it would lose every step since
+                    # the last checkpoint. The workers save at their next step boundary and exit.
+                    log.warning(
+                        "Stopping: the workers finish their step and save a checkpoint "
+                        "(Ctrl-C again to stop them at once)"
+                    )
+                    for worker in workers:
+                        if worker.proc.poll() is None:
+                            _kill_group(worker.proc.pid, signal.SIGTERM)
+                    asked = True
+                time.sleep(self.poll_s)
+                continue
             if self._stop_signal is not None or settled or (done and failures):
                 _stop(workers, grace_s)
                 return sorted(failures, key=lambda f: (f.is_peer_symptom, f.exited_at))
