@@ -123,3 +123,13 @@ def test_rng_state_round_trips_without_pickle() -> None:
     assert back["numpy"][0] == "MT19937" and np.array_equal(back["numpy"][1], state["numpy"][1])
     assert back["numpy"][1].dtype == state["numpy"][1].dtype and back["numpy"][2:] == state["numpy"][2:]
     assert torch.equal(back["torch"], state["torch"])
+
+
+def test_resume_after_a_torn_metrics_line(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    with open(run / "metrics.jsonl", "a") as out:
+        out.write('{"step": 5, "loss": 0.')  # the process died mid-line
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert all(line.endswith("}") for line in (run / "metrics.jsonl").read_text().splitlines())
