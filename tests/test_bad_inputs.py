@@ -205,3 +205,26 @@ def test_prepare_refuses_to_write_over_its_input(tmp_path: Path, case: str):
     assert len(lines) == 1 and f"--out={out}" in lines[0] and "valid:" in lines[0], result.stderr
     assert "Traceback" not in result.stderr
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+# --- token files whose header would pass a loose check and fail (or mislead) inside the workers.
+TOKEN_HEADERS = {
+    "a list": "[1, 2]",
+    "a null vocabulary": '{"format": "hpctrain-tokens", "version": 1, "dtype": "uint16", "vocab_size": null, '
+    '"num_tokens": 4}',
+    "a dtype that does not match the file size": '{"format": "hpctrain-tokens", "version": 1, '
+    '"dtype": "uint32", "vocab_size": 256, "num_tokens": 4}',
+    "another version": '{"format": "hpctrain-tokens", "version": 9, "dtype": "uint16", "vocab_size": 256, '
+    '"num_tokens": 4}',
+}
+
+
+@pytest.mark.parametrize("case", list(TOKEN_HEADERS))
+def test_a_token_file_with_a_bad_header_is_refused_in_one_line(tmp_path: Path, case: str):
+    data = tmp_path / "corpus.bin"
+    data.write_bytes(bytes(8))  # 4 uint16 tokens
+    (tmp_path / "corpus.json").write_text(TOKEN_HEADERS[case])
+    run = tmp_path / "run"
+    result = hpctrain("data=tokens", f"data.path={data}", f"hydra.run.dir={run}")
+    _refused(result, ["data.path=", "corpus"])
+    assert not run.exists()

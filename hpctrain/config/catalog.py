@@ -15,6 +15,11 @@ from typing import Any
 DATASET_KINDS: dict[str, str] = {"synthetic": "any", "text": "tokens", "digits": "images", "tokens": "tokens"}
 MODEL_INPUT_KIND: dict[str, str] = {"gpt": "tokens", "vit": "images"}
 
+# Token files (``hpctrain prepare``, hpctrain.data.tokenfile): PATH.bin of little-endian ids and PATH.json.
+TOKEN_FORMAT = "hpctrain-tokens"
+TOKEN_VERSION = 1
+TOKEN_ITEMSIZE = {"uint16": 2, "uint32": 4}
+
 # Byte-level text: every byte value is a token.
 TEXT_VOCAB = 256
 # scikit-learn's load_digits: 8×8 grey images of the digits 0–9.
@@ -32,7 +37,36 @@ def fixed_vocab(name: str) -> int | None:
 
 
 def read_token_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header next to a token file ``<name>.bin`` (``<name>.json``), unvalidated."""
-    header = Path(path).with_suffix(".json")
-    with open(header, encoding="utf-8") as f:
-        return json.load(f)
+    """Load and validate the header of token file ``path`` (.bin) against the file's size."""
+    path = Path(path)
+    hpath = path.with_suffix(".json")
+    if not path.is_file():
+        raise FileNotFoundError(f"token file {path} not found (write one with `hpctrain prepare`)")
+    if not hpath.is_file():
+        raise FileNotFoundError(f"token file header {hpath} not found next to {path}")
+    try:
+        header = json.loads(hpath.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"token file header {hpath} is not valid JSON: {e}") from e
+    if not isinstance(header, dict) or header.get("format") != TOKEN_FORMAT:
+        raise ValueError(f"{hpath} is not an {TOKEN_FORMAT} header")
+    if header.get("version") != TOKEN_VERSION:
+        raise ValueError(
+            f"{hpath} has version {header.get('version')}; this reader knows version {TOKEN_VERSION}"
+        )
+    if header.get("dtype") not in TOKEN_ITEMSIZE:
+        raise ValueError(
+            f"{hpath} has dtype {header.get('dtype')!r}; expected one of {sorted(TOKEN_ITEMSIZE)}"
+        )
+    for key in ("vocab_size", "num_tokens"):
+        if not isinstance(header.get(key), int) or isinstance(header[key], bool) or header[key] < 0:
+            raise ValueError(f"{hpath} has {key}={header.get(key)!r}; expected a non-negative integer")
+    itemsize = TOKEN_ITEMSIZE[header["dtype"]]
+    expected = header["num_tokens"] * itemsize
+    actual = path.stat().st_size
+    if actual != expected:
+        raise ValueError(
+            f"token file {path} has {actual} bytes but its header says num_tokens={header['num_tokens']} "
+            f"× {itemsize} bytes ({header['dtype']}) = {expected} bytes"
+        )
+    return header

@@ -159,8 +159,8 @@ def _token_file_vocab(path: str | None) -> int:
         )
     try:
         return int(read_token_header(path)["vocab_size"])
-    except (ValueError, KeyError) as err:
-        raise ConfigError("data.path", path, f"unreadable header {header.name}: {err}") from None
+    except (ValueError, OSError) as err:
+        raise ConfigError("data.path", path, f"not a usable token file: {err}") from None
 
 
 def _check_cluster(cfg: Config) -> None:

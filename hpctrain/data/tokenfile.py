@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.catalog import TOKEN_FORMAT as FORMAT
+from hpctrain.config.catalog import TOKEN_VERSION as VERSION
+from hpctrain.config.catalog import read_token_header as read_header
 from hpctrain.rundir.files import atomic_write
 
-FORMAT = "hpctrain-tokens"
-VERSION = 1
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 
 
@@ -59,38 +60,6 @@ def write_token_file(path: str | Path, tokens: np.ndarray, vocab_size: int) -> d
     # Data first, header last: a header on disk always describes a complete .bin (or the size check fails).
     atomic_write(path, lambda f: f.write(tokens.astype(DTYPES[dtype], copy=False).tobytes()))
     atomic_write(header_path(path), lambda f: f.write((json.dumps(header, indent=2) + "\n").encode()))
-    return header
-
-
-def read_header(path: str | Path) -> dict[str, Any]:
-    """Load and validate the header of token file ``path`` (.bin) against the file's size."""
-    path = Path(path)
-    hpath = header_path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"token file {path} not found (write one with `hpctrain prepare`)")
-    if not hpath.is_file():
-        raise FileNotFoundError(f"token file header {hpath} not found next to {path}")
-    try:
-        header = json.loads(hpath.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"token file header {hpath} is not valid JSON: {e}") from e
-    if not isinstance(header, dict) or header.get("format") != FORMAT:
-        raise ValueError(f"{hpath} is not an {FORMAT} header")
-    if header.get("version") != VERSION:
-        raise ValueError(f"{hpath} has version {header.get('version')}; this reader knows version {VERSION}")
-    if header.get("dtype") not in DTYPES:
-        raise ValueError(f"{hpath} has dtype {header.get('dtype')!r}; expected one of {sorted(DTYPES)}")
-    for key in ("vocab_size", "num_tokens"):
-        if not isinstance(header.get(key), int) or header[key] < 0:
-            raise ValueError(f"{hpath} has {key}={header.get(key)!r}; expected a non-negative integer")
-    itemsize = DTYPES[header["dtype"]].itemsize
-    expected = header["num_tokens"] * itemsize
-    actual = path.stat().st_size
-    if actual != expected:
-        raise ValueError(
-            f"token file {path} has {actual} bytes but its header says num_tokens={header['num_tokens']} "
-            f"× {itemsize} bytes ({header['dtype']}) = {expected} bytes"
-        )
     return header
 
 
