@@ -228,3 +228,11 @@ def test_a_token_file_with_a_bad_header_is_refused_in_one_line(tmp_path: Path, c
     result = hpctrain("data=tokens", f"data.path={data}", f"hydra.run.dir={run}")
     _refused(result, ["data.path=", "corpus"])
     assert not run.exists()
+
+
+def test_a_model_larger_than_this_machine_is_refused_before_it_starts(tmp_path: Path):
+    run = tmp_path / "run"
+    big = ["model.d_model=8192", "model.n_heads=64", "model.n_layers=48", "cluster.nproc=2"]
+    line = _refused(hpctrain(*big, f"hydra.run.dir={run}"), ["GiB per process", "this machine", "plan_check"])
+    assert "× 2 processes" in line
+    assert not run.exists()

@@ -286,6 +286,39 @@ def check_fits(cfg: Config) -> Estimate:
     raise ConfigError("", None, reason, valid=valid)
 
 
+def machine_memory_bytes() -> int | None:
+    """This machine's memory (MemTotal of /proc/meminfo), or None where there is no such file."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits_here(cfg: Config) -> Estimate | None:
+    """The check before a run of CPU processes on this machine: every process holds its model state and
+    activations in this machine's memory; a run that cannot fit in all of it is a one-line ConfigError."""
+    total = machine_memory_bytes()
+    if total is None:
+        return None
+    est = estimate(cfg)
+    per_rank = est.largest.total + est.largest.host
+    need = per_rank * est.world
+    if need <= total:
+        return est
+    raise ConfigError(
+        "",
+        None,
+        f"plan: {human_count(est.n_params)}-parameter {est.model} needs about {gib(per_rank):.1f} GiB per "
+        f"process × {est.world} process{'es' * (est.world > 1)} = {gib(need):.1f} GiB, more than this "
+        f"machine's {gib(total):.1f} GiB of memory",
+        valid="a smaller model or micro-batch, fewer processes (cluster.nproc), or plan_check=false",
+    )
+
+
 def run(name: str, argv: list[str]) -> int:
     """``hpctrain plan OVERRIDES... [--top N]``."""
     parser = argparse.ArgumentParser(

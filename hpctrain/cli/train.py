@@ -66,6 +66,10 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
             from hpctrain.cli.plan import check_fits
 
             check_fits(typed)  # the memory per GPU must fit
+        elif typed.plan_check and typed.cluster.kind == "local":
+            from hpctrain.cli.plan import check_fits_here
+
+            check_fits_here(typed)  # the processes must fit in this machine's memory
         checked.append((typed, cfg))
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
