@@ -236,3 +236,19 @@ def test_a_model_larger_than_this_machine_is_refused_before_it_starts(tmp_path: 
     line = _refused(hpctrain(*big, f"hydra.run.dir={run}"), ["GiB per process", "this machine", "plan_check"])
     assert "× 2 processes" in line
     assert not run.exists()
+
+
+def test_secret_env_value_stays_out_of_a_slurm_sweep_directory(tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    result = hpctrain(
+        "-m",
+        SLURM,
+        "optim.lr=1e-3,2e-3",
+        "dry_run=true",
+        "++cluster.env.WANDB_API_KEY=s3cretvalue",
+        f"hydra.sweep.dir={sweep}",
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (sweep / "multirun.yaml").is_file()
+    assert _grep(sweep, "s3cretvalue") == []

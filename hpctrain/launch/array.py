@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from hpctrain.config.compose import to_typed
 from hpctrain.config.errors import ConfigError
 from hpctrain.config.io import write_run_config
+from hpctrain.config.redact import redact_files
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
 from hpctrain.rundir import RunDir
@@ -56,6 +57,8 @@ def launch_array(
     _check_one_shape([m[0] for m in members], [m[2] for m in members])
 
     first = members[0][0]
+    # Hydra recorded the sweep's overrides, secret cluster.env values included, before calling us.
+    redact_files([RunDir(sweep_dir).multirun], first.cluster.env)
     if first.dry_run:
         log.info(
             "Dry run: nothing submitted. A job array of %d members would run in %s:", len(members), sweep_dir
