@@ -14,7 +14,14 @@ its shards written, so rank 0's completion means every rank's shards are on disk
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
 (and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
-partial checkpoint is never loaded.
+partial checkpoint is never loaded. An intact checkpoint that does not fit the model (another shape, other
+parameter names) is not skipped: resume refuses with ``CheckpointMismatch`` (one line: the first key, both
+shapes, how to start fresh) before anything is loaded, written or pruned.
+
+Lineage: each manager starts a fresh lineage id, and continues the lineage of the checkpoint it resumed from.
+Only checkpoints of its own lineage are pruned; a committed ``step_N`` of another lineage that a save would
+replace is moved aside (``rundir.checkpoints.aside_name``). So a run that loaded none of a directory's
+checkpoints (``trainer.resume=never``, or all of them damaged) deletes none of them.
 
 Resume on another world size: model and optimizer reshard through DCP (keys are parameter names), the
 sampler counts global samples. Per-rank RNG streams (``rng_rank{r}``) are matched by rank: a rank the
@@ -29,6 +36,7 @@ import logging
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -41,6 +49,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
+from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.files import fsync_dir
@@ -71,6 +80,9 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._group: dist.ProcessGroup | None = None
         self._stager = BufferStager()
+        self.lineage = uuid.uuid4().hex[:12]
+        self._own_lineages: set[str | None] = {self.lineage}
+        self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
 
     def save(self, step: int, state: Mapping[str, Any], blocking: bool = True) -> Path:
         """Checkpoint ``state`` as step ``step`` (collective: every rank calls it); return its final path.
@@ -130,9 +142,16 @@ class CheckpointManager:
         self.faults.at("commit", step)
         if self.config_file is not None:
             shutil.copy2(self.config_file, tmp / self.config_file.name)
-        layout.write_manifest(tmp, step)
-        if final.exists():  # re-saving a step after a resume from an older checkpoint
-            shutil.rmtree(final)
+        layout.write_manifest(tmp, step, lineage=self.lineage, **self.manifest_info)
+        if final.exists():
+            if layout.lineage_of(final) in self._own_lineages:  # re-saving a step after resuming an older one
+                shutil.rmtree(final)
+            else:  # another run's history: never overwritten
+                aside = self.root / layout.aside_name(final)
+                log.warning(
+                    "Moving %s aside to %s: it belongs to another run's lineage", final.name, aside.name
+                )
+                final.rename(aside)
         tmp.rename(final)
         fsync_dir(self.root)
         self._prune()
@@ -155,6 +174,12 @@ class CheckpointManager:
                 problem = self._load(candidate, state)
             if problem is None:
                 log.info("Resumed from %s (step %d)", candidate, layout.step_of(candidate))
+                lineage = layout.lineage_of(candidate)
+                if lineage is None:  # written before lineages: this run continues it
+                    self._own_lineages.add(None)
+                else:
+                    self.lineage = lineage
+                    self._own_lineages = {lineage}
                 self._discard_uncommitted()
                 return candidate
             log.warning("Skipping checkpoint %s: %s", candidate, problem)
@@ -169,10 +194,11 @@ class CheckpointManager:
         try:
             metadata = dcp.FileSystemReader(directory).read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+            _check_fits(directory, metadata.state_dict_metadata, state)
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
             dcp.load({k: v for k, v in state.items() if k not in absent}, checkpoint_id=directory)
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, CheckpointMismatch):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException
             # Shards are checked against the manifest first, so this is rare (bit rot, a changed model).
@@ -203,7 +229,8 @@ class CheckpointManager:
         return None
 
     def _prune(self) -> None:
-        for old in layout.committed(self.root)[self.keep_last :]:
+        own = [c for c in layout.committed(self.root) if layout.lineage_of(c) in self._own_lineages]
+        for old in own[self.keep_last :]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _discard_uncommitted(self) -> None:
@@ -212,6 +239,37 @@ class CheckpointManager:
                 log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
+
+
+def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Raise ``CheckpointMismatch`` naming the first model tensor whose name or shape differs between the
+    checkpoint and this run (states that offer ``model_shapes()``: {parameter name: global shape})."""
+    for key, stateful in state.items():
+        shapes = getattr(stateful, "model_shapes", None)
+        if shapes is None:
+            continue
+        prefix = f"{key}.model."
+        mine = {f"{prefix}{name}": tuple(shape) for name, shape in shapes().items()}
+        theirs = {
+            k: tuple(getattr(v, "size", ()))
+            for k, v in saved.items()
+            if k.startswith(prefix) and hasattr(v, "size")
+        }
+        for name in sorted(mine.keys() | theirs.keys()):
+            if mine.get(name) == theirs.get(name):
+                continue
+            what = name[len(prefix) :]
+            if name not in theirs:
+                detail = f"{what} is in the model {list(mine[name])} but not in the checkpoint"
+            elif name not in mine:
+                detail = f"{what} is in the checkpoint {list(theirs[name])} but not in the model"
+            else:
+                shapes_of = f"{list(theirs[name])} in the checkpoint, {list(mine[name])} in the model"
+                detail = f"{what} has shape {shapes_of}"
+            raise CheckpointMismatch(
+                f"checkpoint {directory} does not match the model: {detail}; nothing was loaded or deleted; "
+                f"{START_FRESH}"
+            )
 
 
 class BufferStager(AsyncStager):

@@ -6,12 +6,17 @@
 A checkpoint is committed by renaming its temporary directory once every rank has written its shards and
 ``manifest.json`` (each file's size) is on disk. A directory whose files do not match its manifest (a
 truncated shard, a lost file) is damaged and skipped.
+
+The manifest also records the checkpoint's lineage: the id of the run history that wrote it (a fresh run
+starts one; a resumed run continues the one it loaded). A run prunes only checkpoints of its own lineage and
+moves a same-named checkpoint of another lineage aside (``step_N.lineage-<id>``) instead of overwriting it.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from hpctrain.rundir.files import atomic_json
 
@@ -40,13 +45,41 @@ def committed(root: Path) -> list[Path]:
     return sorted(found, key=step_of, reverse=True)
 
 
-def write_manifest(directory: Path, step: int) -> None:
+def write_manifest(directory: Path, step: int, **info: Any) -> None:
+    """``info``: further facts of the checkpoint (``lineage``: the id of the run history that wrote it;
+    ``global_batch_size``), read back by :func:`read_manifest`."""
     files = {
         str(p.relative_to(directory)): p.stat().st_size
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    atomic_json(directory / MANIFEST, {"step": step, "files": files})
+    atomic_json(directory / MANIFEST, {"step": step, **info, "files": files})
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of ``directory``; {} when it has none or it cannot be read."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def lineage_of(directory: Path) -> str | None:
+    """Which run history wrote ``directory`` (None: written before lineages were recorded)."""
+    lineage = read_manifest(directory).get("lineage")
+    return lineage if isinstance(lineage, str) else None
+
+
+def aside_name(directory: Path) -> str:
+    """A name to move a committed checkpoint of another lineage to, rather than overwrite it: not a
+    ``step_N`` name, so it is neither resumed from nor pruned, and unique."""
+    base = f"{directory.name}.lineage-{lineage_of(directory) or 'unknown'}"
+    name, n = base, 1
+    while (directory.parent / name).exists():
+        n += 1
+        name = f"{base}.{n}"
+    return name
 
 
 def problem_with(directory: Path) -> str | None:
