@@ -71,6 +71,7 @@ def _train(run_dir: Path) -> None:
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import error_file, is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
+    from hpctrain.train.overrides import keep_global_batch
     from hpctrain.train.trainer import fit
 
     env = DistEnv.from_environ()
@@ -96,6 +97,7 @@ def _train(run_dir: Path) -> None:
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
         stop = StopCheck(signals, end_time, env.is_main, device)
+        cfg = keep_global_batch(cfg, run_dir)
         result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):

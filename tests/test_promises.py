@@ -6,9 +6,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
 from conftest import FAST, hpctrain, metrics
 
+from hpctrain.checkpoint.manager import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
+from hpctrain.train.optim import lr_factor
 
 BASE = [
     *FAST,
@@ -80,3 +83,41 @@ def test_fresh_run_over_old_checkpoints_neither_prunes_nor_overwrites_them(tmp_p
     new_lineage = layout.lineage_of(root / "step_00000015")
     mine = [c.name for c in layout.committed(root) if layout.lineage_of(c) == new_lineage]
     assert mine == ["step_00000015"]
+
+
+def test_a_change_resume_cannot_honour_is_refused_in_one_line(tmp_path: Path):
+    run = tmp_path / "run"
+    assert hpctrain(*BASE, f"hydra.run.dir={run}").returncode == 0
+    before = tree_hashes(run / "checkpoints")
+
+    seed = hpctrain(*BASE, "trainer.max_steps=12", "trainer.seed=7", f"hydra.run.dir={run}")
+    assert seed.returncode != 0
+    lines = [line for line in seed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "CheckpointMismatch: trainer.seed=7" in lines[0], seed.stderr
+    assert "trainer.resume=never" in lines[0]
+    assert tree_hashes(run / "checkpoints") == before
+
+
+def test_changed_lr_on_resume_is_honoured(tmp_path: Path):
+    run = tmp_path / "run"
+    assert hpctrain(*BASE, f"hydra.run.dir={run}").returncode == 0
+    resumed = hpctrain(*BASE, "trainer.max_steps=12", "optim.lr=0.01", f"hydra.run.dir={run}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Resume honours the changed config: optim.lr 0.001 -> 0.01" in resumed.stdout
+    lr = {r["step"]: r["lr"] for r in metrics(run)}
+    # Step 11 runs at schedule position 10 of 12 (warmup 10): the new peak times the same factor.
+    assert lr[11] == pytest.approx(0.01 * lr_factor(10, 10, 12, 0.1))
+    assert lr[12] == pytest.approx(0.01 * lr_factor(11, 10, 12, 0.1))
+
+
+def test_resume_on_fewer_ranks_keeps_the_global_batch(tmp_path: Path):
+    run = tmp_path / "run"
+    args = [*FAST, "trainer.ckpt_every=5", "trainer.eval_every=0", "trainer.micro_batch_size=4"]
+    first = hpctrain(*args, "cluster.nproc=2", "trainer.max_steps=5", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr
+    resumed = hpctrain(
+        *args, "cluster.nproc=1", "parallel=none", "trainer.max_steps=7", f"hydra.run.dir={run}"
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    sampler = read_checkpoint(run / "checkpoints" / "step_00000007")["sampler"]
+    assert sampler["consumed"] == 7 * 2 * 4, "each step after the resume still took 2 x 4 samples"

@@ -37,7 +37,7 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,14 +162,21 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def resume(self, state: Mapping[str, Any], policy: str) -> Path | None:
-        """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory)."""
+    def resume(
+        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None = None
+    ) -> Path | None:
+        """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory).
+
+        ``check(candidate)``: called for an intact candidate before anything is loaded; it raises
+        ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config)."""
         if policy == "never":
             return None
         explicit = policy != "auto"
         candidates = [Path(policy)] if explicit else layout.committed(self.root)
         for candidate in candidates:
             problem = layout.problem_with(candidate)
+            if problem is None and check is not None:
+                check(candidate)
             if problem is None:
                 problem = self._load(candidate, state)
             if problem is None:
