@@ -30,3 +30,14 @@ def _show(value: Any) -> str:
     text = "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in str(value))
     # Long enough for any real path; a pasted blob is cut so the message stays one readable line.
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+class CheckpointMismatch(RuntimeError):
+    """A committed, intact checkpoint that does not fit this run (another model shape, another config that
+    cannot be honoured on resume). ``str()`` is one line: what differs and how to start fresh instead."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+
+START_FRESH = "to start fresh, use a new hydra.run.dir or trainer.resume=never"

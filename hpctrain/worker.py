@@ -91,6 +91,7 @@ def _fit(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) 
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
+    from hpctrain.train.overrides import keep_global_batch
     from hpctrain.train.trainer import fit
 
     console = open_console() if env.is_main else None
@@ -113,6 +114,7 @@ def _fit(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) 
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
         stop = StopCheck(signals, end_time, env.is_main, device)
+        cfg = keep_global_batch(cfg, run_dir)
         result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):

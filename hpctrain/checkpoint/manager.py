@@ -14,7 +14,14 @@ its shards written, so rank 0's completion means every rank's shards are on disk
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
 (and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
-partial checkpoint is never loaded.
+partial checkpoint is never loaded. An intact checkpoint that does not fit the model (another shape, other
+parameter names) is not skipped: resume refuses with ``CheckpointMismatch`` (one line: the first key, both
+shapes, how to start fresh) before anything is loaded, written or pruned.
+
+Lineage: each manager starts a fresh lineage id, and continues the lineage of the checkpoint it resumed from.
+Only checkpoints of its own lineage are pruned; a committed ``step_N`` of another lineage that a save would
+replace is moved aside (``rundir.checkpoints.aside_name``). So a run that loaded none of a directory's
+checkpoints (``trainer.resume=never``, or all of them damaged) deletes none of them.
 
 Resume on another world size: model and optimizer reshard through DCP (keys are parameter names), the
 sampler counts global samples. Per-rank RNG streams (``rng_rank{r}``) are matched by rank: a rank the
@@ -29,7 +36,8 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +50,7 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
+from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.files import fsync_dir
@@ -72,6 +81,9 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._group: dist.ProcessGroup | None = None
         self._stager = BufferStager()
+        self.lineage = uuid.uuid4().hex[:12]
+        self._own_lineages: set[str | None] = {self.lineage}
+        self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
 
     def save(self, step: int, state: Mapping[str, Any], blocking: bool = True) -> Path:
         """Checkpoint ``state`` as step ``step`` (collective: every rank calls it); return its final path.
@@ -131,9 +143,16 @@ class CheckpointManager:
         self.faults.at("commit", step)
         if self.config_file is not None:
             shutil.copy2(self.config_file, tmp / self.config_file.name)
-        layout.write_manifest(tmp, step)
-        if final.exists():  # re-saving a step after a resume from an older checkpoint
-            shutil.rmtree(final)
+        layout.write_manifest(tmp, step, lineage=self.lineage, **self.manifest_info)
+        if final.exists():
+            if layout.lineage_of(final) in self._own_lineages:  # re-saving a step after resuming an older one
+                shutil.rmtree(final)
+            else:  # another run's history: never overwritten
+                aside = self.root / layout.aside_name(final)
+                log.warning(
+                    "Moving %s aside to %s: it belongs to another run's lineage", final.name, aside.name
+                )
+                final.rename(aside)
         tmp.rename(final)
         fsync_dir(self.root)
         self._prune()
@@ -144,18 +163,31 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def resume(self, state: Mapping[str, Any], policy: str) -> Path | None:
-        """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory)."""
+    def resume(
+        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None = None
+    ) -> Path | None:
+        """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory).
+
+        ``check(candidate)``: called for an intact candidate before anything is loaded; it raises
+        ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config)."""
         if policy == "never":
             return None
         explicit = policy != "auto"
         candidates = [Path(policy)] if explicit else layout.committed(self.root)
         for candidate in candidates:
             problem = layout.problem_with(candidate)
+            if problem is None and check is not None:
+                check(candidate)
             if problem is None:
                 problem = self._load(candidate, state)
             if problem is None:
                 log.info("Resumed from %s (step %d)", candidate, layout.step_of(candidate))
+                lineage = layout.lineage_of(candidate)
+                if lineage is None:  # written before lineages: this run continues it
+                    self._own_lineages.add(None)
+                else:
+                    self.lineage = lineage
+                    self._own_lineages = {lineage}
                 self._discard_uncommitted()
                 return candidate
             log.warning("Skipping checkpoint %s: %s", candidate, problem)
@@ -170,6 +202,7 @@ class CheckpointManager:
         try:
             metadata = SafeFileSystemReader(directory).read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
+            _check_fits(directory, metadata.state_dict_metadata, state)
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
             dcp.load(
@@ -177,7 +210,7 @@ class CheckpointManager:
                 storage_reader=SafeFileSystemReader(directory),
                 planner=SafeLoadPlanner(),
             )
-        except (KeyboardInterrupt, SystemExit):
+        except (KeyboardInterrupt, SystemExit, CheckpointMismatch):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException
             # Shards are checked against the manifest first, so this is rare (bit rot, a changed model).
@@ -208,7 +241,8 @@ class CheckpointManager:
         return None
 
     def _prune(self) -> None:
-        for old in layout.committed(self.root)[self.keep_last :]:
+        own = [c for c in layout.committed(self.root) if layout.lineage_of(c) in self._own_lineages]
+        for old in own[self.keep_last :]:
             shutil.rmtree(old, ignore_errors=True)
 
     def _discard_uncommitted(self) -> None:
@@ -217,6 +251,37 @@ class CheckpointManager:
                 log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
+
+
+def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Raise ``CheckpointMismatch`` naming the first model tensor whose name or shape differs between the
+    checkpoint and this run (states that offer ``model_shapes()``: {parameter name: global shape})."""
+    for key, stateful in state.items():
+        shapes = getattr(stateful, "model_shapes", None)
+        if shapes is None:
+            continue
+        prefix = f"{key}.model."
+        mine = {f"{prefix}{name}": tuple(shape) for name, shape in shapes().items()}
+        theirs = {
+            k: tuple(getattr(v, "size", ()))
+            for k, v in saved.items()
+            if k.startswith(prefix) and hasattr(v, "size")
+        }
+        for name in sorted(mine.keys() | theirs.keys()):
+            if mine.get(name) == theirs.get(name):
+                continue
+            what = name[len(prefix) :]
+            if name not in theirs:
+                detail = f"{what} is in the model {list(mine[name])} but not in the checkpoint"
+            elif name not in mine:
+                detail = f"{what} is in the checkpoint {list(theirs[name])} but not in the model"
+            else:
+                shapes_of = f"{list(theirs[name])} in the checkpoint, {list(mine[name])} in the model"
+                detail = f"{what} has shape {shapes_of}"
+            raise CheckpointMismatch(
+                f"checkpoint {directory} does not match the model: {detail}; nothing was loaded or deleted; "
+                f"{START_FRESH}"
+            )
 
 
 class BufferStager(AsyncStager):

@@ -9,7 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from hpctrain.checkpoint.safe import UnsafeCheckpoint, decode, encode
 
@@ -27,6 +32,11 @@ class ModelOptimizerState:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model = model
         self.optimizer = optimizer
+
+    def model_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every model tensor's global shape by parameter name (the names and shapes a checkpoint holds)."""
+        model_sd = get_model_state_dict(self.model, options=STATE_DICT_OPTIONS)
+        return {name: tuple(t.shape) for name, t in model_sd.items() if isinstance(t, torch.Tensor)}
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=STATE_DICT_OPTIONS)

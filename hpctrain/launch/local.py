@@ -107,9 +107,13 @@ class LocalLauncher:
             return 128 + self._stop_signal
         if failures:
             first, *others = failures
-            print(f"hpctrain: {first.describe()}", file=sys.stderr)
+            # Ranks that failed with the very same error (a refusal every rank reaches alike) add no line.
+            alike = [o.rank for o in others if o.detail == first.detail]
+            also = f" (rank{'s' * (len(alike) > 1)} {', '.join(map(str, alike))} alike)" if alike else ""
+            print(f"hpctrain: {first.describe()}{also}", file=sys.stderr)
             for other in others:
-                print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
+                if other.detail != first.detail:
+                    print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
             return 1
         _print_outputs(run_dir)
         return 0

@@ -8,6 +8,10 @@ A checkpoint is committed by renaming its temporary directory once every rank ha
 manifest (a truncated shard, a lost file, a flipped bit) is damaged and skipped. Manifests of hpctrain
 before checksums (sizes only) are still checked by size. A checkpoint directory that is a symbolic link is
 not one of this run's: auto-resume never follows it out of the run directory.
+
+The manifest also records the checkpoint's lineage: the id of the run history that wrote it (a fresh run
+starts one; a resumed run continues the one it loaded). A run prunes only checkpoints of its own lineage and
+moves a same-named checkpoint of another lineage aside (``step_N.lineage-<id>``) instead of overwriting it.
 """
 
 from __future__ import annotations
@@ -56,15 +60,16 @@ def crc32(path: Path) -> int:
     return value
 
 
-def write_manifest(directory: Path, step: int) -> None:
+def write_manifest(directory: Path, step: int, **info: Any) -> None:
+    """``info``: further facts of the checkpoint (``lineage``: the id of the run history that wrote it;
+    ``global_batch_size``), read back by :func:`read_manifest`."""
     files = {
         str(p.relative_to(directory)): {"size": p.stat().st_size, "crc32": crc32(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != MANIFEST
     }
-    atomic_json(
-        directory / MANIFEST, {"format": "hpctrain-checkpoint", "version": 2, "step": step, "files": files}
-    )
+    manifest = {"format": "hpctrain-checkpoint", "version": 2, "step": step, **info, "files": files}
+    atomic_json(directory / MANIFEST, manifest)
 
 
 def _expected(entry: Any) -> tuple[int, int | None]:
@@ -76,6 +81,32 @@ def _expected(entry: Any) -> tuple[int, int | None]:
     if isinstance(entry, dict) and isinstance(entry.get("size"), int) and isinstance(entry.get("crc32"), int):
         return entry["size"], entry["crc32"]
     raise ValueError("not a file entry")
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of ``directory``; {} when it has none or it cannot be read."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def lineage_of(directory: Path) -> str | None:
+    """Which run history wrote ``directory`` (None: written before lineages were recorded)."""
+    lineage = read_manifest(directory).get("lineage")
+    return lineage if isinstance(lineage, str) else None
+
+
+def aside_name(directory: Path) -> str:
+    """A name to move a committed checkpoint of another lineage to, rather than overwrite it: not a
+    ``step_N`` name, so it is neither resumed from nor pruned, and unique."""
+    base = f"{directory.name}.lineage-{lineage_of(directory) or 'unknown'}"
+    name, n = base, 1
+    while (directory.parent / name).exists():
+        n += 1
+        name = f"{base}.{n}"
+    return name
 
 
 def problem_with(directory: Path) -> str | None:

@@ -42,6 +42,7 @@ from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
 from hpctrain.train.metrics import Throughput
 from hpctrain.train.optim import build_optimizer, build_scheduler
+from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,12 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     checkpoints = CheckpointManager(
         RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults
     )
-    checkpoints.resume(resumable, t.resume)
+    checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
+    resumed = checkpoints.resume(
+        resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
+    )
+    if resumed is not None:
+        set_hyperparameters(optimizer, scheduler, cfg)
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
