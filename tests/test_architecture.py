@@ -83,3 +83,15 @@ def test_no_module_builds_run_directory_paths() -> None:
 def test_import_contracts_hold() -> None:
     result = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_readmes_promises_name_tests_that_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What hpctrain promises", 1)[1].split("\n## ", 1)[0]
+    cited = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+?)(\*)?)?`", section)
+    assert len(cited) >= 10
+    for path, name, star in cited:
+        source = (ROOT / path).read_text()
+        if name:
+            pattern = rf"^def {name}\w*\(" if star else rf"^def {name}\("
+            assert re.search(pattern, source, re.M), f"{path}::{name} does not exist"
