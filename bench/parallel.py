@@ -53,7 +53,7 @@ from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.train.optim import build_optimizer
 from hpctrain.train.trainer import _grad_scaler, train_step
-from hpctrain.verify.layouts import LAYOUTS, Layout
+from hpctrain.verify.layouts import LAYOUTS, Layout, OnLayout
 from hpctrain.verify.local_group import run_local_group
 
 MIB = 2**20
@@ -70,18 +70,10 @@ COMMON = ["data=synthetic", "data.num_samples=512", "trainer.precision=fp32"]
 
 
 @dataclass(frozen=True)
-class Row:
+class Row(OnLayout):
     layout: Layout
     overrides: tuple[str, ...] = ()  # on top of the layout's; trainer.micro_batch_size is derived
     name: str = ""  # the layout's name unless given
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(self, "name", self.layout.name)
-
-    @property
-    def ranks(self) -> int:
-        return self.layout.ranks
 
 
 _L = LAYOUTS

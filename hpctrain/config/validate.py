@@ -1,6 +1,9 @@
 """Reject a bad run before any process starts: each rule raises a one-line ConfigError with the numbers.
 
 Runs on the submitting machine (no torch import). Rules are grouped by config group, then combinations.
+
+Over 400 lines: one rule function per config group plus the rules that combine groups (layout × cluster,
+batch × layout, data × model), which read each other's results; split, they would import one another.
 """
 
 from __future__ import annotations

@@ -22,6 +22,22 @@ class Layout:
         return [f"cluster.nproc={self.ranks}", *self.overrides]
 
 
+class OnLayout:
+    """A case run on one of :data:`LAYOUTS` (a frozen dataclass with ``layout`` and ``name`` fields): named
+    like its layout unless given a name, on as many ranks as the layout has."""
+
+    layout: Layout
+    name: str
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.layout.name)
+
+    @property
+    def ranks(self) -> int:
+        return self.layout.ranks
+
+
 _LAYOUTS = [
     Layout("none", 1, ("parallel=none",)),
     Layout("ddp", 2, ("parallel=ddp",)),

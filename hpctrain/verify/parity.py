@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.verify.layouts import LAYOUTS, MODELS, Layout
+from hpctrain.verify.layouts import LAYOUTS, MODELS, Layout, OnLayout
 from hpctrain.verify.local_group import run_local_group
 
 if TYPE_CHECKING:
@@ -48,21 +48,13 @@ _L = LAYOUTS
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(OnLayout):
     layout: Layout
     overrides: tuple[str, ...]  # on top of the layout's: micro-batch size, precision, checkpointing, ...
     models: tuple[str, ...] = ("gpt", "vit")
     tolerance: float = TOLERANCE
     reference: str = "1 process"  # the single-process case this one is compared with
     name: str = ""  # the layout's name unless given
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(self, "name", self.layout.name)
-
-    @property
-    def ranks(self) -> int:
-        return self.layout.ranks
 
 
 AC_FULL, AC_SELECTIVE = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.verify.layouts import LAYOUTS, MODELS, Layout
+from hpctrain.verify.layouts import LAYOUTS, MODELS, Layout, OnLayout
 
 if TYPE_CHECKING:
     pass
@@ -21,19 +21,11 @@ _COMMON = ["data=synthetic", "trainer.max_steps=2", "logger.progress_bar=false",
 
 
 @dataclass(frozen=True)
-class Case:
+class Case(OnLayout):
     layout: Layout
     model: str
     overrides: tuple[str, ...]  # on top of the layout's: micro-batch size, precision, checkpointing, ...
     name: str = ""  # the layout's name unless given
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(self, "name", self.layout.name)
-
-    @property
-    def ranks(self) -> int:
-        return self.layout.ranks
 
 
 _L = LAYOUTS
