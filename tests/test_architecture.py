@@ -5,12 +5,9 @@ and the import-linter contracts hold."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "hpctrain"
@@ -79,7 +76,6 @@ def test_no_module_builds_run_directory_paths() -> None:
     assert not found, found
 
 
-@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is in the dev extra")
 def test_import_contracts_hold() -> None:
     result = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
