@@ -14,10 +14,10 @@ from conftest import REPO, hpctrain
 from hpctrain.cli.plan import check_fits
 from hpctrain.cli.train import precheck
 from hpctrain.config.compose import compose, to_typed
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import Degrees, degrees, world_size
 from hpctrain.config.validate import validate
+from hpctrain.errors import ConfigError
 from hpctrain.models.flops import flops_per_token, param_count
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.search import alternatives

@@ -32,15 +32,8 @@ from hpctrain.cli.common import (
     table,
 )
 from hpctrain.cli.targets import TARGET_HELP, Target, resolve, state_of, states_of
-from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import (
-    JOB_RECORD,
-    SWEEP_RECORD,
-    SweepRecord,
-    error_last_line,
-    first_error,
-    split_overrides,
-)
+from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
+from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JobState, SlurmUnavailable
 

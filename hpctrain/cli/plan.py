@@ -11,9 +11,9 @@ import argparse
 import sys
 import textwrap
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.shape import global_batch_size, samples_per_pass
+from hpctrain.errors import ConfigError
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
     FRAGMENTATION,

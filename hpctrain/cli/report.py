@@ -20,8 +20,8 @@ from hpctrain.observe.results import (
     steady_throughput,
     throughput_key,
 )
-from hpctrain.rundir import MULTIRUN_RECORD, RUN_CONFIG, RunDir
-from hpctrain.rundir.records import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, first_error
+from hpctrain.rundir import JOB_RECORD, METRICS_FILE, MULTIRUN_RECORD, RUN_CONFIG, SWEEP_RECORD, RunDir
+from hpctrain.rundir.records import first_error
 
 
 def _member_table(members: list[Member]) -> str:

@@ -9,17 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.cli.common import JobsError
-from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import (
-    JOB_RECORD,
-    METRICS_FILE,
-    SWEEP_RECORD,
-    JobRecord,
-    SweepMember,
-    SweepRecord,
-    read_job,
-    read_sweep,
-)
+from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
+from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, read_job, read_sweep
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER, Config
+from hpctrain.errors import ConfigError
 
 EXIT_BAD_CONFIG = 2
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import GROUP_SCHEMAS, Config, register_configs
+from hpctrain.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = tuple(GROUP_SCHEMAS)

@@ -8,9 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.redact import redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, MODEL_SCHEMAS, Config
-from hpctrain.rundir import RUN_CONFIG, RunDir
-
-__all__ = ["RUN_CONFIG", "load_run_config", "write_run_config"]
+from hpctrain.rundir import RunDir
 
 
 def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.sanity import (
     check_finite,
     check_local_cluster,
@@ -29,6 +28,7 @@ from hpctrain.config.shape import (
     stages_per_rank,
     world_size,
 )
+from hpctrain.errors import ConfigError
 from hpctrain.faults import check_faults
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.slurm.spec import (

@@ -20,13 +20,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hpctrain.config.compose import to_typed
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.io import write_run_config
 from hpctrain.config.redact import redact_files
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
-from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import SWEEP_RECORD, SweepRecord, read_sweep, write_json
+from hpctrain.errors import ConfigError
+from hpctrain.rundir import SWEEP_RECORD, RunDir
+from hpctrain.rundir.records import SweepRecord, read_sweep, write_json
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import jinja2
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
+from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package

@@ -45,11 +45,8 @@ from hpctrain.observe.results import (
     values,
     world_size,
 )
-from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import (
-    METRICS_FILE,
-    first_error,
-)
+from hpctrain.rundir import METRICS_FILE, RunDir
+from hpctrain.rundir.records import first_error
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

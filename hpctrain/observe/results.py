@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.io import load_run_config
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import (
-    SWEEP_RECORD,
     SweepMember,
     error_last_line,
     first_error,

@@ -42,11 +42,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import (
     world_size,
 )
+from hpctrain.errors import ConfigError
 from hpctrain.models.flops import param_count
 from hpctrain.plan.layout import (
     CUDA_CONTEXT_GIB,

@@ -15,7 +15,6 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hpctrain.config.errors import ConfigError
 from hpctrain.config.schema import Config, GPTConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
@@ -25,6 +24,7 @@ from hpctrain.config.shape import (
     world_size,
 )
 from hpctrain.config.validate import validate
+from hpctrain.errors import ConfigError
 from hpctrain.models.flops import tokens_per_sample
 from hpctrain.plan.estimate import Estimate, estimate
 

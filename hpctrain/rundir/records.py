@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
+from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.files import atomic_json
 
-__all__ = ["JOB_RECORD", "METRICS_FILE", "SWEEP_RECORD"]  # the record names, for those that read records
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
 PEER_ERROR_MARKERS = (
     "Connection reset by peer",
