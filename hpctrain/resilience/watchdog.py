@@ -117,6 +117,9 @@ class Watchdog:
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
         RunDir(run_dir).heartbeats.mkdir(parents=True, exist_ok=True)
+        # At once, not after the first interval: a rank that dies in its first second must still leave a
+        # heartbeat that goes stale, or its peers cannot tell who died (and requeue a run that failed).
+        self._write_heartbeat()
         self._thread = threading.Thread(target=self._run, name="hpctrain-watchdog", daemon=True)
         self._thread.start()
 
