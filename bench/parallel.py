@@ -49,10 +49,11 @@ from hpctrain.config.validate import validate
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
+from hpctrain.models.spec import model_spec
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.train.optim import build_optimizer
-from hpctrain.train.trainer import _grad_scaler, train_step
+from hpctrain.train.trainer import _grad_scaler, loss_of, train_step
 from hpctrain.verify.layouts import LAYOUTS, Layout, OnLayout
 from hpctrain.verify.local_group import run_local_group
 
@@ -194,7 +195,7 @@ def loopback_tx_bytes() -> int | None:
 def measure(cfg: Config, env: DistEnv, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
     """Train ``warmup`` + ``steps`` steps of one layout; every rank returns the same measurements."""
     t = cfg.trainer
-    train_set, _ = build_datasets(cfg.data, cfg.model, t.seed)
+    train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), t.seed)
     sampler = GlobalBatchSampler(len(train_set), global_batch_size(cfg), t.seed)
     memory = PeakMemory(device)
 
@@ -203,7 +204,8 @@ def measure(cfg: Config, env: DistEnv, device: torch.device, warmup: int, steps:
     par = parallelize(build_model(cfg.model), cfg, device)
     optimizer = build_optimizer(par.model, cfg.optim)
     scaler = _grad_scaler(par, device, t.precision)
-    prime_ddp_buckets(par.model, train_set.get_batch([0])[0].to(device))
+    first = [x.to(device) for x in train_set.get_batch([0])]
+    prime_ddp_buckets(par.model, lambda model: loss_of(model(first[0]), first[1]))
     seed_everything(t.seed + 1 + env.rank)
     dp_rank, dp_size = par.data_parallel
     per_pass = samples_per_pass(cfg) // dp_size

@@ -24,6 +24,7 @@ def reference_worker(
     from hpctrain.config.shape import global_batch_size
     from hpctrain.data import GlobalBatchSampler, build_datasets
     from hpctrain.models import build_model
+    from hpctrain.models.spec import model_spec
 
     cfg = to_typed(compose(overrides))
     t, o = cfg.trainer, cfg.optim
@@ -47,7 +48,7 @@ def reference_worker(
         return o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    train_set, _ = build_datasets(cfg.data, cfg.model, t.seed)
+    train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), t.seed)
     sampler = GlobalBatchSampler(len(train_set), global_batch_size(cfg), t.seed)
     per_rank = global_batch_size(cfg) // world_size
     micro_steps = per_rank // t.micro_batch_size

@@ -11,9 +11,10 @@ import argparse
 import sys
 import textwrap
 
-from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import global_batch_size, samples_per_pass
 from hpctrain.errors import ConfigError
+from hpctrain.models.spec import model_spec
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
     FRAGMENTATION,
@@ -33,14 +34,7 @@ WHAT_WIDTH = 62  # the description column of the memory table
 
 
 def _model_line(cfg: Config, est: Estimate) -> str:
-    m = cfg.model
-    shape = f"{m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads"
-    if isinstance(m, GPTConfig):
-        tied = ", tied embeddings" if m.tie_embeddings else ""
-        shape += f", seq {m.seq_len}, vocab {m.vocab_size}{tied}"
-    else:
-        shape += f", {m.image_size}² images in {m.patch_size}² patches ({est.layout.tokens} tokens)"
-    return f"{human_count(est.n_params)}-parameter {est.model} ({shape})"
+    return f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
 
 
 def _cluster_line(cfg: Config, est: Estimate) -> str:
@@ -191,7 +185,7 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
         lines.append(f"  {comm.name:<34}{comm.seconds:>9.3f} s  {volume}{hidden}")
     if est.layout.degrees.pp > 1:
         lines.append(f"  {'pipeline bubble':<34}{t.bubble:>9.1%}")
-    rate = f"{human_count(t.tokens_per_s)} tokens/s" if isinstance(cfg.model, GPTConfig) else ""
+    rate = f"{human_count(t.tokens_per_s)} tokens/s" if model_spec(cfg.model).input_kind == "tokens" else ""
     rate = ", ".join(x for x in (rate, f"{human_count(t.samples_per_s)} samples/s") if x)
     lines.append(f"  {'step':<34}{t.step_s:>9.3f} s  {rate}, MFU {t.mfu:.1%}")
     cost = f", ${t.cost:,.2f} at ${c.cost_per_gpu_hour:g} per GPU-hour" if t.cost is not None else ""
@@ -332,11 +326,11 @@ def run(name: str, argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     args = parser.parse_args(argv)
     from hpctrain.config.compose import compose, to_typed
-    from hpctrain.config.validate import validate
+    from hpctrain.plan.check import check_run
 
     try:
         cfg = to_typed(compose(args.overrides))
-        validate(cfg)
+        check_run(cfg)
         est = estimate(cfg)
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)

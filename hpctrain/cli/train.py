@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER, Config
 from hpctrain.errors import ConfigError
+from hpctrain.models.spec import model_spec
 
 EXIT_BAD_CONFIG = 2
 
@@ -35,10 +36,13 @@ def train(argv: list[str]) -> int:
         try:
             first, composed = precheck(overrides, multirun=args.multirun)
         except ConfigError as err:
+            user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
+            if user_traceback:
+                print(user_traceback, file=sys.stderr, end="")
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
-            if first.dry_run:
+            if first.dry_run and model_spec(first.model).transformer:
                 from hpctrain.cli.plan import summary
                 from hpctrain.plan.estimate import estimate
 
@@ -55,14 +59,20 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
     """Compose and validate every run the command would start; raise ConfigError for the first bad one.
     Returns the first run's config, typed and as composed (with Hydra's node)."""
     from hpctrain.config.compose import compose, to_typed
-    from hpctrain.config.validate import check_writable_dir, validate
+    from hpctrain.config.validate import check_writable_dir
+    from hpctrain.plan.check import check_run
 
     checked = []
+    probed: set[str] = set()
     for member in sweep_members(overrides) if multirun else [overrides]:
         cfg = compose(member)
         typed = to_typed(cfg)
-        validate(typed)
-        if typed.plan_check and typed.cluster.gpus_per_node > 0:
+        check_run(typed)
+        _probe_once(typed, probed)
+        planned = model_spec(typed.model).transformer  # the memory estimate covers declared models
+        if not planned:
+            pass
+        elif typed.plan_check and typed.cluster.gpus_per_node > 0:
             from hpctrain.cli.plan import check_fits
 
             check_fits(typed)  # the memory per GPU must fit
@@ -108,6 +118,20 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
         else:
             axes.append([override.input_line])
     return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _probe_once(cfg: Config, probed: set[str]) -> None:
+    """Try the user's model, data and loss on the meta device (hpctrain.train.probe), once per distinct
+    combination of a sweep. Imports torch, but only for runs that bring their own code."""
+    from hpctrain.train.probe import needs_probe
+
+    key = repr((cfg.model, cfg.data, cfg.loss, cfg.trainer.seed))
+    if not needs_probe(cfg) or key in probed:
+        return
+    from hpctrain.train.probe import probe
+
+    probe(cfg)
+    probed.add(key)
 
 
 def _run_single(cfg: DictConfig) -> int:
@@ -157,14 +181,14 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
 
     from hpctrain.config.compose import to_typed
     from hpctrain.config.redact import redact_files
-    from hpctrain.config.validate import validate
     from hpctrain.launch import get_launcher, write_run_config
+    from hpctrain.plan.check import check_run
     from hpctrain.rundir import RunLock
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
     try:
         typed = to_typed(cfg)
-        validate(typed)
+        check_run(typed)
         # A local run is one process tree: the launcher holds the run directory's lock for the run's life
         # (a Slurm job's rank 0 takes it in hpctrain.worker).
         lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None

@@ -12,11 +12,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpctrain.config.schema import GROUP_SCHEMAS, Config, register_configs
+from hpctrain.config.schema import DATA_KEYS, GROUP_SCHEMAS, TARGET_GROUPS, Config, register_configs
+from hpctrain.config.typed import to_config
 from hpctrain.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = tuple(GROUP_SCHEMAS)
+GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
 
 
 def group_options(group: str) -> list[str]:
@@ -25,6 +26,8 @@ def group_options(group: str) -> list[str]:
 
 def schema_of(group: str, option: str | None) -> type | None:
     """The dataclass behind ``group=option`` (read from the option's defaults list), or None."""
+    if group in TARGET_GROUPS:
+        return None
     schemas = GROUP_SCHEMAS.get(group, {})
     if len(schemas) == 1:
         return next(iter(schemas.values()))
@@ -78,9 +81,7 @@ def to_typed(cfg: DictConfig) -> Config:
             raise ConfigError(
                 key, cfg._get_node(key)._value(), "unknown key", valid=", ".join(sorted(top_level))
             )
-    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), run_keys))
-    assert isinstance(typed, Config), type(typed)
-    return typed
+    return to_config(run_keys)
 
 
 def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -126,6 +127,9 @@ def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
         if group in GROUPS and rest:
             schema = schema_of(group, _choice(group, parsed))
             valid = ", ".join(field_names(schema)) if schema else None
+            if group in TARGET_GROUPS:
+                own = ", ".join(k for k in DATA_KEYS if k != "_target_") if group == "data" else ""
+                valid = f"{own + '; ' if own else ''}the option's own keys, or add one with +{full_key}=VALUE"
             return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}", valid=valid)
         return ConfigError(
             full_key, parsed.get(full_key), "unknown config group or key", valid="groups " + ", ".join(GROUPS)

@@ -7,7 +7,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.redact import redact_config
-from hpctrain.config.schema import GROUP_SCHEMAS, MODEL_SCHEMAS, Config
+from hpctrain.config.schema import GROUP_SCHEMAS, Config
+from hpctrain.config.typed import to_config
 from hpctrain.rundir import RunDir
 
 
@@ -25,8 +26,5 @@ def load_run_config(path: Path) -> Config:
     raw = OmegaConf.load(path)
     typed_raw = {key: raw[key] for key in raw}
     for group, schemas in GROUP_SCHEMAS.items():
-        schema = MODEL_SCHEMAS[raw.model.arch] if group == "model" else next(iter(schemas.values()))
-        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(schema), raw[group])
-    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), typed_raw))
-    assert isinstance(typed, Config)
-    return typed
+        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), raw[group])
+    return to_config(typed_raw)

@@ -18,52 +18,63 @@ from hpctrain.faults import FaultsConfig
 
 
 @dataclass
-class TransformerConfig:
-    """What every model here is made of: pre-norm transformer blocks."""
+class ModelConfig:
+    """The model: ``target`` (the group's ``_target_``: an importable callable returning an ``nn.Module``)
+    called with ``args`` (the group's other keys; nested ``_target_``s are instantiated, as in Hydra's
+    ``instantiate``). The built-ins are ``hpctrain.models.gpt.GPT`` and ``hpctrain.models.vit.ViT``; what the
+    core knows about a model comes from :func:`hpctrain.models.spec.model_spec`, never from its name."""
 
-    arch: str = MISSING
-    n_layers: int = 2
-    d_model: int = 64
-    n_heads: int = 4
-    mlp_ratio: int = 4
-    dropout: float = 0.0
-
-
-@dataclass
-class GPTConfig(TransformerConfig):
-    """A GPT-style decoder (causal attention, learned positions)."""
-
-    arch: str = "gpt"
-    vocab_size: int = 256
-    seq_len: int = 64
-    tie_embeddings: bool = True
-
-
-@dataclass
-class ViTConfig(TransformerConfig):
-    """A Vision Transformer (patch embedding, class token)."""
-
-    arch: str = "vit"
-    image_size: int = 8
-    patch_size: int = 2
-    in_channels: int = 1
-    num_classes: int = 10
+    target: str = MISSING
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class DataConfig:
-    """Where samples come from.
+    """Where samples come from: a built-in dataset by ``name``, or the user's ``_target_``.
 
-    ``name``: ``synthetic`` (shaped by the model: tokens for gpt, images for vit), ``text`` (byte-level
-    Python standard library sources), ``digits`` (scikit-learn's 8×8 handwritten digits), ``tokens``
-    (a memory-mapped token file written by ``hpctrain prepare``).
+    ``name`` (built-ins): ``synthetic`` (shaped by the model), ``text`` (byte-level Python standard library
+    sources), ``digits`` (scikit-learn's 8×8 handwritten digits), ``tokens`` (a memory-mapped token file
+    written by ``hpctrain prepare``). ``target`` (the group's ``_target_``): a callable taking
+    ``split="train" | "val"`` plus ``args`` (the group's keys that are not hpctrain's) and returning a
+    map-style dataset whose items are ``(input, target)`` pairs or dicts.
     """
 
-    name: str = "synthetic"
+    name: str | None = None
     path: str | None = None  # the token file, for name=tokens
     num_samples: int = 8192  # synthetic only
     max_bytes: int = 4_000_000  # text only: how much of the corpus to read
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05  # built-ins: the last fraction of the samples is the validation set
+    num_workers: int = 0  # DataLoader worker processes building batches ahead of the training loop
+    # How a list of items becomes a batch: a node with ``_target_`` (called as fn(items)), or None for torch's
+    # default_collate.
+    collate: Any = None
+    target_key: str = "labels"  # dict batches: the targets; the model is called with the other keys
+    target: str | None = None  # the group's ``_target_``
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+# hpctrain's own keys of the data group, present in every composed config so that a user's data YAML needs
+# only its ``_target_`` and arguments while ``data.num_workers=2`` still works without ``+``.
+DATA_KEYS: dict[str, Any] = {
+    "_target_": None,
+    "name": None,
+    "path": None,
+    "num_samples": 8192,
+    "max_bytes": 4_000_000,
+    "val_fraction": 0.05,
+    "num_workers": 0,
+    "collate": None,
+    "target_key": "labels",
+}
+
+
+@dataclass
+class LossConfig:
+    """The loss: ``target`` called as ``fn(outputs, batch, **args)`` → a scalar tensor. The default is
+    cross-entropy over the last dimension (ignore_index=-100); ``loss=model`` uses the model's own loss."""
+
+    target: str = MISSING
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -222,8 +233,11 @@ class Config:
     dry_run: bool = False  # print what would be started or submitted, start nothing
     # Refuse a GPU submission whose estimated memory (hpctrain.plan) exceeds the GPU's; false submits anyway.
     plan_check: bool = True
+    # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
+    # them into ModelConfig / DataConfig / LossConfig.
     model: Any = MISSING
-    data: DataConfig = MISSING
+    data: Any = field(default_factory=lambda: dict(DATA_KEYS))
+    loss: Any = MISSING
     parallel: ParallelConfig = MISSING
     cluster: ClusterConfig = MISSING
     optim: OptimConfig = MISSING
@@ -233,9 +247,10 @@ class Config:
     faults: FaultsConfig = MISSING
 
 
+# Groups whose options are ``_target_`` + arguments: their composed node is split by to_typed.
+TARGET_GROUPS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "loss": LossConfig}
+
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"gpt": GPTConfig, "vit": ViTConfig},
-    "data": {"data": DataConfig},
     "parallel": {"parallel": ParallelConfig},
     "cluster": {"cluster": ClusterConfig},
     "optim": {"optim": OptimConfig},
@@ -244,7 +259,6 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "faults": {"faults": FaultsConfig},
 }
 
-MODEL_SCHEMAS: dict[str, type] = GROUP_SCHEMAS["model"]
 SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 

@@ -1,7 +1,7 @@
 """The shape of a run: every number derived from a config, computed once. Torch-free.
 
 :func:`run_shape` turns a validated config into a frozen :class:`RunShape` (world size, mesh degrees,
-data-parallel size, pipeline stages, samples per pass, global batch, tokens per sample). Validation, the
+data-parallel size, pipeline stages, samples per pass, global batch). Validation, the
 planner, the trainer and the reports read it; nothing else re-derives these numbers.
 
 The device mesh is ``pp × dp_replicate × dp_shard × tp`` (outermost first, torchtitan's order): tensor
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from hpctrain.config.schema import Config, ParallelConfig
 from hpctrain.errors import ConfigError
@@ -142,19 +141,6 @@ def global_batch_size(cfg: Config) -> int:
     return cfg.trainer.global_batch_size or samples_per_pass(cfg)
 
 
-def tokens_per_sample(model: Any) -> int:
-    """Sequence length the blocks see: ``seq_len`` for gpt, ``n_patches + 1`` (class token) for vit."""
-    if model.arch == "gpt":
-        return int(model.seq_len)
-    if model.arch == "vit":
-        if model.image_size % model.patch_size != 0:
-            raise ValueError(
-                f"image_size={model.image_size} is not divisible by patch_size={model.patch_size}"
-            )
-        return (model.image_size // model.patch_size) ** 2 + 1
-    raise ValueError(f"unknown model arch {model.arch!r}; expected 'gpt' or 'vit'")
-
-
 @dataclass(frozen=True)
 class RunShape:
     """Every derived number of a run. ``microbatches`` is the pipeline's (1 without a pipeline)."""
@@ -165,7 +151,6 @@ class RunShape:
     microbatches: int
     micro_batch_size: int
     global_batch_size: int
-    tokens_per_sample: int
 
     @property
     def dp(self) -> int:
@@ -195,10 +180,6 @@ class RunShape:
         """Ranks that compute the loss: all but the earlier pipeline stages."""
         return self.world_size // self.degrees.pp
 
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch_size * self.tokens_per_sample
-
 
 def run_shape(cfg: Config) -> RunShape:
     """The shape of ``cfg`` (a ConfigError if its degrees do not fit its world size)."""
@@ -210,5 +191,4 @@ def run_shape(cfg: Config) -> RunShape:
         microbatches=cfg.parallel.microbatches if d.pp > 1 else 1,
         micro_batch_size=cfg.trainer.micro_batch_size,
         global_batch_size=global_batch_size(cfg),
-        tokens_per_sample=tokens_per_sample(cfg.model),
     )

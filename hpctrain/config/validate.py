@@ -17,7 +17,7 @@ from hpctrain.config.sanity import (
     check_no_control_characters,
     check_writable_dir,
 )
-from hpctrain.config.schema import Config, DataConfig, GPTConfig, ViTConfig
+from hpctrain.config.schema import Config, DataConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
     STRATEGY_DIMS,
@@ -58,8 +58,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     """Every rule below; the run's shape when none fails."""
     check_no_control_characters(cfg)
     check_finite(cfg)
-    _check_model(cfg.model)
-    check_data(cfg.data, cfg.model)
+    check_data(cfg.data)
     _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
@@ -82,70 +81,35 @@ def _at_least(key: str, value: float, low: float) -> None:
         raise ConfigError(key, value, f"must be ≥ {low}")
 
 
-def _check_model(model: GPTConfig | ViTConfig) -> None:
-    for name in ("n_layers", "d_model", "n_heads", "mlp_ratio"):
-        _at_least(f"model.{name}", getattr(model, name), 1)
-    if model.d_model % model.n_heads:
+def check_data(data: DataConfig) -> None:
+    """The data group's own keys (whether its samples fit the model is the model spec's rule)."""
+    _at_least("data.num_workers", data.num_workers, 0)
+    if not data.target_key.strip():
         raise ConfigError(
-            "model.n_heads",
-            model.n_heads,
-            f"must divide model.d_model={model.d_model} "
-            f"({model.d_model} % {model.n_heads} = {model.d_model % model.n_heads})",
+            "data.target_key", data.target_key, "empty", valid="the key of the targets, e.g. labels"
         )
-    if not 0.0 <= model.dropout < 1.0:
-        raise ConfigError("model.dropout", model.dropout, "must be in [0, 1)")
-    if isinstance(model, GPTConfig):
-        _at_least("model.vocab_size", model.vocab_size, 2)
-        _at_least("model.seq_len", model.seq_len, 1)
-    elif isinstance(model, ViTConfig):
-        for name in ("image_size", "patch_size", "in_channels", "num_classes"):
-            _at_least(f"model.{name}", getattr(model, name), 1)
-        if model.image_size % model.patch_size:
-            raise ConfigError(
-                "model.patch_size", model.patch_size, f"must divide model.image_size={model.image_size}"
-            )
-
-
-def check_data(data: DataConfig, model: GPTConfig | ViTConfig) -> None:
-    """Can ``data`` feed ``model``? Also called by the dataset builder in each worker."""
-    from hpctrain.config.catalog import DATASET_KINDS, MODEL_INPUT_KIND, fixed_image_shape, fixed_vocab
+    if data.collate is not None and not (isinstance(data.collate, dict) and data.collate.get("_target_")):
+        raise ConfigError(
+            "data.collate", data.collate, "not a callable", valid="null, or a node with _target_ (fn(items))"
+        )
+    if data.target is not None:
+        return  # the user's dataset: checked on a real item by hpctrain.train.probe
+    from hpctrain.config.catalog import DATASET_KINDS
 
     _one_of("data", data.name, tuple(DATASET_KINDS))
-    gives, needs = DATASET_KINDS[data.name], MODEL_INPUT_KIND[model.arch]
-    if gives not in ("any", needs):
-        fitting = [n for n, k in DATASET_KINDS.items() if k in ("any", needs)]
-        raise ConfigError(
-            "data", data.name, f"gives {gives} but model={model.arch} needs {needs}", valid=", ".join(fitting)
-        )
     if not 0.0 < data.val_fraction <= 0.5:
         raise ConfigError("data.val_fraction", data.val_fraction, "must be in (0, 0.5]")
     _at_least("data.num_samples", data.num_samples, 2)
     _at_least("data.max_bytes", data.max_bytes, 1024)
-    shape = fixed_image_shape(data.name)
-    if shape is not None and isinstance(model, ViTConfig):
-        channels, height, width, classes = shape
-        for key, have, want in (
-            ("image_size", model.image_size, height),
-            ("in_channels", model.in_channels, channels),
-            ("num_classes", model.num_classes, classes),
-        ):
-            if have != want:
-                raise ConfigError(
-                    f"model.{key}",
-                    have,
-                    f"data={data.name} gives {channels}×{height}×{width} images in {classes} classes",
-                    valid=str(want),
-                )
-    vocab = fixed_vocab(data.name)
-    if data.name == "tokens":
-        vocab = _token_file_vocab(data.path)
-    if vocab is not None and isinstance(model, GPTConfig) and vocab > model.vocab_size:
-        raise ConfigError(
-            "model.vocab_size",
-            model.vocab_size,
-            f"data={data.name} has a vocabulary of {vocab} tokens",
-            valid=f"≥ {vocab}",
-        )
+
+
+def data_facts(data: DataConfig) -> tuple[str, tuple[int, int, int, int] | None, int | None]:
+    """What built-in dataset ``data`` yields: (kind, fixed image shape or None, vocabulary or None)."""
+    from hpctrain.config.catalog import DATASET_KINDS, fixed_image_shape, fixed_vocab
+
+    assert data.name is not None
+    vocab = _token_file_vocab(data.path) if data.name == "tokens" else fixed_vocab(data.name)
+    return DATASET_KINDS[data.name], fixed_image_shape(data.name), vocab
 
 
 def _token_file_vocab(path: str | None) -> int:
@@ -265,54 +229,14 @@ def _check_parallel(cfg: Config) -> None:
             f"offload moves FSDP shards to host memory; parallel={p.name} has no FSDP",
             valid="parallel=fsdp, hsdp, 2d or 3d",
         )
-    if d.tp > 1:
-        _check_tensor_parallel(cfg, d.tp)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
 
 
-def _check_tensor_parallel(cfg: Config, tp: int) -> None:
-    """Megatron splits: heads (q/k/v/o), the MLP's hidden units and the vocabulary are divided over tp ranks;
-    sequence parallelism divides the tokens."""
-    model = cfg.model
-    for key, value, what in (
-        ("model.n_heads", model.n_heads, "attention heads"),
-        ("model.d_model", model.d_model * model.mlp_ratio, "MLP hidden units (d_model × mlp_ratio)"),
-    ):
-        if value % tp:
-            raise ConfigError(
-                key,
-                getattr(model, key.split(".")[1]),
-                f"{value} {what} do not split over parallel.tp={tp} ({value} % {tp} = {value % tp})",
-            )
-    if isinstance(model, GPTConfig) and model.vocab_size % tp:
-        raise ConfigError(
-            "model.vocab_size",
-            model.vocab_size,
-            f"the embedding and LM head split the vocabulary over parallel.tp={tp} "
-            f"({model.vocab_size} % {tp} = {model.vocab_size % tp})",
-            valid=f"a multiple of {tp}",
-        )
-    if cfg.parallel.sequence_parallel:
-        if isinstance(model, GPTConfig):
-            key, value, tokens = "model.seq_len", model.seq_len, model.seq_len
-        else:
-            key, value = "model.patch_size", model.patch_size
-            tokens = (model.image_size // model.patch_size) ** 2 + 1  # patches + the class token
-        if tokens % tp:
-            raise ConfigError(
-                key,
-                value,
-                f"sequence parallelism splits the {tokens} tokens per sample over parallel.tp={tp} "
-                f"({tokens} % {tp} = {tokens % tp})",
-                valid="another size, or parallel.sequence_parallel=false",
-            )
-
-
 def _check_pipeline(cfg: Config, pp: int) -> None:
-    p, model = cfg.parallel, cfg.model
+    p = cfg.parallel
     _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
     _at_least("parallel.microbatches", p.microbatches, 1)
     _at_least("parallel.stages_per_rank", p.stages_per_rank, 0)
@@ -321,15 +245,6 @@ def _check_pipeline(cfg: Config, pp: int) -> None:
         want = {1: "1", 0: "≥ 2", 2: "2"}[needed]
         raise ConfigError(
             "parallel.stages_per_rank", per_rank, f"parallel.schedule={p.schedule} runs {want} per rank"
-        )
-    stages = pp * per_rank
-    if model.n_layers % stages:
-        raise ConfigError(
-            "model.n_layers",
-            model.n_layers,
-            f"not divisible by the {stages} pipeline stages (parallel.pp={pp} × {per_rank} per rank; "
-            f"{model.n_layers} % {stages} = {model.n_layers % stages})",
-            valid=f"a multiple of {stages}",
         )
     if p.microbatches < pp:
         raise ConfigError(
@@ -345,13 +260,6 @@ def _check_pipeline(cfg: Config, pp: int) -> None:
             p.microbatches,
             f"parallel.schedule={p.schedule} runs micro-batches in rounds of parallel.pp={pp}",
             valid=f"a multiple of {pp}",
-        )
-    if isinstance(model, GPTConfig) and model.tie_embeddings:
-        raise ConfigError(
-            "model.tie_embeddings",
-            True,
-            f"a tied embedding and LM head live on the first and last of parallel.pp={pp} stages",
-            valid="false with pipeline parallelism",
         )
 
 

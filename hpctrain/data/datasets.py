@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from hpctrain.config import catalog
-from hpctrain.config.validate import check_data
+from hpctrain.config.validate import check_data, data_facts
 from hpctrain.data.tokenfile import read_token_file
+from hpctrain.errors import ConfigError
 
 # Streams of np.random.default_rng((seed, STREAM, ...)): distinct so that tables and samples never share
 # random numbers.
@@ -217,36 +218,38 @@ def stdlib_text(max_bytes: int) -> np.ndarray:
     return np.frombuffer(b"".join(chunks), dtype=np.uint8)
 
 
-def _full_dataset(data: Any, model: Any, seed: int) -> Dataset:
-    check_data(data, model)  # raises ConfigError (a ValueError) naming the key and what fits
+def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
+    """The built-in dataset ``data.name`` shaped for the model's declared input (``spec``, a ModelSpec)."""
+    check_data(data)  # raises ConfigError (a ValueError) naming the key and what fits
+    spec.check_data(data.name, *data_facts(data))
     if data.name == "synthetic":
-        if model.arch == "gpt":
-            return SyntheticTokens(data.num_samples, model.seq_len, model.vocab_size, seed)
-        return SyntheticImages(
-            data.num_samples,
-            model.in_channels,
-            model.image_size,
-            model.image_size,
-            model.num_classes,
-            seed,
-        )
+        if spec.input_kind == "tokens":
+            return SyntheticTokens(data.num_samples, spec.seq_len, spec.vocab_size, seed)
+        if spec.input_kind == "images":
+            return SyntheticImages(
+                data.num_samples, spec.in_channels, spec.image_size, spec.image_size, spec.num_classes, seed
+            )
+        raise ConfigError(
+            "data", "synthetic", f"is shaped by the model's declared input; model {spec.name} declares none",
+            valid="a dataset of your own: data._target_=...",
+        )  # fmt: skip
     if data.name == "digits":
         return Digits()
     if data.name == "text":
-        return TokenWindows(stdlib_text(data.max_bytes), model.seq_len)
+        return TokenWindows(stdlib_text(data.max_bytes), spec.seq_len)
     if data.name == "tokens":
         tokens, _ = read_token_file(data.path)
-        return TokenWindows(tokens, model.seq_len)
+        return TokenWindows(tokens, spec.seq_len)
     raise ValueError(f"unknown data.name={data.name!r}")
 
 
-def build_datasets(data: Any, model: Any, seed: int) -> tuple[Dataset, Dataset]:
-    """``(train, val)`` for ``data`` (a DataConfig) shaped for ``model`` (a GPTConfig / ViTConfig).
+def build_datasets(data: Any, spec: Any, seed: int) -> tuple[Dataset, Dataset]:
+    """``(train, val)`` for the built-in ``data`` (a DataConfig) shaped for the model's ``spec``.
 
     The last ``val_fraction`` of the samples (at least one) is the validation set, the rest (at least one)
     is training: deterministic and disjoint. Synthetic data depends on ``seed``; the others do not.
     """
-    full = _full_dataset(data, model, seed)
+    full = _full_dataset(data, spec, seed)
     n = len(full)
     if n < 2:
         detail = ""

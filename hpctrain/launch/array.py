@@ -23,8 +23,8 @@ from hpctrain.config.compose import to_typed
 from hpctrain.config.io import write_run_config
 from hpctrain.config.redact import redact_files
 from hpctrain.config.schema import Config
-from hpctrain.config.validate import validate
 from hpctrain.errors import ConfigError
+from hpctrain.plan.check import check_run
 from hpctrain.rundir import SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, read_sweep, write_json
 
@@ -50,7 +50,7 @@ def launch_array(
             sweep_config.hydra.job.num = index
         HydraConfig.instance().set_config(sweep_config)
         typed = to_typed(sweep_config)
-        validate(typed)
+        check_run(typed)
         members.append(
             (typed, sweep_dir / str(sweep_config.hydra.sweep.subdir), list(overrides), sweep_config)
         )

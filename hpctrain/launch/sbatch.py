@@ -20,11 +20,11 @@ import jinja2
 
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import Config
-from hpctrain.config.validate import validate
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
 from hpctrain.slurm.commands import check_client, submit_script
@@ -50,7 +50,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
 
     Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote.
     """
-    validate(cfg)
+    check_run(cfg)
     c = cfg.cluster
     run_dir = run_dir.absolute()
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in str(run_dir)):

@@ -1,9 +1,11 @@
-"""Models. Importing this package does not import torch (``flops`` is used on the submit path);
-``build_model`` imports the model code when called."""
+"""Models. Importing this package does not import torch (``spec`` and ``flops`` are used on the submit
+path); ``build_model`` imports the model's code when called."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpctrain.config.schema import ModelConfig
 
 if TYPE_CHECKING:
     from torch import nn
@@ -11,14 +13,15 @@ if TYPE_CHECKING:
 __all__ = ["build_model"]
 
 
-def build_model(cfg: Any) -> nn.Module:
-    """Construct the model named by ``cfg.arch`` ("gpt" | "vit"), initialised from torch's current RNG."""
-    if cfg.arch == "gpt":
-        from hpctrain.models.gpt import GPT
+def build_model(model: ModelConfig) -> nn.Module:
+    """Call ``model.target`` with ``model.args`` (nested ``_target_``s instantiated first, as Hydra's
+    ``instantiate`` does), initialised from torch's current RNG. Built-in or not, the same call."""
+    from hydra.utils import instantiate
+    from torch import nn
 
-        return GPT(cfg)
-    if cfg.arch == "vit":
-        from hpctrain.models.vit import ViT
-
-        return ViT(cfg)
-    raise ValueError(f"unknown model arch {cfg.arch!r}; expected 'gpt' or 'vit'")
+    built = instantiate({"_target_": model.target, **model.args}, _convert_="all")
+    if not isinstance(built, nn.Module):
+        raise TypeError(
+            f"model._target_={model.target} returned {type(built).__name__}, not a torch.nn.Module"
+        )
+    return built

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from hpctrain.config.schema import GPTConfig
 from hpctrain.models.layers import BLOCK_TP_PLAN, Block, init_gpt2_
+from hpctrain.models.spec import GPTSpec
 
 
 class GPT(nn.Module):
@@ -30,8 +30,11 @@ class GPT(nn.Module):
     PIPELINE_INPUT: ClassVar[tuple[str, ...]] = ("tok_emb", "pos_emb", "drop")
     PIPELINE_OUTPUT: ClassVar[tuple[str, ...]] = ("norm", "head")
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, spec: GPTSpec | None = None, **kwargs: Any) -> None:
+        """From a spec, or from the spec's fields as keyword arguments (the ``model`` config group)."""
         super().__init__()
+        cfg = spec if spec is not None else GPTSpec(**kwargs)
+        cfg.check()
         self.cfg = cfg
         d = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, d)

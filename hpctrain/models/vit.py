@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from hpctrain.config.schema import ViTConfig
 from hpctrain.models.layers import BLOCK_TP_PLAN, INIT_STD, Block, init_gpt2_
+from hpctrain.models.spec import ViTSpec
 
 
 class ViT(nn.Module):
@@ -23,8 +23,11 @@ class ViT(nn.Module):
     PIPELINE_INPUT: ClassVar[tuple[str, ...]] = ("patch_emb", "cls_token", "pos_emb", "drop")
     PIPELINE_OUTPUT: ClassVar[tuple[str, ...]] = ("norm", "head")
 
-    def __init__(self, cfg: ViTConfig) -> None:
+    def __init__(self, spec: ViTSpec | None = None, **kwargs: Any) -> None:
+        """From a spec, or from the spec's fields as keyword arguments (the ``model`` config group)."""
         super().__init__()
+        cfg = spec if spec is not None else ViTSpec(**kwargs)
+        cfg.check()
         if cfg.image_size % cfg.patch_size != 0:
             raise ValueError(f"image_size={cfg.image_size} is not divisible by patch_size={cfg.patch_size}")
         self.cfg = cfg

@@ -7,6 +7,7 @@ DTensors included); DDP, which only hooks gradients, applies to the unsplit mode
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,22 +126,24 @@ def merge_stages(parts: list[nn.Module]) -> nn.Module:
     return union
 
 
-def prime_ddp_buckets(model: nn.Module, sample: torch.Tensor) -> None:
+def prime_ddp_buckets(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> None:
     """Let DDP settle its gradient buckets before the first real step, so that a resumed run is exact.
 
     DDP reduces its first iteration's gradients in buckets laid out in parameter order, then rebuilds them
     in the order gradients became ready. With more than two ranks, gloo's and NCCL's ring all-reduce sum each
     element in an order that depends on its place in the bucket; so the first step after a resume (a fresh
     DDP, initial layout) would round differently from the same step of an uninterrupted run (rebuilt layout).
-    One throwaway forward/backward of a zero loss — weights, gradients and RNG streams left as they were —
+    One throwaway forward/backward of a zero loss (``loss_of(model)``: the run's loss on one batch) —
+    weights, gradients and RNG streams left as they were —
     gives every run the rebuilt layout from its first real step on.
     """
     if not isinstance(model, DistributedDataParallel):
         return
-    devices = [sample.device] if sample.device.type == "cuda" else []
+    device = next(model.parameters()).device
+    devices = [device] if device.type == "cuda" else []
     was_training = model.training
     with torch.random.fork_rng(devices=devices):
         model.eval()
-        (model(sample).float().sum() * 0.0).backward()
+        (loss_of(model).float() * 0.0).backward()
     model.zero_grad(set_to_none=True)
     model.train(was_training)

@@ -47,7 +47,7 @@ from hpctrain.config.shape import (
     world_size,
 )
 from hpctrain.errors import ConfigError
-from hpctrain.models.flops import param_count
+from hpctrain.models.spec import ParamSpec, model_spec
 from hpctrain.plan.layout import (
     CUDA_CONTEXT_GIB,
     FP32,
@@ -55,9 +55,9 @@ from hpctrain.plan.layout import (
     GIB,
     MIB,
     Layout,
-    ParamSpec,
     layout_of,
     local_numel,
+    planned_model,
     rank_stages,
 )
 from hpctrain.plan.memory import (
@@ -161,8 +161,8 @@ def estimate(cfg: Config) -> Estimate:
     ranks = tuple(rank_memory(cfg, lay, r) for r in range(lay.degrees.pp))
     largest = max(ranks, key=lambda m: (m.total, m.model_state))
     return Estimate(
-        model=cfg.model.arch,
-        n_params=param_count(cfg.model),
+        model=model_spec(cfg.model).name,
+        n_params=planned_model(cfg).param_count(),
         world=world_size(cfg),
         layout=lay,
         ranks=ranks,

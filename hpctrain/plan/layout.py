@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpctrain.config.schema import Config, GPTConfig, ViTConfig
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import (
     Degrees,
     degrees,
@@ -15,7 +15,8 @@ from hpctrain.config.shape import (
     samples_per_pass,
     stages_per_rank,
 )
-from hpctrain.models.flops import tokens_per_sample
+from hpctrain.errors import ConfigError
+from hpctrain.models.spec import ParamSpec, TransformerSpec, model_spec
 
 GIB = 2**30
 MIB = 2**20
@@ -41,73 +42,18 @@ LOOPED_SCHEDULES = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bub
 
 
 # --------------------------------------------------------------------------------------------- the model
-@dataclass(frozen=True)
-class ParamSpec:
-    """One parameter tensor of the model, as ``hpctrain.models`` creates it."""
-
-    name: str
-    shape: tuple[int, ...]
-    tp_dim: int | None = (
-        None  # the dimension tensor parallelism shards (hpctrain.parallel.tp), None: replicated
-    )
-    autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
-
-
-def block_params(model: GPTConfig | ViTConfig) -> tuple[ParamSpec, ...]:
-    """One ``hpctrain.models.layers.Block``: q/k/v and fc_in split by output (column-wise, with their biases),
-    o and fc_out by input (row-wise, bias replicated); the LayerNorms are replicated."""
-    d, hidden = model.d_model, model.d_model * model.mlp_ratio
-    specs = [ParamSpec("ln1.weight", (d,)), ParamSpec("ln1.bias", (d,))]
-    for name in ("q", "k", "v"):
-        specs += [
-            ParamSpec(f"attn.{name}.weight", (d, d), 0, True),
-            ParamSpec(f"attn.{name}.bias", (d,), 0, True),
-        ]
-    specs += [ParamSpec("attn.o.weight", (d, d), 1, True), ParamSpec("attn.o.bias", (d,), None, True)]
-    specs += [ParamSpec("ln2.weight", (d,)), ParamSpec("ln2.bias", (d,))]
-    specs += [
-        ParamSpec("mlp.fc_in.weight", (hidden, d), 0, True),
-        ParamSpec("mlp.fc_in.bias", (hidden,), 0, True),
-        ParamSpec("mlp.fc_out.weight", (d, hidden), 1, True),
-        ParamSpec("mlp.fc_out.bias", (d,), None, True),
-    ]
-    return tuple(specs)
-
-
-def input_params(model: GPTConfig | ViTConfig) -> tuple[ParamSpec, ...]:
-    """What the first pipeline stage keeps (the models' ``PIPELINE_INPUT``). GPT's token embedding is split
-    over the vocabulary under TP; tied, it is also the LM head's weight (a linear input)."""
-    d = model.d_model
-    if isinstance(model, GPTConfig):
-        return (
-            ParamSpec("tok_emb.weight", (model.vocab_size, d), 0, model.tie_embeddings),
-            ParamSpec("pos_emb.weight", (model.seq_len, d)),
+def planned_model(cfg: Config) -> TransformerSpec:
+    """The model's declared shapes, which the estimate is made of; a ConfigError for a model that declares
+    none (a user's ``_target_``: the estimate covers the built-in transformers)."""
+    spec = model_spec(cfg.model)
+    if not isinstance(spec, TransformerSpec):
+        raise ConfigError(
+            "model._target_",
+            spec.target,
+            "declares no shapes the planner can read (it estimates hpctrain.models.gpt.GPT and ViT)",
+            valid="plan_check=false to submit without the memory estimate",
         )
-    n_patches = (model.image_size // model.patch_size) ** 2
-    return (
-        ParamSpec("patch_emb.weight", (d, model.in_channels, model.patch_size, model.patch_size), None, True),
-        ParamSpec("patch_emb.bias", (d,), None, True),
-        ParamSpec("cls_token", (1, 1, d)),
-        ParamSpec("pos_emb", (1, n_patches + 1, d)),
-    )
-
-
-def output_params(model: GPTConfig | ViTConfig) -> tuple[ParamSpec, ...]:
-    """What the last pipeline stage keeps (``PIPELINE_OUTPUT``): the final norm and the head (none of its
-    own when GPT's head is tied to the token embedding)."""
-    d = model.d_model
-    norm = (ParamSpec("norm.weight", (d,)), ParamSpec("norm.bias", (d,)))
-    if isinstance(model, GPTConfig):
-        return (
-            norm
-            if model.tie_embeddings
-            else (*norm, ParamSpec("head.weight", (model.vocab_size, d), 0, True))
-        )
-    return (
-        *norm,
-        ParamSpec("head.weight", (model.num_classes, d), None, True),
-        ParamSpec("head.bias", (model.num_classes,), None, True),
-    )
+    return spec
 
 
 def local_numel(spec: ParamSpec, tp: int, shards: int, shard_rank: int) -> int:
@@ -172,7 +118,7 @@ def layout_of(cfg: Config) -> Layout:
         microbatches=microbatches,
         passes=passes,
         micro_batch=t.micro_batch_size,
-        tokens=tokens_per_sample(cfg.model),
+        tokens=planned_model(cfg).tokens_per_sample,
         seq_shards=d.tp if d.tp > 1 and p.sequence_parallel else 1,
         ac=p.activation_checkpointing,
     )

@@ -7,18 +7,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from hpctrain.config.schema import Config, GPTConfig, ViTConfig
+from hpctrain.config.schema import Config
+from hpctrain.models.spec import ParamSpec, TransformerSpec
 from hpctrain.plan.layout import (
     FP32,
     HALF,
     INT64,
     MIB,
     Layout,
-    ParamSpec,
-    block_params,
-    input_params,
     local_numel,
-    output_params,
+    planned_model,
     rank_stages,
 )
 
@@ -74,16 +72,16 @@ class RankMemory:
 
 
 def rank_param_specs(
-    model: GPTConfig | ViTConfig, stages: list[int], n_stages: int
+    model: TransformerSpec, stages: list[int], n_stages: int
 ) -> tuple[list[ParamSpec], list[ParamSpec], int]:
     """(root parameters, one block's parameters, blocks) on a rank holding ``stages``: the root is what
     FSDP's root unit holds (embeddings, final norm, head), the blocks are one FSDP unit each."""
     root: list[ParamSpec] = []
     if 0 in stages:
-        root += input_params(model)
+        root += model.input_params()
     if n_stages - 1 in stages:
-        root += output_params(model)
-    return root, list(block_params(model)), len(stages) * (model.n_layers // n_stages)
+        root += model.output_params()
+    return root, list(model.block_param_specs()), len(stages) * (model.n_layers // n_stages)
 
 
 @dataclass(frozen=True)
@@ -105,20 +103,20 @@ def model_state_numel(cfg: Config, lay: Layout, pp_rank: int, shard_rank: int = 
     """
     d = lay.degrees
     stages = rank_stages(cfg.parallel.schedule, pp_rank, d.pp, lay.per_rank) if d.pp > 1 else [0]
-    root, block, n_blocks = rank_param_specs(cfg.model, stages, lay.n_stages)
+    model = planned_model(cfg)
+    root, block, n_blocks = rank_param_specs(model, stages, lay.n_stages)
     shards = d.dp_shard if lay.sharded else 1
     root_numel = sum(local_numel(s, d.tp, shards, shard_rank) for s in root)
     numel = root_numel + n_blocks * sum(local_numel(s, d.tp, shards, shard_rank) for s in block)
     grad_numel = numel
-    model = cfg.model
     if (
         d.tp > 1
         and not lay.sharded
-        and isinstance(model, GPTConfig)
-        and not model.tie_embeddings
+        and model.input_kind == "tokens"
+        and not model.tied_embeddings
         and 0 in stages
     ):
-        table = input_params(model)[0]  # tok_emb
+        table = model.input_params()[0]  # tok_emb
         grad_numel += math.prod(table.shape) - local_numel(table, d.tp, 1, 0)
     return ModelState(numel, grad_numel, len(root) + n_blocks * len(block))
 
@@ -127,7 +125,7 @@ def unsharded_numel(cfg: Config, lay: Layout, pp_rank: int) -> int:
     """Parameter elements of a rank before FSDP sharding (after TP): what its all-gathers assemble."""
     d = lay.degrees
     stages = rank_stages(cfg.parallel.schedule, pp_rank, d.pp, lay.per_rank) if d.pp > 1 else [0]
-    root, block, n_blocks = rank_param_specs(cfg.model, stages, lay.n_stages)
+    root, block, n_blocks = rank_param_specs(planned_model(cfg), stages, lay.n_stages)
     return _unsharded_numel(root, d.tp) + n_blocks * _unsharded_numel(block, d.tp)
 
 
@@ -143,7 +141,7 @@ def optimizer_bytes(cfg: Config, numel: int, tensors: int) -> int:
     return FP32 * numel if cfg.optim.momentum > 0 else 0
 
 
-def block_activation_bytes(model: GPTConfig | ViTConfig, lay: Layout, ac: str | None = None) -> int:
+def block_activation_bytes(model: TransformerSpec, lay: Layout, ac: str | None = None) -> int:
     """Bytes one block saves for its backward, per micro-batch on one rank.
 
     Without checkpointing (``hpctrain.models.layers.Block``; N tokens, width d, MLP ratio r, H heads):
@@ -213,7 +211,7 @@ def in_flight(schedule: str, pp: int, pp_rank: int, microbatches: int, per_rank:
 
 def activation_parts(cfg: Config, lay: Layout, pp_rank: int) -> tuple[dict[str, int], int]:
     """Named parts of the activations one rank holds at its peak, and the micro-batches in flight."""
-    model, d = cfg.model, lay.degrees
+    model, d = planned_model(cfg), lay.degrees
     dt = dtypes(lay.regime)
     stages = rank_stages(cfg.parallel.schedule, pp_rank, d.pp, lay.per_rank) if d.pp > 1 else [0]
     first, last = 0 in stages, lay.n_stages - 1 in stages
@@ -234,7 +232,7 @@ def activation_parts(cfg: Config, lay: Layout, pp_rank: int) -> tuple[dict[str, 
     loss_flying = lay.microbatches if cfg.parallel.schedule == "gpipe" else 1
     if first and model.dropout > 0:  # the embedding dropout's mask, per micro-batch in flight
         parts["input"] = min(flying, lay.microbatches) * n * width
-    if isinstance(model, GPTConfig):
+    if model.input_kind == "tokens":  # the token embedding's ids in, per-token logits out
         if first:
             # The token ids (saved by the embedding's backward) and the positions.
             parts["input"] = parts.get("input", 0) + pass_samples * lay.tokens * INT64 + lay.tokens * INT64
@@ -249,7 +247,7 @@ def activation_parts(cfg: Config, lay: Layout, pp_rank: int) -> tuple[dict[str, 
             if d.pp > 1:
                 # The schedule keeps every micro-batch's output (the logits) until the step ends.
                 parts["pipeline outputs"] = lay.microbatches * n * model.vocab_size * dt.logits
-    else:
+    else:  # the patch convolution's images in, one row of class logits per sample out
         image = model.in_channels * model.image_size**2
         if first:
             parts["input"] = parts.get("input", 0) + pass_samples * image * FP32
@@ -274,7 +272,7 @@ def activation_parts(cfg: Config, lay: Layout, pp_rank: int) -> tuple[dict[str, 
 def rank_memory(cfg: Config, lay: Layout, pp_rank: int) -> RankMemory:
     """The memory of pipeline rank ``pp_rank`` at its first data-parallel (and any tensor-parallel)
     coordinate: FSDP's first shard rank holds the most (⌈n / dp_shard⌉ rows of every tensor)."""
-    p, model, d = cfg.parallel, cfg.model, lay.degrees
+    p, model, d = cfg.parallel, planned_model(cfg), lay.degrees
     stages = rank_stages(p.schedule, pp_rank, d.pp, lay.per_rank) if d.pp > 1 else [0]
     state = model_state_numel(cfg, lay, pp_rank)
     numel = state.param_numel
@@ -327,8 +325,9 @@ def rank_memory(cfg: Config, lay: Layout, pp_rank: int) -> RankMemory:
         # micro-batch, for the whole run.
         buffers["pipeline receive buffers"] = lay.microbatches * (receivers + senders) * stream
     if lay.n_stages - 1 in stages:
-        vocab = model.vocab_size if isinstance(model, GPTConfig) else model.num_classes
-        rows = n if isinstance(model, GPTConfig) else lay.micro_batch
+        tokens_in = model.input_kind == "tokens"
+        vocab = model.vocab_size if tokens_in else model.num_classes
+        rows = n if tokens_in else lay.micro_batch
         # The loss's backward: the gradients of the fp32 log-probabilities and of the logits.
         buffers["loss gradients"] = rows * vocab * (FP32 + dt.logits)
     if lay.ac != "none":

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
     STRATEGY_DIMS,
@@ -23,10 +23,11 @@ from hpctrain.config.shape import (
     samples_per_pass,
     world_size,
 )
-from hpctrain.config.validate import validate
 from hpctrain.errors import ConfigError
-from hpctrain.models.flops import tokens_per_sample
+from hpctrain.models.spec import model_spec
+from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
+from hpctrain.plan.layout import planned_model
 
 AC_MODES = ("none", "selective", "full")
 # Pipeline micro-batches per pass tried, as multiples of the pipeline degree (more: smaller bubble, more
@@ -67,13 +68,13 @@ def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
 
 def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int) -> bool:
     """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first."""
-    model = cfg.model
+    model = planned_model(cfg)
     if tp > 1:
         if model.n_heads % tp or (model.d_model * model.mlp_ratio) % tp:
             return False
-        if isinstance(model, GPTConfig) and model.vocab_size % tp:
+        if getattr(model, "vocab_size", tp) % tp:  # a vocabulary the embedding and head split
             return False
-        if cfg.parallel.sequence_parallel and tokens_per_sample(model) % tp:
+        if cfg.parallel.sequence_parallel and model.tokens_per_sample % tp:
             return False
     return not (pp > 1 and model.n_layers % (pp * per_rank))
 
@@ -91,8 +92,8 @@ def _candidates(cfg: Config) -> Iterator[Config]:
         if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1):
             continue
         model = cfg.model
-        if pp > 1 and isinstance(model, GPTConfig) and model.tie_embeddings:
-            model = dataclasses.replace(model, tie_embeddings=False)
+        if pp > 1 and model_spec(model).tied_embeddings:
+            model = dataclasses.replace(model, args={**model.args, "tie_embeddings": False})
         sharded = dims.get("dp_shard", 1) > 1
         degrees = {
             d: (0 if DERIVED.get(name) == d else dims.get(d, 0))
@@ -147,8 +148,9 @@ def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
         out.append(f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}")
     if samples_per_pass(cfg) != global_batch_size(cfg) and original.trainer.global_batch_size is None:
         out.append(f"trainer.global_batch_size={cfg.trainer.global_batch_size}")
-    if isinstance(cfg.model, GPTConfig) and cfg.model.tie_embeddings != original.model.tie_embeddings:
-        out.append(f"model.tie_embeddings={str(cfg.model.tie_embeddings).lower()}")
+    tied, was_tied = model_spec(cfg.model).tied_embeddings, model_spec(original.model).tied_embeddings
+    if tied != was_tied:
+        out.append(f"model.tie_embeddings={str(tied).lower()}")
     return tuple(out)
 
 
@@ -184,7 +186,7 @@ def alternatives(cfg: Config, limit: int = 3) -> list[Alternative]:
         if family in families:
             continue
         try:
-            validate(candidate)
+            check_run(candidate)
         except ConfigError:
             continue
         families.add(family)

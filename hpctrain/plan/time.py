@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import (
     global_batch_size,
     world_size,
 )
-from hpctrain.models.flops import flops_per_token
 from hpctrain.plan.layout import (
     BACKWARD_SHARE,
     COMM_EFFICIENCY,
@@ -20,6 +19,7 @@ from hpctrain.plan.layout import (
     LOOPED_SCHEDULES,
     SELECTIVE_RECOMPUTE,
     Layout,
+    planned_model,
 )
 from hpctrain.plan.memory import RankMemory, dtypes, unsharded_numel
 
@@ -87,7 +87,7 @@ def _comm(cfg: Config, name: str, volume: float, size: int, stride: int, hidden_
 def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -> list[Comm]:
     """What one rank sends per step, by strategy (ring collectives: all-reduce 2(n−1)/n × size, all-gather
     and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles)."""
-    p, model, d = cfg.parallel, cfg.model, lay.degrees
+    p, model, d = cfg.parallel, planned_model(cfg), lay.degrees
     dt = dtypes(lay.regime)
     comms: list[Comm] = []
     whole = unsharded_numel(cfg, lay, mem.pp_rank)
@@ -136,7 +136,7 @@ def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -
         per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
         all_reduces = mem.blocks * per_block
         volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-        if isinstance(model, GPTConfig):
+        if model.input_kind == "tokens":
             # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
             volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
             volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
@@ -167,7 +167,7 @@ def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
         return None
     samples = global_batch_size(cfg)
     tokens = samples * lay.tokens
-    model_flops = flops_per_token(cfg.model) * tokens
+    model_flops = planned_model(cfg).flops_per_token() * tokens
     # Full checkpointing runs each block's forward again in the backward: one third more (the forward is 2
     # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
     executed = model_flops * (4 / 3 if lay.ac == "full" else 1.0)

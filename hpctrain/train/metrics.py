@@ -7,11 +7,15 @@ peak is the dense bf16 tensor-core figure of the device (vendor data sheets), or
 
 from __future__ import annotations
 
-import torch
+from dataclasses import dataclass
+from typing import Any
 
-from hpctrain.config.schema import Config, GPTConfig
+import torch
+from torch import nn
+
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
-from hpctrain.models.flops import flops_per_token
+from hpctrain.models.spec import ModelSpec
 
 # Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
 PEAK_BF16_FLOPS = {
@@ -58,16 +62,47 @@ def peak_memory_gib(device: torch.device) -> float:
     return 0.0
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What throughput and MFU are measured in, for this run's model."""
+
+    n_params: int
+    tokens_per_sample: int  # 1: throughput in samples
+    per_token: bool  # report tokens/s (the input is a sequence of token ids)
+    flops_per_token: float
+
+
+def run_facts(spec: ModelSpec, model: nn.Module, sample_input: Any) -> RunFacts:
+    """The spec's declared facts, else facts derived from the built model and one input: the parameters
+    counted (each shared tensor once, on this rank: the whole model before sharding is what a spec declares,
+    so a user model's count is per rank under FSDP), token ids ``[B, T]`` make ``T`` tokens per sample, and
+    the FLOPs are 6·N per token (Kaplan et al. 2020, eq. 2.2: the attention term left out, so MFU is a lower
+    bound)."""
+    declared = spec.param_count()
+    if declared is not None:
+        flops = spec.flops_per_token()
+        assert flops is not None
+        return RunFacts(declared, spec.tokens_per_sample, spec.input_kind == "tokens", flops)
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    ids = (
+        isinstance(sample_input, torch.Tensor)
+        and sample_input.dim() == 2
+        and not sample_input.is_floating_point()
+    )
+    tokens = int(sample_input.shape[1]) if ids else 1
+    return RunFacts(n, tokens, ids, 6.0 * n)
+
+
 class Throughput:
     """Step times since the last report → step time, samples/s or tokens/s (in all and per device), MFU
     (hpctrain.train.metrics: 6N + 12·L·H·Q·T FLOPs per token against the device's peak), and this rank's
     peak memory."""
 
-    def __init__(self, cfg: Config, shape: RunShape, device: torch.device) -> None:
+    def __init__(self, cfg: Config, shape: RunShape, device: torch.device, facts: RunFacts) -> None:
         self.samples_per_step = shape.global_batch_size
-        self.tokens_per_sample = shape.tokens_per_sample
-        self.is_tokens = isinstance(cfg.model, GPTConfig)
-        self.flops_per_token = flops_per_token(cfg.model)
+        self.tokens_per_sample = facts.tokens_per_sample
+        self.is_tokens = facts.per_token
+        self.flops_per_token = facts.flops_per_token
         self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
         self.world_size = shape.world_size
         self.device = device

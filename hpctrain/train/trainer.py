@@ -20,18 +20,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
-from hpctrain.config.schema import Config, GPTConfig
+from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
-from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
+from hpctrain.data import GlobalBatchSampler, build_datasets, split_micro_batches
+from hpctrain.data.stream import BatchStream
+from hpctrain.data.user import build_user_datasets
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
-from hpctrain.models.flops import param_count
+from hpctrain.models.spec import model_spec
 from hpctrain.observe.loggers import Observer
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
@@ -40,7 +41,15 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
-from hpctrain.train.metrics import Throughput
+from hpctrain.train.loss import (
+    Objective,
+    build_objective,
+    class_accuracy,
+    cross_entropy,
+    inputs_of,
+    to_device,
+)
+from hpctrain.train.metrics import Throughput, run_facts
 from hpctrain.train.optim import build_optimizer, build_scheduler
 from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
 
@@ -76,6 +85,8 @@ class Run:
     train_set: Any
     val_set: Any
     sampler: GlobalBatchSampler
+    batches: BatchStream  # this rank's batches, step by step, in the sampler's order
+    objective: Objective  # how a batch goes through the model and the loss
     state: TrainState
     resumable: dict[str, Any]  # every Stateful of the checkpoint, by key
     checkpoints: CheckpointManager
@@ -92,9 +103,19 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = _grad_scaler(par, device, t.precision)
-    train_set, val_set = build_datasets(cfg.data, cfg.model, t.seed)
-    prime_ddp_buckets(par.model, train_set.get_batch([0])[0].to(device))
+    if cfg.data.target is not None:
+        train_set, val_set = build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate)
+    else:
+        train_set, val_set = build_datasets(cfg.data, model_spec(cfg.model), t.seed)
+    objective = build_objective(cfg.loss, cfg.data)
+    first = to_device(train_set.get_batch([0]), device)
+    prime_ddp_buckets(par.model, lambda model: objective(model, first)[1])
     sampler = GlobalBatchSampler(len(train_set), shape.global_batch_size, t.seed)
+    dp_rank, dp_size = par.data_parallel
+    batches = BatchStream(
+        train_set, sampler, dp_rank, dp_size, shape.rank_samples_per_pass, cfg.data.num_workers,
+        pin_memory=device.type == "cuda", seed=t.seed,
+    )  # fmt: skip
     # Per-rank streams for dropout and the like, after the shared init.
     seed_everything(t.seed + 1 + env.rank)
 
@@ -122,8 +143,8 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
-        cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, state,
-        resumable, checkpoints, faults,
+        cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, batches,
+        objective, state, resumable, checkpoints, faults,
     )  # fmt: skip
 
 
@@ -152,13 +173,13 @@ def fit(
     profile_first, profile_last = (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
     profiler = None
     stragglers = StragglerMonitor(t.straggler_every, device, env.hostname)
-    speed = Throughput(cfg, shape, device)
-    dp_rank, dp_size = run.par.data_parallel
+    facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
+    speed = Throughput(cfg, shape, device, facts)
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step,
         t.max_steps,
-        f"{param_count(cfg.model):,}",
+        f"{facts.n_params:,}",
         env.world_size,
         device,
         cfg.parallel.name,
@@ -174,14 +195,18 @@ def fit(
             profiler = _start_profiler(run_dir, env.rank, device)
         data_start = time.perf_counter()
         run.faults.at("data", state.step + 1)
-        indices = shard_for_rank(run.sampler.next_global_batch(), dp_rank, dp_size)
-        passes = [
-            run.train_set.get_batch(ix) for ix in split_micro_batches(indices, shape.rank_samples_per_pass)
-        ]
+        passes = run.batches.next_step()
         stragglers.data_done(time.perf_counter() - data_start)
         watchdog.enter(state.step + 1, "compute")
         result = train_step(
-            run.par, run.optimizer, run.scaler, passes, device, t.precision, cfg.optim.grad_clip
+            run.par,
+            run.optimizer,
+            run.scaler,
+            passes,
+            device,
+            t.precision,
+            cfg.optim.grad_clip,
+            run.objective,
         )
         lr = run.scheduler.get_last_lr()[0]
         run.scheduler.step()
@@ -221,6 +246,7 @@ def fit(
             break
         step_start = time.perf_counter()
     checkpoints.close()
+    run.batches.close()
     return FitResult(state, stopped_by)
 
 
@@ -228,10 +254,11 @@ def train_step(
     par: Parallelized,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
-    passes: list[tuple[torch.Tensor, torch.Tensor]],
+    passes: list[Any],
     device: torch.device,
     precision: str,
     grad_clip: float,
+    objective: Objective | None = None,
 ) -> StepResult:
     """One optimizer step over this rank's passes (gradient accumulation when there are several)."""
     model = par.model
@@ -243,19 +270,21 @@ def train_step(
     # A pipeline schedule runs forward and backward itself; each of its micro-batches' losses is divided by
     # the number of micro-batches of the whole step.
     pipeline_parts = (par.pipeline.n_microbatches if par.pipeline else 1) * len(passes)
+    objective = objective or Objective()
 
     def loss_fn(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = loss_of(logits, target)
+        loss = objective.loss(logits, (None, target))
         return loss, scaler.scale(loss / pipeline_parts)
 
-    for i, (inputs, targets) in enumerate(passes):
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        if par.pipeline is not None:
+    for i, batch in enumerate(passes):
+        batch = to_device(batch, device)
+        if par.pipeline is not None:  # the built-in models' (input, target) pairs
+            inputs, targets = batch
             with autocast:
                 total_loss += par.pipeline.step(inputs, targets, loss_fn) / par.pipeline.n_microbatches
             continue
         with _no_sync_unless(model, i == len(passes) - 1), autocast:
-            loss = loss_of(model(inputs), targets)
+            _, loss = objective(model, batch)
             scaler.scale(loss / len(passes)).backward()
         total_loss += loss.detach()
     scaler.unscale_(optimizer)
@@ -275,18 +304,20 @@ def train_step(
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every prediction (each token for the GPT, each image for the ViT)."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    """The default loss on a logits tensor and its targets (the planner's measurements use it)."""
+    return cross_entropy(logits, (None, targets))
 
 
 @torch.no_grad()
 def evaluate(run: Run) -> dict[str, float]:
-    """Mean loss (and accuracy, for classifiers) over ``eval_batches`` fixed global batches of the val set."""
+    """Mean loss over ``eval_batches`` fixed global batches of the val set, weighted by samples (and the
+    accuracy when the targets are one class label per sample). The loss is the run's own (``loss``)."""
     cfg, par, val_set, device = run.cfg, run.par, run.val_set, run.device
     t = cfg.trainer
     model = par.model
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss × samples, samples, correct, labels
+    objective = run.objective
     batch_size = run.shape.global_batch_size
     dp_rank, dp_size = par.data_parallel
     per_rank = batch_size // dp_size
@@ -295,21 +326,26 @@ def evaluate(run: Run) -> dict[str, float]:
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
         for chunk in split_micro_batches(indices, run.shape.rank_samples_per_pass):
-            inputs, targets = (x.to(device) for x in val_set.get_batch(chunk))
+            batch = to_device(val_set.get_batch(chunk), device)
             with autocast:
-                logits = model(inputs) if par.pipeline is None else par.pipeline.forward(inputs)
-            if logits is None:  # a pipeline stage before the last
+                if par.pipeline is None:
+                    outputs = objective.outputs(model, batch)
+                else:
+                    outputs = par.pipeline.forward(batch[0])
+            if outputs is None:  # a pipeline stage before the last
                 continue
-            flat_logits, flat_targets = logits.float().flatten(0, -2), targets.flatten()
-            sums[0] += F.cross_entropy(flat_logits, flat_targets, reduction="sum").double()
-            sums[1] += (flat_logits.argmax(-1) == flat_targets).sum().double()
-            sums[2] += flat_targets.numel()
+            sums[0] += objective.loss(outputs, batch).double() * len(chunk)
+            sums[1] += len(chunk)
+            accuracy = class_accuracy(outputs, batch, objective.target_key)
+            if accuracy is not None:
+                sums[2] += accuracy[0]
+                sums[3] += accuracy[1]
     # Ranks that hold the same logits (tensor-parallel peers) add the same sums to numerator and denominator.
     if dist.is_initialized():
         dist.all_reduce(sums)
-    out = {"val_loss": float(sums[0] / sums[2])}
-    if not isinstance(cfg.model, GPTConfig):
-        out["val_acc"] = float(sums[1] / sums[2])
+    out = {"val_loss": float(sums[0] / sums[1])}
+    if sums[3] > 0:
+        out["val_acc"] = float(sums[2] / sums[3])
     return out
 
 

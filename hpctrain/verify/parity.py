@@ -169,7 +169,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.config.io import write_run_config
     from hpctrain.config.shape import run_shape
-    from hpctrain.config.validate import validate
+    from hpctrain.plan.check import check_run
     from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.stop import StopCheck
     from hpctrain.resilience.watchdog import Watchdog
@@ -180,7 +180,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
     for key, _model, args in jobs:
         composed = compose(args)
         cfg = to_typed(composed)
-        validate(cfg)
+        check_run(cfg)
         run_dir = Path(out).parent / key.replace(": ", "-").replace(" ", "_").replace("/", "_")
         if rank == 0:
             write_run_config(run_dir, composed)

@@ -199,13 +199,14 @@ def _local_bytes(t: Any) -> int:
 def _batch(cfg: Any, samples: int) -> tuple[Any, Any]:
     import torch
 
-    from hpctrain.config.schema import GPTConfig
+    from hpctrain.models.spec import GPTSpec, ViTSpec, model_spec
 
-    model = cfg.model
+    model = model_spec(cfg.model)
     g = torch.Generator().manual_seed(cfg.trainer.seed)
-    if isinstance(model, GPTConfig):
+    if isinstance(model, GPTSpec):
         idx = torch.randint(0, model.vocab_size, (samples, model.seq_len + 1), generator=g)
         return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    assert isinstance(model, ViTSpec), "the planner measures the built-in models"
     images = torch.randn(samples, model.in_channels, model.image_size, model.image_size, generator=g)
     return images, torch.randint(0, model.num_classes, (samples,), generator=g)
 
@@ -297,12 +298,12 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, list[str]]
     import torch.distributed as dist
 
     from hpctrain.config.compose import compose, to_typed
-    from hpctrain.config.validate import validate
+    from hpctrain.plan.check import check_run
 
     results: dict[str, list[dict[str, Any]]] = {}
     for name, args in jobs:
         cfg = to_typed(compose(args))
-        validate(cfg)
+        check_run(cfg)
         mine = measure_case(cfg, device)
         gathered: list[Any] = [None] * env.world_size
         dist.all_gather_object(gathered, mine)

@@ -1,0 +1,95 @@
+"""A composed config (plain OmegaConf nodes) → the typed :class:`Config` every layer reads. Torch-free.
+
+The ``model``, ``data`` and ``loss`` groups are ``_target_`` + arguments of the user's choosing, so Hydra
+cannot type them: here each is split into hpctrain's own keys (typed, validated) and the arguments handed to
+the target (``ModelConfig`` / ``DataConfig`` / ``LossConfig``). The other groups are dataclasses already.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
+
+from hpctrain.config.schema import DATA_KEYS, Config, DataConfig, LossConfig, ModelConfig
+from hpctrain.errors import ConfigError
+
+TARGET = "_target_"
+WHAT_TARGET_IS = {
+    "model": "an importable callable returning an nn.Module, e.g. mypkg.nets.build",
+    "data": "an importable callable taking split='train'|'val' and returning a map-style dataset",
+    "loss": "an importable callable (outputs, batch) -> scalar tensor",
+}
+
+
+def to_config(run_keys: dict[str, Any] | DictConfig) -> Config:
+    """Typed ``Config`` from the run's keys (``hydra`` excluded), or a ConfigError naming the bad key."""
+    plain = run_keys if isinstance(run_keys, dict) else {k: run_keys[k] for k in run_keys}
+    groups = {"model": _model(plain.get("model")), "data": _data(plain.get("data")), "loss": _loss(plain)}
+    rest = {k: v for k, v in plain.items() if k not in groups}
+    rest.update(dict.fromkeys(groups))  # filled in below, once typed
+    typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), rest))
+    assert isinstance(typed, Config), type(typed)
+    for name, value in groups.items():
+        setattr(typed, name, value)
+    return typed
+
+
+def _container(node: Any, group: str) -> dict[str, Any]:
+    if node is None:
+        return {}
+    value = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
+    if not isinstance(value, dict):
+        raise ConfigError(group, value, "must be a mapping with a _target_", valid=WHAT_TARGET_IS[group])
+    return value
+
+
+def _target(value: Any, group: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{group}._target_", value, "missing or empty", valid=WHAT_TARGET_IS[group])
+    parts = value.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        raise ConfigError(
+            f"{group}._target_", value, "not a dotted import path (module.name)", valid=WHAT_TARGET_IS[group]
+        )
+    return value
+
+
+def _model(node: Any) -> ModelConfig:
+    raw = _container(node, "model")
+    target = _target(raw.pop(TARGET, None), "model")
+    return ModelConfig(target=target, args=raw)
+
+
+def _loss(plain: dict[str, Any]) -> LossConfig:
+    raw = _container(plain.get("loss"), "loss")
+    target = _target(raw.pop(TARGET, None), "loss")
+    return LossConfig(target=target, args=raw)
+
+
+def _data(node: Any) -> DataConfig:
+    raw = _container(node, "data")
+    own = {k: raw.pop(k) for k in list(raw) if k in DATA_KEYS and k != TARGET}
+    target = raw.pop(TARGET, None)
+    if target is not None:
+        target = _target(target, "data")
+    elif raw:  # arguments without a callable to take them
+        key = next(iter(raw))
+        raise ConfigError(f"data.{key}", raw[key], "unknown key of data", valid=", ".join(DATA_KEYS))
+    elif own.get("name") is None:
+        raise ConfigError(
+            "data", None, "no dataset: give data=<option> or data._target_", valid=WHAT_TARGET_IS["data"]
+        )
+    fields = {f.name: f.type for f in dataclasses.fields(DataConfig)}
+    typed = OmegaConf.structured(DataConfig)
+    for key, value in own.items():
+        try:
+            typed[key] = value
+        except ValidationError:
+            raise ConfigError(f"data.{key}", value, f"expected {fields[key]}") from None
+    out = OmegaConf.to_object(typed)
+    assert isinstance(out, DataConfig)
+    out.target, out.args = target, raw
+    return out

@@ -1,0 +1,418 @@
+"""What the core knows about a model without building it: its spec. Torch-free (used on the submit path).
+
+A run's model is a ``_target_`` and its arguments (:class:`hpctrain.config.schema.ModelConfig`);
+:func:`model_spec` turns it into a spec. The built-in models declare theirs here, beside their code: the
+input they take, the tokens per sample, parameter and FLOP counts, that they carry tensor- and
+pipeline-parallel plans, and the shapes the planner reads. Any other model gets a :class:`ModelSpec` whose
+facts are unknown until the model is built (:mod:`hpctrain.train.probe` builds it on the meta device); the
+trainer then derives what it needs from the built module. The core reads these facts; it never asks which
+model it trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
+
+from hpctrain.config.schema import ModelConfig
+from hpctrain.errors import ConfigError
+
+Shape = tuple[int, ...] | None  # a built-in dataset's fixed (C, H, W, classes), if it has one
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter tensor of a built-in model, for the planner (hpctrain.plan)."""
+
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None = (
+        None  # the dimension tensor parallelism shards (hpctrain.parallel.tp), None: replicated
+    )
+    autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
+
+
+@dataclass
+class ModelSpec:
+    """Facts of a model that declares none: a user's ``_target_``. Everything is unknown (None/False)."""
+
+    target: str = ""
+    input_kind: ClassVar[str | None] = None  # "tokens" (int ids [B, T]) | "images" (float [B, C, H, W])
+    tp_plan: ClassVar[bool] = False  # carries a TP_PLAN (hpctrain.parallel.tp)
+    pipeline_plan: ClassVar[bool] = False  # carries PIPELINE_INPUT / PIPELINE_OUTPUT
+    transformer: ClassVar[bool] = False  # the planner's shapes (n_layers, d_model, ...) are declared
+
+    @property
+    def name(self) -> str:
+        return self.target.rsplit(".", 1)[-1]
+
+    @property
+    def tokens_per_sample(self) -> int:
+        """Positions per sample the blocks see; 1 when unknown (throughput is then in samples)."""
+        return 1
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return False
+
+    def check(self) -> None:
+        """Raise a one-line ConfigError for arguments that cannot build this model."""
+
+    def describe(self) -> str:
+        """The model's shape in a few words, for plans and logs."""
+        return self.target
+
+    def param_count(self, include_embeddings: bool = True) -> int | None:
+        return None
+
+    def flops_per_token(self) -> float | None:
+        return None
+
+    def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
+        """Raise a one-line ConfigError if this model cannot be split as ``degrees`` (a RunShape's) say."""
+        for dim in ("tp", "pp"):
+            reason = self.layout_refusal(dim) if getattr(degrees, dim) > 1 else None
+            if reason:
+                raise ConfigError(
+                    f"parallel.{dim}", getattr(degrees, dim), reason, valid="parallel=ddp, fsdp or hsdp"
+                )
+
+    def check_data(
+        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
+    ) -> None:
+        """Raise a one-line ConfigError if built-in dataset ``name`` (yielding ``gives``) cannot feed this
+        model. A model of unknown input is checked on a real batch instead (hpctrain.train.probe)."""
+        if self.input_kind is not None and gives not in ("any", self.input_kind):
+            raise ConfigError("data", name, f"gives {gives} but model {self.name} takes {self.input_kind}")
+
+    def layout_refusal(self, dim: str) -> str | None:
+        """Why this model cannot be split over ``dim`` ("tp" | "pp"), or None when it can."""
+        if dim == "tp" and not self.tp_plan:
+            return (
+                f"model {self.name} declares no tensor-parallel plan (a TP_PLAN class attribute mapping "
+                "module names to colwise/rowwise/norm roles, see hpctrain.parallel.tp)"
+            )
+        if dim == "pp" and not self.pipeline_plan:
+            return (
+                f"model {self.name} declares no pipeline split (PIPELINE_INPUT / PIPELINE_OUTPUT class "
+                "attributes and its blocks in a `layers` ModuleDict, see hpctrain.parallel.pipeline)"
+            )
+        return None
+
+
+@dataclass
+class TransformerSpec(ModelSpec):
+    """A built-in pre-norm transformer (hpctrain.models.layers.Block)."""
+
+    n_layers: int = 2
+    d_model: int = 64
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    dropout: float = 0.0
+    tp_plan: ClassVar[bool] = True
+    pipeline_plan: ClassVar[bool] = True
+    transformer: ClassVar[bool] = True
+
+    def check(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "mlp_ratio"):
+            _at_least(f"model.{name}", getattr(self, name), 1)
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                "model.n_heads",
+                self.n_heads,
+                f"must divide model.d_model={self.d_model} "
+                f"({self.d_model} % {self.n_heads} = {self.d_model % self.n_heads})",
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.dropout", self.dropout, "must be in [0, 1)")
+
+    def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
+        """Megatron splits divide heads and MLP units over tp; a pipeline divides the layers into stages."""
+        super().check_layout(degrees, parallel, n_stages)
+        tp = degrees.tp
+        for key, value, what in (
+            ("n_heads", self.n_heads, "attention heads"),
+            ("d_model", self.d_model * self.mlp_ratio, "MLP hidden units (d_model × mlp_ratio)"),
+        ):
+            if value % tp:
+                raise ConfigError(
+                    f"model.{key}",
+                    getattr(self, key),
+                    f"{value} {what} do not split over parallel.tp={tp} ({value} % {tp} = {value % tp})",
+                )
+        tokens = self.tokens_per_sample
+        if tp > 1 and parallel.sequence_parallel and tokens % tp:
+            raise ConfigError(
+                "parallel.sequence_parallel",
+                True,
+                f"sequence parallelism splits the {tokens} tokens per sample of model {self.name} over "
+                f"parallel.tp={tp} ({tokens} % {tp} = {tokens % tp})",
+                valid="another model size, or parallel.sequence_parallel=false",
+            )
+        if degrees.pp > 1 and self.n_layers % n_stages:
+            raise ConfigError(
+                "model.n_layers",
+                self.n_layers,
+                f"not divisible by the {n_stages} pipeline stages (parallel.pp={degrees.pp}; "
+                f"{self.n_layers} % {n_stages} = {self.n_layers % n_stages})",
+                valid=f"a multiple of {n_stages}",
+            )
+
+    def block_param_specs(self) -> tuple[ParamSpec, ...]:
+        """One ``hpctrain.models.layers.Block``: q/k/v and fc_in split by output (column-wise, with their
+        biases), o and fc_out by input (row-wise, bias replicated); the LayerNorms are replicated."""
+        d, hidden = self.d_model, self.d_model * self.mlp_ratio
+        specs = [ParamSpec("ln1.weight", (d,)), ParamSpec("ln1.bias", (d,))]
+        for name in ("q", "k", "v"):
+            specs += [
+                ParamSpec(f"attn.{name}.weight", (d, d), 0, True),
+                ParamSpec(f"attn.{name}.bias", (d,), 0, True),
+            ]
+        specs += [ParamSpec("attn.o.weight", (d, d), 1, True), ParamSpec("attn.o.bias", (d,), None, True)]
+        specs += [ParamSpec("ln2.weight", (d,)), ParamSpec("ln2.bias", (d,))]
+        specs += [
+            ParamSpec("mlp.fc_in.weight", (hidden, d), 0, True),
+            ParamSpec("mlp.fc_in.bias", (hidden,), 0, True),
+            ParamSpec("mlp.fc_out.weight", (d, hidden), 1, True),
+            ParamSpec("mlp.fc_out.bias", (d,), None, True),
+        ]
+        return tuple(specs)
+
+    def block_params(self) -> int:
+        """One pre-norm block: two LayerNorms, q/k/v/o with biases, fc_in/fc_out with biases."""
+        d, hidden = self.d_model, self.mlp_ratio * self.d_model
+        return 2 * (2 * d) + 4 * (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs (forward + backward) per token: ``6·N + 12·L·H·Q·T``.
+
+        Chowdhery et al. 2022, "PaLM", appendix B: N non-embedding parameters (``param_count(False)``), L
+        layers, H heads, Q the head dimension, T tokens per sample. The attention term is not halved for
+        causal masking, following the paper."""
+        n = self.param_count(include_embeddings=False)
+        head_dim = self.d_model // self.n_heads
+        return float(6 * n + 12 * self.n_layers * self.n_heads * head_dim * self.tokens_per_sample)
+
+    def param_count(self, include_embeddings: bool = True) -> int:
+        raise NotImplementedError
+
+    def input_params(self) -> tuple[ParamSpec, ...]:
+        raise NotImplementedError
+
+    def output_params(self) -> tuple[ParamSpec, ...]:
+        raise NotImplementedError
+
+
+@dataclass
+class GPTSpec(TransformerSpec):
+    """hpctrain.models.gpt.GPT: a GPT-2 style decoder (causal attention, learned positions)."""
+
+    target: str = "hpctrain.models.gpt.GPT"
+    vocab_size: int = 256
+    seq_len: int = 64
+    tie_embeddings: bool = True
+    input_kind: ClassVar[str | None] = "tokens"
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return int(self.seq_len)
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return bool(self.tie_embeddings)
+
+    def describe(self) -> str:
+        tied = ", tied embeddings" if self.tie_embeddings else ""
+        return (
+            f"{self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads, seq {self.seq_len}, "
+            f"vocab {self.vocab_size}{tied}"
+        )
+
+    def check(self) -> None:
+        super().check()
+        _at_least("model.vocab_size", self.vocab_size, 2)
+        _at_least("model.seq_len", self.seq_len, 1)
+
+    def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
+        super().check_layout(degrees, parallel, n_stages)
+        if self.vocab_size % degrees.tp:
+            raise ConfigError(
+                "model.vocab_size",
+                self.vocab_size,
+                f"the embedding and LM head split the vocabulary over parallel.tp={degrees.tp} "
+                f"({self.vocab_size} % {degrees.tp} = {self.vocab_size % degrees.tp})",
+                valid=f"a multiple of {degrees.tp}",
+            )
+        if degrees.pp > 1 and self.tie_embeddings:
+            raise ConfigError(
+                "model.tie_embeddings",
+                True,
+                f"a tied embedding and LM head live on the first and last of parallel.pp={degrees.pp} stages",
+                valid="false with pipeline parallelism",
+            )
+
+    def input_params(self) -> tuple[ParamSpec, ...]:
+        """What the first pipeline stage keeps (``PIPELINE_INPUT``), as the planner sees it: the token
+        embedding is split over the vocabulary under TP; tied, it is also the LM head's weight (a linear
+        input)."""
+        d = self.d_model
+        return (
+            ParamSpec("tok_emb.weight", (self.vocab_size, d), 0, self.tie_embeddings),
+            ParamSpec("pos_emb.weight", (self.seq_len, d)),
+        )
+
+    def output_params(self) -> tuple[ParamSpec, ...]:
+        """What the last stage keeps (``PIPELINE_OUTPUT``): the final norm and the head (none of its own when
+        tied to the token embedding)."""
+        d = self.d_model
+        norm = (ParamSpec("norm.weight", (d,)), ParamSpec("norm.bias", (d,)))
+        return (
+            norm if self.tie_embeddings else (*norm, ParamSpec("head.weight", (self.vocab_size, d), 0, True))
+        )
+
+    def check_data(
+        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
+    ) -> None:
+        super().check_data(name, gives, image_shape, vocab)
+        if vocab is not None and vocab > self.vocab_size:
+            raise ConfigError(
+                "model.vocab_size",
+                self.vocab_size,
+                f"data={name} has a vocabulary of {vocab} tokens",
+                valid=f"≥ {vocab}",
+            )
+
+    def param_count(self, include_embeddings: bool = True) -> int:
+        """Distinct trainable parameters (tied weights once). Without embeddings: the N of 6·N, those in
+        matmuls: the LM head counts even when tied (its d·V matmul runs either way, as in nanoGPT's MFU)."""
+        d = self.d_model
+        dense = self.n_layers * self.block_params() + 2 * d  # blocks + final norm
+        head = d * self.vocab_size
+        if not include_embeddings:
+            return dense + head
+        embeddings = self.vocab_size * d + self.seq_len * d
+        return embeddings + dense + (0 if self.tie_embeddings else head)
+
+
+@dataclass
+class ViTSpec(TransformerSpec):
+    """hpctrain.models.vit.ViT: a Vision Transformer (patch embedding, class token)."""
+
+    target: str = "hpctrain.models.vit.ViT"
+    image_size: int = 8
+    patch_size: int = 2
+    in_channels: int = 1
+    num_classes: int = 10
+    input_kind: ClassVar[str | None] = "images"
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.n_patches + 1  # the class token
+
+    def describe(self) -> str:
+        return (
+            f"{self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads, "
+            f"{self.image_size}² images in {self.patch_size}² patches ({self.tokens_per_sample} tokens)"
+        )
+
+    def check(self) -> None:
+        super().check()
+        for name in ("image_size", "patch_size", "in_channels", "num_classes"):
+            _at_least(f"model.{name}", getattr(self, name), 1)
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                "model.patch_size", self.patch_size, f"must divide model.image_size={self.image_size}"
+            )
+
+    def input_params(self) -> tuple[ParamSpec, ...]:
+        """What the first pipeline stage keeps (``PIPELINE_INPUT``): the patch projection, class token and
+        positions."""
+        d = self.d_model
+        return (
+            ParamSpec(
+                "patch_emb.weight", (d, self.in_channels, self.patch_size, self.patch_size), None, True
+            ),
+            ParamSpec("patch_emb.bias", (d,), None, True),
+            ParamSpec("cls_token", (1, 1, d)),
+            ParamSpec("pos_emb", (1, self.n_patches + 1, d)),
+        )
+
+    def output_params(self) -> tuple[ParamSpec, ...]:
+        """What the last stage keeps (``PIPELINE_OUTPUT``): the final norm and the classification head."""
+        d = self.d_model
+        return (
+            ParamSpec("norm.weight", (d,)),
+            ParamSpec("norm.bias", (d,)),
+            ParamSpec("head.weight", (self.num_classes, d), None, True),
+            ParamSpec("head.bias", (self.num_classes,), None, True),
+        )
+
+    def check_data(
+        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
+    ) -> None:
+        super().check_data(name, gives, image_shape, vocab)
+        if image_shape is None:
+            return
+        channels, height, width, classes = image_shape
+        for key, have, want in (
+            ("image_size", self.image_size, height),
+            ("in_channels", self.in_channels, channels),
+            ("num_classes", self.num_classes, classes),
+        ):
+            if have != want:
+                raise ConfigError(
+                    f"model.{key}",
+                    have,
+                    f"data={name} gives {channels}×{height}×{width} images in {classes} classes",
+                    valid=str(want),
+                )
+
+    def param_count(self, include_embeddings: bool = True) -> int:
+        """As GPT's; the "embeddings" are the additive class token and positions, the patch projection
+        is dense."""
+        d = self.d_model
+        patch_proj = self.in_channels * self.patch_size**2 * d + d
+        head = d * self.num_classes + self.num_classes
+        dense = patch_proj + self.n_layers * self.block_params() + 2 * d + head
+        return dense + (d + (self.n_patches + 1) * d if include_embeddings else 0)
+
+
+# The built-in models' specs, by the ``_target_`` that builds them.
+BUILTIN: dict[str, type[ModelSpec]] = {"hpctrain.models.gpt.GPT": GPTSpec, "hpctrain.models.vit.ViT": ViTSpec}
+
+
+def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
+    """The spec of ``model``: declared for a built-in target (its arguments checked), else unknown facts."""
+    if isinstance(model, ModelSpec):
+        return model
+    spec_type = BUILTIN.get(model.target)
+    if spec_type is None:
+        return ModelSpec(target=model.target)
+    fields = {f.name: f.type for f in dataclasses.fields(spec_type) if f.name != "target"}
+    node = OmegaConf.structured(spec_type)
+    for key, value in model.args.items():
+        if key not in fields:
+            raise ConfigError(
+                f"model.{key}", value, f"not an argument of {model.target}", valid=", ".join(fields)
+            )
+        try:
+            node[key] = value
+        except ValidationError:
+            raise ConfigError(f"model.{key}", value, f"expected {fields[key]}") from None
+    spec = OmegaConf.to_object(node)
+    assert isinstance(spec, ModelSpec)
+    spec.check()
+    return spec
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(key, value, f"must be ≥ {low}")

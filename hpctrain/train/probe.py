@@ -1,0 +1,155 @@
+"""Try a run's model, data and loss before anything starts: one line naming the key for each problem.
+
+A model that declares its facts (the built-ins, :mod:`hpctrain.models.spec`) with built-in data and the
+default loss needs none of this: their rules are torch-free. Anything else is tried here, on the submitting
+machine: the ``_target_`` is imported, its arguments bound to its signature, the model built on the meta
+device (no memory, no initialisation cost), two items of the training set collated, and the model and the
+loss run on that batch moved to the meta device (shapes and dtypes only). Errors of the user's own code
+are theirs and keep their traceback; everything else is a :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+from hpctrain.config.schema import Config
+from hpctrain.errors import ConfigError
+from hpctrain.models.spec import BUILTIN
+
+log = logging.getLogger(__name__)
+DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
+
+
+def needs_probe(cfg: Config) -> bool:
+    return cfg.model.target not in BUILTIN or cfg.data.target is not None or cfg.loss.target != DEFAULT_LOSS
+
+
+def locate(key: str, target: str) -> Any:
+    """The object ``target`` names, or a ConfigError for ``key`` saying why it cannot be imported."""
+    from hydra.utils import get_object
+
+    try:
+        return get_object(target)
+    except Exception as err:  # ImportError, AttributeError, or Hydra's wrapper of them
+        reason = " ".join(str(err).split(".")[0].split()) or type(err).__name__
+        raise ConfigError(key, target, f"cannot be imported: {reason}") from None
+
+
+def check_arguments(
+    key: str, fn: Any, target: str, args: dict[str, Any], extra: tuple[str, ...] = ()
+) -> None:
+    """Bind ``args`` (plus the ``extra`` names hpctrain passes) to ``fn``'s signature: a missing or unknown
+    argument is one line, before the user's code runs."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: its own error will say
+    try:
+        signature.bind(**dict.fromkeys(extra), **args)
+    except TypeError as err:
+        raise ConfigError(key, target, f"cannot take its arguments: {err}") from None
+
+
+def probe(cfg: Config) -> None:
+    """Build the model on the meta device and run it and the loss on one collated batch; raise a
+    ConfigError for a mismatch, let the user's own exceptions through."""
+    import torch
+    from torch import nn
+
+    from hpctrain.data import build_datasets
+    from hpctrain.data.user import build_user_datasets
+    from hpctrain.models.spec import model_spec
+    from hpctrain.train.loss import build_objective, to_device
+
+    factory = locate("model._target_", cfg.model.target)
+    check_arguments("model._target_", factory, cfg.model.target, _top_level(cfg.model.args))
+    locate("loss._target_", cfg.loss.target)
+    if cfg.data.target is not None:
+        check_arguments("data._target_", locate("data._target_", cfg.data.target), cfg.data.target,
+                        _top_level(cfg.data.args), extra=("split",))  # fmt: skip
+    from hydra.utils import instantiate
+
+    with torch.device("meta"):
+        model = user_call(
+            "model._target_", cfg.model.target,
+            lambda: instantiate({"_target_": cfg.model.target, **cfg.model.args}, _convert_="all"),
+        )  # fmt: skip
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
+        )
+    if cfg.data.target is not None:
+        train_set, _ = user_call(
+            "data._target_", cfg.data.target,
+            lambda: build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate),
+        )  # fmt: skip
+    else:
+        train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
+    batch = train_set.get_batch([0, 1 % len(train_set)])
+    objective = build_objective(cfg.loss, cfg.data)
+    batch = to_device(batch, torch.device("meta"))
+    try:
+        outputs = objective.outputs(model, batch)
+    except Exception as err:
+        if _meta_limitation(err):
+            log.info("model %s cannot run on the meta device (%s): checked when training starts",
+                     cfg.model.target, err)  # fmt: skip
+            return
+        raise ConfigError(
+            "data", cfg.data.target or cfg.data.name,
+            f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",
+        ) from None  # fmt: skip
+    try:
+        loss = objective.loss(outputs, batch)
+    except Exception as err:
+        raise ConfigError(
+            "loss._target_", cfg.loss.target, f"cannot read the model's output: {_first_line(err)}"
+        ) from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
+
+
+class UserCodeError(ConfigError):
+    """The user's own code raised: the one line, plus their traceback (hpctrain's and Hydra's frames left
+    out) for the caller to show above it."""
+
+    def __init__(self, key: str, value: Any, err: BaseException) -> None:
+        import traceback
+
+        frames = [
+            f for f in traceback.extract_tb(err.__traceback__)
+            if not any(part in f.filename for part in ("/hpctrain/", "/hydra/", "/omegaconf/"))
+        ]  # fmt: skip
+        lines = ["Traceback of your code (most recent call last):\n", *traceback.format_list(frames)]
+        self.user_traceback = "".join([*lines, *traceback.format_exception_only(err)])
+        super().__init__(key, value, f"raised {type(err).__name__}: {_first_line(err)}")
+
+
+def user_call(key: str, target: str, fn: Any) -> Any:
+    """``fn()``, turning an exception raised by the user's code into a UserCodeError."""
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except Exception as err:
+        cause = err
+        while cause.__cause__ is not None and type(cause).__name__ == "InstantiationException":
+            cause = cause.__cause__  # Hydra's wrapper: the user's own exception is its cause
+        raise UserCodeError(key, target, cause) from None
+
+
+def _top_level(args: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in args.items() if not k.startswith("_")}
+
+
+def _meta_limitation(err: Exception) -> bool:
+    text = str(err)
+    return "meta" in text and ("tensor" in text.lower() or "device" in text.lower()) and "shape" not in text
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:300]
