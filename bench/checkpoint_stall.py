@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState
-from hpctrain.config.schema import GPTConfig
 from hpctrain.models import build_model
+from hpctrain.models.builtin import GPTSpec as GPTConfig
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, cfg: GPTConfig) -> float:

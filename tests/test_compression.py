@@ -23,9 +23,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain.config.schema import GPTConfig
 from hpctrain.launch.local import free_port
 from hpctrain.models import build_model
+from hpctrain.models.builtin import GPTSpec as GPTConfig
 from hpctrain.parallel.compression import (
     CompressionState,
     TopKCompressionState,

@@ -10,7 +10,9 @@ from conftest import hpctrain
 from hpctrain.cli.train import precheck, sweep_members
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.io import load_run_config, write_run_config
-from hpctrain.config.schema import GPTConfig, ViTConfig
+from hpctrain.models.builtin import GPTSpec as GPTConfig
+from hpctrain.models.builtin import ViTSpec as ViTConfig
+from hpctrain.models.spec import model_spec
 
 UNTIED = "model.tie_embeddings=false"  # pipeline parallelism needs it
 # (overrides, words the one-line message must contain)
@@ -26,7 +28,7 @@ INVALID = [
     (["trainer.global_batch_size=32", "trainer.micro_batch_size=5"], ["micro_batch_size", "5 × 2 = 10"]),
     (["cluster.nproc=0"], ["cluster.nproc=0", "≥ 1"]),
     (["parallel=none", "cluster.nproc=2"], ["cluster.nproc=2", "parallel=none"]),
-    (["model=vit", "data=text"], ["data=text", "model=vit needs images", "digits"]),
+    (["model=vit", "data=text"], ["data=text", "model ViT takes images", "digits"]),
     (["model=vit", "data=digits", "model.image_size=16"], ["model.image_size=16", "8×8", "valid: 8"]),
     (["model=vit", "data=digits", "model.patch_size=3"], ["model.patch_size=3", "image_size=8"]),
     (["model.n_heads=5"], ["model.n_heads=5", "d_model=64"]),
@@ -57,7 +59,7 @@ INVALID = [
     (["parallel=tp", "data=synthetic", "model.vocab_size=255"], ["model.vocab_size=255", "255 % 2 = 1"]),
     (
         ["parallel=tp", "model=vit", "data=digits"],
-        ["model.patch_size=2", "17 tokens", "sequence_parallel=false"],
+        ["17 tokens", "sequence_parallel=false"],
     ),
     (
         ["parallel=pp", "model.n_layers=3", "model.tie_embeddings=false"],
@@ -150,11 +152,11 @@ def test_precheck_validates_every_sweep_member():
 
 
 def test_run_config_round_trip(tmp_path: Path):
-    for overrides, schema in ((["model=vit", "data=digits"], ViTConfig), (["model=gpt2_124m"], GPTConfig)):
+    for overrides, spec in ((["model=vit", "data=digits"], ViTConfig), (["model=gpt2_124m"], GPTConfig)):
         composed = compose(overrides)
         write_run_config(tmp_path, composed)
         loaded = load_run_config(tmp_path / "config.yaml")
-        assert isinstance(loaded.model, schema)
+        assert isinstance(model_spec(loaded.model), spec)
         assert loaded == to_typed(composed)
 
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpctrain.config.schema import GPTConfig, ViTConfig
+from hpctrain.config.schema import ModelConfig
 from hpctrain.data.datasets import Digits, SyntheticTokens
 from hpctrain.models import build_model
+from hpctrain.models.builtin import GPTSpec as GPTConfig
+from hpctrain.models.builtin import ViTSpec as ViTConfig
 from hpctrain.models.flops import flops_per_token, param_count, tokens_per_sample
 from hpctrain.models.gpt import GPT
 from hpctrain.models.vit import ViT
@@ -23,8 +25,8 @@ TINY_VIT = ViTConfig(n_layers=2, d_model=32, n_heads=4, image_size=8, patch_size
 def test_build_model_dispatch() -> None:
     assert isinstance(build_model(TINY_GPT), GPT)
     assert isinstance(build_model(TINY_VIT), ViT)
-    with pytest.raises(ValueError, match="resnet"):
-        build_model(replace(TINY_GPT, arch="resnet"))
+    with pytest.raises(Exception, match="nosuch"):
+        build_model(ModelConfig(target="hpctrain.models.nosuch.ResNet"))
 
 
 def test_gpt_shapes_and_layer_names() -> None:
@@ -68,7 +70,7 @@ def test_vit_is_not_causal_and_shapes() -> None:
 
 
 def test_vit_rejects_indivisible_patches() -> None:
-    with pytest.raises(ValueError, match=r"image_size=10.*patch_size=3"):
+    with pytest.raises(ValueError, match=r"patch_size=3.*image_size=10"):
         ViT(replace(TINY_VIT, image_size=10, patch_size=3))
 
 

@@ -19,6 +19,7 @@ from hpctrain.config.shape import Degrees, degrees, world_size
 from hpctrain.config.validate import validate
 from hpctrain.errors import ConfigError
 from hpctrain.models.flops import flops_per_token, param_count
+from hpctrain.models.spec import model_spec
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.search import alternatives
 
@@ -58,16 +59,16 @@ def test_block_activations_follow_the_saved_tensors():
     cfg = typed("model=gpt2_124m", "parallel=none", "cluster.nproc=1")
     lay = plan.layout_of(cfg)
     n, d, heads = 16 * 1024, 768, 12
-    assert plan.block_activation_bytes(cfg.model, lay) == 4 * (16 * n * d + 4 * n + n * heads)
-    assert plan.block_activation_bytes(cfg.model, lay, "full") == 4 * n * d  # only the block's input
-    selective = plan.block_activation_bytes(cfg.model, lay, "selective")
+    assert plan.block_activation_bytes(model_spec(cfg.model), lay) == 4 * (16 * n * d + 4 * n + n * heads)
+    assert plan.block_activation_bytes(model_spec(cfg.model), lay, "full") == 4 * n * d
+    selective = plan.block_activation_bytes(model_spec(cfg.model), lay, "selective")
     assert selective == 4 * (11 * n * d + n * heads)  # input, q, k, v, attention, o, fc_in (4), fc_out
     # bf16 autocast: fp32 residual stream, 16-bit matmul outputs, a 16-bit copy of each linear's input.
     bf16 = plan.layout_of(
         typed("model=gpt2_124m", "parallel=none", "cluster.nproc=1", "trainer.precision=bf16")
     )
     assert bf16.regime == "autocast"
-    assert plan.block_activation_bytes(cfg.model, bf16) == 4 * 2 * n * d + 2 * 16 * n * d + 4 * (
+    assert plan.block_activation_bytes(model_spec(cfg.model), bf16) == 4 * 2 * n * d + 2 * 16 * n * d + 4 * (
         4 * n + n * heads
     )
 
@@ -183,7 +184,7 @@ def test_seven_b_with_ddp_is_refused_in_one_line_with_its_numbers(tmp_path: Path
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     line = lines[0]
-    assert line.startswith("hpctrain: plan: 6.4B-parameter gpt needs 104.1 GiB per GPU"), line
+    assert line.startswith("hpctrain: plan: 6.4B-parameter GPT needs 104.1 GiB per GPU"), line
     for words in (
         "params 24.0 + grads 24.0 + optimizer 48.0",
         "a100x32 has 80 GiB",
@@ -219,7 +220,7 @@ def test_plan_check_false_submits_anyway(tmp_path: Path):
 
 def test_precheck_raises_for_every_sweep_member_that_does_not_fit():
     precheck([*SEVEN_B, "parallel=3d", "model.tie_embeddings=false"], multirun=False)
-    with pytest.raises(ConfigError, match=r"^plan: 6\.4B-parameter gpt needs"):
+    with pytest.raises(ConfigError, match=r"^plan: 6\.4B-parameter GPT needs"):
         precheck([*SEVEN_B, "parallel=3d,ddp", "model.tie_embeddings=false"], multirun=True)
     with pytest.raises(ConfigError) as caught:
         check_fits(typed(*SEVEN_B, "parallel=ddp"))

@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from hpctrain.models.builtin import ViTSpec
 from hpctrain.models.layers import BLOCK_TP_PLAN, INIT_STD, Block, init_gpt2_
-from hpctrain.models.spec import ViTSpec
 
 
 class ViT(nn.Module):

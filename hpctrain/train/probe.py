@@ -16,7 +16,7 @@ from typing import Any
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
-from hpctrain.models.spec import BUILTIN
+from hpctrain.models.builtin import BUILTIN
 
 log = logging.getLogger(__name__)
 DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"

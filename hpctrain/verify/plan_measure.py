@@ -199,7 +199,8 @@ def _local_bytes(t: Any) -> int:
 def _batch(cfg: Any, samples: int) -> tuple[Any, Any]:
     import torch
 
-    from hpctrain.models.spec import GPTSpec, ViTSpec, model_spec
+    from hpctrain.models.builtin import GPTSpec, ViTSpec
+    from hpctrain.models.spec import model_spec
 
     model = model_spec(cfg.model)
     g = torch.Generator().manual_seed(cfg.trainer.seed)

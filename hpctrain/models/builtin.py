@@ -1,0 +1,199 @@
+"""The built-in models' specs, declared beside their code (``gpt.py``, ``vit.py``). Torch-free.
+
+Each is a :class:`hpctrain.models.spec.TransformerSpec` whose fields are the model's keyword arguments:
+what input it takes, its tokens per sample, its parameter counts and the parameter shapes the planner reads,
+its rules for data and layouts. :data:`BUILTIN` maps each model's ``_target_`` to its spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hpctrain.errors import ConfigError
+from hpctrain.models.spec import ParamSpec, TransformerSpec, at_least
+
+
+@dataclass
+class GPTSpec(TransformerSpec):
+    """hpctrain.models.gpt.GPT: a GPT-2 style decoder (causal attention, learned positions)."""
+
+    target: str = "hpctrain.models.gpt.GPT"
+    vocab_size: int = 256
+    seq_len: int = 64
+    tie_embeddings: bool = True
+    input_kind: ClassVar[str | None] = "tokens"
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return int(self.seq_len)
+
+    @property
+    def tied_embeddings(self) -> bool:
+        return bool(self.tie_embeddings)
+
+    def describe(self) -> str:
+        tied = ", tied embeddings" if self.tie_embeddings else ""
+        return (
+            f"{self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads, seq {self.seq_len}, "
+            f"vocab {self.vocab_size}{tied}"
+        )
+
+    def check(self) -> None:
+        super().check()
+        at_least("model.vocab_size", self.vocab_size, 2)
+        at_least("model.seq_len", self.seq_len, 1)
+
+    def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
+        super().check_layout(degrees, parallel, n_stages)
+        if self.vocab_size % degrees.tp:
+            raise ConfigError(
+                "model.vocab_size",
+                self.vocab_size,
+                f"the embedding and LM head split the vocabulary over parallel.tp={degrees.tp} "
+                f"({self.vocab_size} % {degrees.tp} = {self.vocab_size % degrees.tp})",
+                valid=f"a multiple of {degrees.tp}",
+            )
+        if degrees.pp > 1 and self.tie_embeddings:
+            raise ConfigError(
+                "model.tie_embeddings",
+                True,
+                f"a tied embedding and LM head live on the first and last of parallel.pp={degrees.pp} stages",
+                valid="false with pipeline parallelism",
+            )
+
+    def input_params(self) -> tuple[ParamSpec, ...]:
+        """What the first pipeline stage keeps (``PIPELINE_INPUT``), as the planner sees it: the token
+        embedding is split over the vocabulary under TP; tied, it is also the LM head's weight (a linear
+        input)."""
+        d = self.d_model
+        return (
+            ParamSpec("tok_emb.weight", (self.vocab_size, d), 0, self.tie_embeddings),
+            ParamSpec("pos_emb.weight", (self.seq_len, d)),
+        )
+
+    def output_params(self) -> tuple[ParamSpec, ...]:
+        """What the last stage keeps (``PIPELINE_OUTPUT``): the final norm and the head (none of its own when
+        tied to the token embedding)."""
+        d = self.d_model
+        norm = (ParamSpec("norm.weight", (d,)), ParamSpec("norm.bias", (d,)))
+        return (
+            norm if self.tie_embeddings else (*norm, ParamSpec("head.weight", (self.vocab_size, d), 0, True))
+        )
+
+    def check_data(
+        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
+    ) -> None:
+        super().check_data(name, gives, image_shape, vocab)
+        if vocab is not None and vocab > self.vocab_size:
+            raise ConfigError(
+                "model.vocab_size",
+                self.vocab_size,
+                f"data={name} has a vocabulary of {vocab} tokens",
+                valid=f"≥ {vocab}",
+            )
+
+    def param_count(self, include_embeddings: bool = True) -> int:
+        """Distinct trainable parameters (tied weights once). Without embeddings: the N of 6·N, those in
+        matmuls: the LM head counts even when tied (its d·V matmul runs either way, as in nanoGPT's MFU)."""
+        d = self.d_model
+        dense = self.n_layers * self.block_params() + 2 * d  # blocks + final norm
+        head = d * self.vocab_size
+        if not include_embeddings:
+            return dense + head
+        embeddings = self.vocab_size * d + self.seq_len * d
+        return embeddings + dense + (0 if self.tie_embeddings else head)
+
+
+@dataclass
+class ViTSpec(TransformerSpec):
+    """hpctrain.models.vit.ViT: a Vision Transformer (patch embedding, class token)."""
+
+    target: str = "hpctrain.models.vit.ViT"
+    image_size: int = 8
+    patch_size: int = 2
+    in_channels: int = 1
+    num_classes: int = 10
+    input_kind: ClassVar[str | None] = "images"
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.n_patches + 1  # the class token
+
+    def describe(self) -> str:
+        return (
+            f"{self.n_layers} layers, d_model {self.d_model}, {self.n_heads} heads, "
+            f"{self.image_size}² images in {self.patch_size}² patches ({self.tokens_per_sample} tokens)"
+        )
+
+    def check(self) -> None:
+        super().check()
+        for name in ("image_size", "patch_size", "in_channels", "num_classes"):
+            at_least(f"model.{name}", getattr(self, name), 1)
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                "model.patch_size", self.patch_size, f"must divide model.image_size={self.image_size}"
+            )
+
+    def input_params(self) -> tuple[ParamSpec, ...]:
+        """What the first pipeline stage keeps (``PIPELINE_INPUT``): the patch projection, class token and
+        positions."""
+        d = self.d_model
+        return (
+            ParamSpec(
+                "patch_emb.weight", (d, self.in_channels, self.patch_size, self.patch_size), None, True
+            ),
+            ParamSpec("patch_emb.bias", (d,), None, True),
+            ParamSpec("cls_token", (1, 1, d)),
+            ParamSpec("pos_emb", (1, self.n_patches + 1, d)),
+        )
+
+    def output_params(self) -> tuple[ParamSpec, ...]:
+        """What the last stage keeps (``PIPELINE_OUTPUT``): the final norm and the classification head."""
+        d = self.d_model
+        return (
+            ParamSpec("norm.weight", (d,)),
+            ParamSpec("norm.bias", (d,)),
+            ParamSpec("head.weight", (self.num_classes, d), None, True),
+            ParamSpec("head.bias", (self.num_classes,), None, True),
+        )
+
+    def check_data(
+        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
+    ) -> None:
+        super().check_data(name, gives, image_shape, vocab)
+        if image_shape is None:
+            return
+        channels, height, width, classes = image_shape
+        for key, have, want in (
+            ("image_size", self.image_size, height),
+            ("in_channels", self.in_channels, channels),
+            ("num_classes", self.num_classes, classes),
+        ):
+            if have != want:
+                raise ConfigError(
+                    f"model.{key}",
+                    have,
+                    f"data={name} gives {channels}×{height}×{width} images in {classes} classes",
+                    valid=str(want),
+                )
+
+    def param_count(self, include_embeddings: bool = True) -> int:
+        """As GPT's; the "embeddings" are the additive class token and positions, the patch projection
+        is dense."""
+        d = self.d_model
+        patch_proj = self.in_channels * self.patch_size**2 * d + d
+        head = d * self.num_classes + self.num_classes
+        dense = patch_proj + self.n_layers * self.block_params() + 2 * d + head
+        return dense + (d + (self.n_patches + 1) * d if include_embeddings else 0)
+
+
+# The built-in models' specs, by the ``_target_`` that builds them.
+BUILTIN: dict[str, type[TransformerSpec]] = {
+    "hpctrain.models.gpt.GPT": GPTSpec,
+    "hpctrain.models.vit.ViT": ViTSpec,
+}
