@@ -33,14 +33,16 @@ def run(name: str, argv: list[str]) -> int:
 def train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
+    from hpctrain.cli.common import user_config_dirs
     from hpctrain.launch.project import record_project_dir
 
     args = get_args_parser().parse_intermixed_args(argv)
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     overrides = list(args.overrides)
-    config_dirs = [Path(args.config_dir).absolute()] if args.config_dir is not None else []
-    if config_dirs and not config_dirs[0].is_dir():
-        print(f"hpctrain: --config-dir: {args.config_dir!r} is not a directory", file=sys.stderr)
+    try:
+        config_dirs = user_config_dirs(args.config_dir)
+    except ConfigError as err:
+        print(f"hpctrain: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     record_project_dir()
     if not informational:
