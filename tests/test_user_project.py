@@ -212,3 +212,13 @@ def test_slurm_dry_run_from_a_project_names_its_snapshot(tmp_path: Path):
     assert f"export PYTHONPATH={run_dir}/code:{run_dir}/code/project${{PYTHONPATH" in out
     assert f"export {PROJECT_DIR_ENV}={project}" in out
     assert not (run_dir / "code").exists()  # a dry run copies nothing
+
+
+def test_an_option_hpctrain_also_has_is_named_unused(tmp_path: Path):
+    project = make_project(tmp_path / "proj")
+    (project / "conf" / "cluster" / "local.yaml").write_text(MINE)
+    result = hpctrain("-cd", "conf", "cluster=local", "--cfg", "job", cwd=project, timeout=60)
+    assert result.returncode == 0, result.stderr
+    unused = project / "conf" / "cluster" / "local.yaml"
+    assert f"hpctrain: warning: {unused} is not used: hpctrain has an option so named" in result.stderr
+    assert "name: local" in result.stdout  # Hydra's order: hpctrain's conf/ first

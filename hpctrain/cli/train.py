@@ -71,10 +71,11 @@ def precheck(
     """Compose and validate every run the command would start; raise ConfigError for the first bad one.
     Returns the first run's config, typed and as composed (with Hydra's node). ``config_dirs``: the
     user's ``--config-dir``."""
-    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.compose import compose, shadowed_choices, to_typed
     from hpctrain.config.validate import check_writable_dir, validate
 
     checked = []
+    warned: set[str] = set()
     for member in sweep_members(overrides) if multirun else [overrides]:
         cfg = compose(member, config_dirs or [])
         typed = to_typed(cfg)
@@ -88,6 +89,11 @@ def precheck(
 
             check_fits_here(typed)  # the processes must fit in this machine's memory
         checked.append((typed, cfg))
+        for path in shadowed_choices(cfg, config_dirs or []):
+            if path not in warned:  # Hydra finds hpctrain's conf/ first
+                warned.add(path)
+                note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
+                print(note, file=sys.stderr)
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
         else:

@@ -100,6 +100,19 @@ def config_context(config_dirs: Sequence[Path] = ()) -> Iterator[None]:
         restore_gh_from_backup(backup)
 
 
+def shadowed_choices(cfg: DictConfig, config_dirs: Sequence[Path] = ()) -> list[str]:
+    """The chosen options (``model=gpt``) that a user's config directory defines but hpctrain's conf/ also
+    does: Hydra takes hpctrain's, and the user's file is not used."""
+    dirs = [*config_dirs, *searchpath_dirs({"hydra.searchpath": list(cfg.hydra.get("searchpath") or [])})]
+    shadowed = []
+    for group, option in cfg.hydra.runtime.choices.items():
+        builtin = CONF_DIR / group / f"{option}.yaml"
+        if option is None or group.startswith("hydra/") or not builtin.is_file():
+            continue
+        shadowed += [str(p) for d in dirs if (p := Path(d) / group / f"{option}.yaml").is_file()]
+    return shadowed
+
+
 def searchpath_dirs(parsed: dict[str, Any]) -> list[Path]:
     """The file system directories of a ``hydra.searchpath=[...]`` override (``file://DIR`` or ``DIR``)."""
     entries = parsed.get("hydra.searchpath")
