@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from hpctrain.observe.text import table
@@ -26,6 +27,18 @@ class JobsError(Exception):
 
 class UsageError(Exception):
     """Bad arguments: one line on stderr, exit status 2."""
+
+
+def user_config_dirs(given: str | None) -> list[Path]:
+    """``--config-dir DIR`` (relative to the current directory) as the list compose() takes; a ConfigError
+    when DIR is not a directory."""
+    from hpctrain.errors import ConfigError
+
+    if given is None:
+        return []
+    if not Path(given).is_dir():
+        raise ConfigError("", None, f"--config-dir: {given!r} is not a directory")
+    return [Path(given).absolute()]
 
 
 class Parser(argparse.ArgumentParser):

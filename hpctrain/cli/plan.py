@@ -314,7 +314,7 @@ def check_fits_here(cfg: Config) -> Estimate | None:
 
 
 def run(name: str, argv: list[str]) -> int:
-    """``hpctrain plan OVERRIDES... [--top N]``."""
+    """``hpctrain plan OVERRIDES... [--top N] [--config-dir DIR]``."""
     parser = argparse.ArgumentParser(
         prog="hpctrain plan",
         description="Memory per GPU, step time and cost of a run, and layouts that fit; starts nothing.",
@@ -324,12 +324,14 @@ def run(name: str, argv: list[str]) -> int:
         "overrides", nargs="*", help="the overrides a training command takes, e.g. model=gpt2_350m"
     )
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
+    parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
     args = parser.parse_args(argv)
+    from hpctrain.cli.common import user_config_dirs
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.plan.check import check_run
 
     try:
-        cfg = to_typed(compose(args.overrides))
+        cfg = to_typed(compose(args.overrides, user_config_dirs(args.config_dir)))
         check_run(cfg)
         est = estimate(cfg)
     except ConfigError as err:

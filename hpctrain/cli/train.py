@@ -4,6 +4,11 @@ Every bad input is caught by :func:`precheck` before Hydra creates a run directo
 and is reported as one line on stderr with exit status 2. That includes a run on GPUs whose estimated
 memory per GPU (``hpctrain plan``) does not fit: ``plan_check=false`` submits it anyway. This module must not
 import torch.
+
+A user's project works from its own folder: ``python -m hpctrain --config-dir conf model=cnn`` adds
+``conf/`` to Hydra's search path (the precheck, the single run, sweeps and ``--cfg`` alike), and the folder
+the command was typed in is recorded as the submit directory (:data:`hpctrain.launch.project.PROJECT_DIR_ENV`)
+so that every worker can import the user's package (:mod:`hpctrain.launch.project`).
 """
 
 from __future__ import annotations
@@ -29,12 +34,21 @@ def run(name: str, argv: list[str]) -> int:
 def train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
+    from hpctrain.cli.common import user_config_dirs
+    from hpctrain.launch.project import record_project_dir
+
     args = get_args_parser().parse_intermixed_args(argv)
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     overrides = list(args.overrides)
+    try:
+        config_dirs = user_config_dirs(args.config_dir)
+    except ConfigError as err:
+        print(f"hpctrain: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    record_project_dir()
     if not informational:
         try:
-            first, composed = precheck(overrides, multirun=args.multirun)
+            first, composed = precheck(overrides, multirun=args.multirun, config_dirs=config_dirs)
         except ConfigError as err:
             user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
             if user_traceback:
@@ -47,7 +61,7 @@ def train(argv: list[str]) -> int:
                 from hpctrain.plan.estimate import estimate
 
                 print(summary(first, estimate(first)), flush=True)  # the memory and time plan, one line
-            return _run_single(composed)
+            return _run_single(composed, config_dirs)
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
@@ -55,17 +69,21 @@ def train(argv: list[str]) -> int:
     return _run_hydra([*flags, *overrides])
 
 
-def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
+def precheck(
+    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
+) -> tuple[Config, DictConfig]:
     """Compose and validate every run the command would start; raise ConfigError for the first bad one.
-    Returns the first run's config, typed and as composed (with Hydra's node)."""
-    from hpctrain.config.compose import compose, to_typed
+    Returns the first run's config, typed and as composed (with Hydra's node). ``config_dirs``: the
+    user's ``--config-dir``."""
+    from hpctrain.config.compose import compose, shadowed_choices, to_typed
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run
 
     checked = []
     probed: set[str] = set()
+    warned: set[str] = set()
     for member in sweep_members(overrides) if multirun else [overrides]:
-        cfg = compose(member)
+        cfg = compose(member, config_dirs or [])
         typed = to_typed(cfg)
         check_run(typed)
         _probe_once(typed, probed)
@@ -81,11 +99,22 @@ def precheck(overrides: list[str], multirun: bool) -> tuple[Config, DictConfig]:
 
             check_fits_here(typed)  # the processes must fit in this machine's memory
         checked.append((typed, cfg))
+        for path in shadowed_choices(cfg, config_dirs or []):
+            if path not in warned:  # Hydra finds hpctrain's conf/ first
+                warned.add(path)
+                note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
+                print(note, file=sys.stderr)
         if multirun:
             check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
         else:
             check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
             _check_unlocked(Path(cfg.hydra.run.dir))
+    first = checked[0][0]
+    if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
+        from hpctrain.launch.project import project_dir
+        from hpctrain.launch.snapshot import plan_project
+
+        plan_project(project_dir(), first.cluster.snapshot_paths)
     return checked[0]
 
 
@@ -134,17 +163,16 @@ def _probe_once(cfg: Config, probed: set[str]) -> None:
     probed.add(key)
 
 
-def _run_single(cfg: DictConfig) -> int:
+def _run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
     """One run from the config the precheck composed, through Hydra's own ``run_job`` (output directory,
     logging, .hydra/ files, callbacks), sparing the two further compositions ``hydra.main`` would make:
     submitting from a login node should take about a second."""
-    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict
 
-    from hpctrain.config.compose import CONF_DIR
+    from hpctrain.config.compose import config_context
 
     try:
         from hydra._internal.callbacks import Callbacks
@@ -154,7 +182,7 @@ def _run_single(cfg: DictConfig) -> int:
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
     callbacks = Callbacks(cfg)
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with config_context(config_dirs):
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         callbacks.on_run_start(config=cfg, config_name="config")
         result = run_job(_task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)

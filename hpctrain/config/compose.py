@@ -1,12 +1,19 @@
 """Compose a run's config from ``conf/`` + command-line overrides, turning Hydra's errors into one line.
 
+A user's own config directories (``--config-dir DIR`` and ``hydra.searchpath=[file://DIR]``) are searched
+as Hydra searches them: after hpctrain's ``conf/``, so they add groups and options (``model=cnn`` finds
+``DIR/model/cnn.yaml``) and hpctrain's ``config.yaml`` stays the primary config; an option both define is
+hpctrain's. :func:`config_context` builds that search path for the precheck and the single run alike.
+
 Hydra reports a bad override over several lines (and hints at HYDRA_FULL_ERROR); here every failure becomes a
 :class:`ConfigError` naming the key, the value and what would be valid. No torch on this path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +27,29 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
 
 
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str]:
+    """The options of ``group`` in hpctrain's conf/ and in the user's config directories."""
+    return sorted({p.stem for d in (CONF_DIR, *config_dirs) for p in (Path(d) / group).glob("*.yaml")})
 
 
-def schema_of(group: str, option: str | None) -> type | None:
+def option_file(group: str, option: str | None, config_dirs: Sequence[Path] = ()) -> Path | None:
+    """The yaml behind ``group=option``, searched in Hydra's order (hpctrain's conf/ first), or None."""
+    if option is None:
+        return None
+    return next(
+        (p for d in (CONF_DIR, *config_dirs) if (p := Path(d) / group / f"{option}.yaml").is_file()), None
+    )
+
+
+def schema_of(group: str, option: str | None, config_dirs: Sequence[Path] = ()) -> type | None:
     """The dataclass behind ``group=option`` (read from the option's defaults list), or None."""
     if group in TARGET_GROUPS:
         return None
     schemas = GROUP_SCHEMAS.get(group, {})
     if len(schemas) == 1:
         return next(iter(schemas.values()))
-    path = CONF_DIR / group / f"{option}.yaml"
-    if option is None or not path.exists():
+    path = option_file(group, option, config_dirs)
+    if path is None:
         return None
     for entry in OmegaConf.load(path).get("defaults", []):
         if isinstance(entry, str) and entry.startswith(f"/schema/{group}/"):
@@ -44,18 +61,72 @@ def field_names(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The composed config, ``hydra`` node included, or a ConfigError for the first bad override."""
+def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfig:
+    """The composed config, ``hydra`` node included, or a ConfigError for the first bad override.
+
+    ``config_dirs`` are the user's ``--config-dir`` directories (absolute or relative to the current one)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
 
     parsed = _parse_overrides(overrides)
+    dirs = [*config_dirs, *searchpath_dirs(parsed)]
     register_configs()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with config_context(config_dirs):
         try:
             return hydra_compose("config", overrides=overrides, return_hydra_config=True)
         except Exception as err:  # Hydra raises several unrelated types; all become one line
-            raise _translate(err, parsed) from None
+            raise _translate(err, parsed, dirs) from None
+
+
+@contextlib.contextmanager
+def config_context(config_dirs: Sequence[Path] = ()) -> Iterator[None]:
+    """Hydra initialized on hpctrain's conf/ plus ``config_dirs``, placed as ``--config-dir`` places one
+    (after conf/, before the structured schemas), like ``hydra.initialize_config_dir`` otherwise."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    from hydra.version import setbase
+
+    backup = get_gh_backup()
+    setbase("1.3")
+    search_path = create_config_search_path(str(CONF_DIR))
+    for directory in config_dirs:
+        search_path.prepend(
+            "command-line", f"file://{Path(directory).absolute()}", anchor=SearchPathQuery(provider="schema")
+        )
+    try:
+        GlobalHydra.instance().clear()
+        Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+        yield
+    finally:
+        restore_gh_from_backup(backup)
+
+
+def shadowed_choices(cfg: DictConfig, config_dirs: Sequence[Path] = ()) -> list[str]:
+    """The chosen options (``model=gpt``) that a user's config directory defines but hpctrain's conf/ also
+    does: Hydra takes hpctrain's, and the user's file is not used."""
+    dirs = [*config_dirs, *searchpath_dirs({"hydra.searchpath": list(cfg.hydra.get("searchpath") or [])})]
+    shadowed = []
+    for group, option in cfg.hydra.runtime.choices.items():
+        builtin = CONF_DIR / group / f"{option}.yaml"
+        if option is None or group.startswith("hydra/") or not builtin.is_file():
+            continue
+        shadowed += [str(p) for d in dirs if (p := Path(d) / group / f"{option}.yaml").is_file()]
+    return shadowed
+
+
+def searchpath_dirs(parsed: dict[str, Any]) -> list[Path]:
+    """The file system directories of a ``hydra.searchpath=[...]`` override (``file://DIR`` or ``DIR``)."""
+    entries = parsed.get("hydra.searchpath")
+    if not isinstance(entries, list):
+        return []
+    dirs = []
+    for entry in entries:
+        text = str(entry)
+        if "://" not in text or text.startswith("file://"):
+            dirs.append(Path(text.removeprefix("file://")))
+    return dirs
 
 
 def to_typed(cfg: DictConfig) -> Config:
@@ -100,7 +171,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return parsed
 
 
-def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
+def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()) -> ConfigError:
     from hydra.errors import MissingConfigException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
@@ -109,7 +180,7 @@ def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
     if isinstance(err, MissingConfigException):
         group, option = _missing_option(str(err))
         if group in GROUPS:
-            return ConfigError(group, option, "unknown option", valid=", ".join(group_options(group)))
+            return ConfigError(group, option, "unknown option", valid=", ".join(group_options(group, dirs)))
         return ConfigError(group or "", option, "unknown config")
     if isinstance(cause, ValidationError) and full_key:
         return ConfigError(full_key, parsed.get(full_key), f"expected {_expected_type(full_key)}")
@@ -125,7 +196,7 @@ def _translate(err: Exception, parsed: dict[str, Any]) -> ConfigError:
                 valid=f"add one with +{full_key}=VALUE",
             )
         if group in GROUPS and rest:
-            schema = schema_of(group, _choice(group, parsed))
+            schema = schema_of(group, _choice(group, parsed), dirs)
             valid = ", ".join(field_names(schema)) if schema else None
             if group in TARGET_GROUPS:
                 own = ", ".join(k for k in DATA_KEYS if k != "_target_") if group == "data" else ""

@@ -150,6 +150,9 @@ class ClusterConfig:
     setup: list[str] = field(default_factory=list)
     container_image: str | None = None  # pyxis/enroot: srun --container-image
     container_mounts: list[str] = field(default_factory=list)  # src:dst[:flags]
+    # What of the user's project (the submit directory) a job's code snapshot copies, relative to it. Empty:
+    # the tracked files of its git repository, else its *.py files and packages (hpctrain.launch.snapshot).
+    snapshot_paths: list[str] = field(default_factory=list)
     array_parallelism: int = 64  # sweep members running at once
     sbatch_template: str = "srun"  # for launcher=sbatch: srun (one task per GPU) | torchrun (one per node)
     max_requeues: int = 3

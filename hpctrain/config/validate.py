@@ -192,6 +192,20 @@ def _check_cluster(cfg: Config) -> None:
     for mount in c.container_mounts:
         if not SAFE_MOUNT.fullmatch(mount):
             raise ConfigError("cluster.container_mounts", mount, "not a mount", valid="SRC:DST[:FLAGS]")
+    for path in c.snapshot_paths:
+        parts = path.replace("\\", "/").split("/")
+        if (
+            not path
+            or any(ord(ch) < 32 or ord(ch) == 127 for ch in path)
+            or path.startswith(("/", "~"))
+            or ".." in parts
+        ):
+            raise ConfigError(
+                "cluster.snapshot_paths",
+                path,
+                "not a path inside the submit directory",
+                valid="relative paths without .. or control characters, e.g. [mynets,conf]",
+            )
 
 
 def _check_parallel(cfg: Config) -> None:

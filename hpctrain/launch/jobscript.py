@@ -14,15 +14,25 @@ from pathlib import Path
 
 from hpctrain.config.redact import is_secret
 from hpctrain.config.schema import ClusterConfig
+from hpctrain.launch.project import PROJECT_DIR_ENV
 
 
-def setup_lines(cluster: ClusterConfig, snapshot: Path) -> list[str]:
+def setup_lines(
+    cluster: ClusterConfig, snapshot: Path, project: Path | None = None, submit_dir: Path | None = None
+) -> list[str]:
+    """The job's first lines. ``project``: the user's project copy in the snapshot (on PYTHONPATH after the
+    package snapshot, so a user module cannot shadow hpctrain's); ``submit_dir``: the folder the run was
+    submitted from, exported as HPCTRAIN_PROJECT_DIR (the job already runs there: sbatch's working
+    directory is the one it was called from)."""
     # The snapshot goes first on the path, and PYTHONSAFEPATH (Python ≥ 3.11) keeps `python -m` from putting
     # the job's working directory — often a checkout of this package — ahead of it.
+    entries = ":".join(shlex.quote(str(p)) for p in (snapshot, project) if p is not None)
     lines = [
-        f"export PYTHONPATH={shlex.quote(str(snapshot))}${{PYTHONPATH:+:$PYTHONPATH}}",
+        f"export PYTHONPATH={entries}${{PYTHONPATH:+:$PYTHONPATH}}",
         "export PYTHONSAFEPATH=1",
     ]
+    if submit_dir is not None:
+        lines.append(f"export {PROJECT_DIR_ENV}={shlex.quote(str(submit_dir))}")
     for name, value in cluster.env.items():
         if is_secret(name):  # never written: the job inherits it from the submitter's environment
             lines.append(f"# {name}: from the submitting process's environment (a secret, not recorded)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config.schema import Config
+from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import is_peer_symptom, read_error_file
 
@@ -138,6 +139,9 @@ class LocalLauncher:
             HPCTRAIN_LAUNCHER_PID=str(os.getpid()),
             PYTHONUNBUFFERED="1",
         )
+        # The user's package, importable from the submit directory, after hpctrain's own path entry.
+        env[PROJECT_DIR_ENV] = str(project_dir())
+        env["PYTHONPATH"] = worker_pythonpath(project_dir(), env.get("PYTHONPATH"))
         # Ranks ≥ cores oversubscribe the CPU and every intra-op pool fights for it: split the cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         pass_fds: tuple[int, ...] = ()

@@ -22,8 +22,9 @@ from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
-from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted
-from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.launch.project import project_dir
+from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted, take_snapshot
+from hpctrain.launch.snapshot import SNAPSHOT_DIR, plan_project, project_path_entry
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
@@ -48,7 +49,8 @@ def slurm_output(run_dir: Path) -> str:
 def render_script(cfg: Config, run_dir: Path) -> str:
     """The sbatch script for the run in ``run_dir``, from ``cluster.sbatch_template``.
 
-    Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote.
+    Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote. The
+    user's project copy (:func:`hpctrain.launch.snapshot.plan_project`) follows the package on PYTHONPATH.
     """
     check_run(cfg)
     c = cfg.cluster
@@ -87,7 +89,12 @@ def render_script(cfg: Config, run_dir: Path) -> str:
         signal=c.signal,
         signal_lead_s=c.signal_lead_s,
         output=output,
-        setup_lines=setup_lines(c, run_dir / SNAPSHOT_DIR),
+        setup_lines=setup_lines(
+            c,
+            run_dir / SNAPSHOT_DIR,
+            project_path_entry(plan_project(project_dir(), c.snapshot_paths), run_dir),
+            project_dir(),
+        ),
         srun_args=container_srun_args(c),
         python=python,
     )
@@ -110,8 +117,12 @@ class SbatchLauncher:
             log.info("Written to %s; submit it with: sbatch %s", path, shlex.quote(str(path)))
             return 0
         check_client()
+        try:
+            take_snapshot(cfg.cluster, run_dir)
+        except ConfigError as err:
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # sbatch propagates the submitter's environment to the job
-        snapshot_package(run_dir)
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
         (run_dir / SLURM_DIR).mkdir(parents=True, exist_ok=True)
         job_id = submit_script(path)

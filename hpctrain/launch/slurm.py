@@ -10,13 +10,23 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
+from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
-from hpctrain.launch.snapshot import SNAPSHOT_DIR, snapshot_package
+from hpctrain.launch.project import project_dir
+from hpctrain.launch.snapshot import (
+    SNAPSHOT_DIR,
+    ProjectSnapshot,
+    plan_project,
+    project_path_entry,
+    snapshot_package,
+    snapshot_project,
+)
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, write_json
 from hpctrain.slurm.commands import check_client
@@ -25,9 +35,13 @@ from hpctrain.slurm.spec import parse_time_limit
 log = logging.getLogger(__name__)
 
 SLURM_DIR = "slurm"  # submitit's folder: pickled job, its sbatch script, the tasks' stdout/stderr
+EXIT_BAD_CONFIG = 2
 
 
-def submitit_parameters(cluster: ClusterConfig, snapshot: Path) -> dict[str, Any]:
+def submitit_parameters(
+    cluster: ClusterConfig, snapshot: Path, project: Path | None = None, submit_dir: Path | None = None
+) -> dict[str, Any]:
+    """``project``: the user's project copy in the snapshot; ``submit_dir``: where the run was submitted."""
     params: dict[str, Any] = {
         "job_name": cluster.job_name,
         "partition": cluster.partition,
@@ -42,7 +56,7 @@ def submitit_parameters(cluster: ClusterConfig, snapshot: Path) -> dict[str, Any
         "constraint": cluster.constraint,
         "exclude": cluster.exclude,
         "signal_delay_s": cluster.signal_lead_s,
-        "setup": setup_lines(cluster, snapshot),
+        "setup": setup_lines(cluster, snapshot, project, submit_dir),
         "srun_args": container_srun_args(cluster) or None,
         "array_parallelism": cluster.array_parallelism,
         "stderr_to_stdout": True,
@@ -52,12 +66,22 @@ def submitit_parameters(cluster: ClusterConfig, snapshot: Path) -> dict[str, Any
     return {k: v for k, v in params.items() if v is not None}
 
 
-def _executor(cluster: ClusterConfig, folder: Path, snapshot: Path) -> Any:
+def _executor(cluster: ClusterConfig, folder: Path, root: Path, plan: ProjectSnapshot | None) -> Any:
     import submitit
 
     executor = submitit.SlurmExecutor(folder=folder / "%j")
-    executor.update_parameters(**submitit_parameters(cluster, snapshot))
+    params = submitit_parameters(cluster, root / SNAPSHOT_DIR, project_path_entry(plan, root), project_dir())
+    executor.update_parameters(**params)
     return executor
+
+
+def take_snapshot(cluster: ClusterConfig, root: Path) -> ProjectSnapshot | None:
+    """Copy hpctrain and the user's project under ``root/code``; return the project's plan. ConfigError:
+    the project snapshot is refused (see :func:`hpctrain.launch.snapshot.plan_project`); nothing is copied."""
+    plan = plan_project(project_dir(), cluster.snapshot_paths)
+    snapshot_package(root)
+    snapshot_project(plan, root)
+    return plan
 
 
 def _private(job: Any) -> None:
@@ -69,15 +93,23 @@ def _private(job: Any) -> None:
 class SubmititLauncher:
     def launch(self, cfg: Config, run_dir: Path) -> int:
         snapshot = run_dir / SNAPSHOT_DIR
-        if cfg.dry_run:
-            print_dry_run(cfg, run_dir, submitit_parameters(cfg.cluster, snapshot))
-            return 0
-        check_client()
+        try:
+            if cfg.dry_run:
+                plan = plan_project(project_dir(), cfg.cluster.snapshot_paths)
+                params = submitit_parameters(
+                    cfg.cluster, snapshot, project_path_entry(plan, run_dir), project_dir()
+                )
+                print_dry_run(cfg, run_dir, params)
+                return 0
+            check_client()
+            plan = take_snapshot(cfg.cluster, run_dir)
+        except ConfigError as err:
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
-        snapshot_package(run_dir)
         from hpctrain.launch.slurm_task import run_task
 
-        job = _executor(cfg.cluster, run_dir / SLURM_DIR, snapshot).submit(run_task, str(run_dir))
+        job = _executor(cfg.cluster, run_dir / SLURM_DIR, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
         output = str(run_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
         record = JobRecord(
@@ -94,10 +126,10 @@ def submit_array(
     """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]``."""
     check_client()
     export_secrets(cluster.env)
-    snapshot = snapshot_package(sweep_dir)
+    plan = take_snapshot(cluster, sweep_dir)
     from hpctrain.launch.slurm_task import run_task
 
-    executor = _executor(cluster, sweep_dir / SLURM_DIR, snapshot)
+    executor = _executor(cluster, sweep_dir / SLURM_DIR, sweep_dir, plan)
     with executor.batch():
         jobs = [executor.submit(run_task, str(d)) for d in run_dirs]
     for job in jobs:
