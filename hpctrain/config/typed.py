@@ -93,3 +93,29 @@ def _data(node: Any) -> DataConfig:
     assert isinstance(out, DataConfig)
     out.target, out.args = target, raw
     return out
+
+
+def locate(key: str, target: str) -> Any:
+    """The object ``target`` (``package.module.name``) names, or a ConfigError for ``key`` saying why it
+    cannot be imported. An exception raised while importing the user's module is theirs and propagates."""
+    import importlib
+
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name is not None and module_name.startswith(err.name):
+                continue  # this prefix is not a module: try a shorter one (the rest are attributes)
+            raise
+        for i, attr in enumerate(parts[cut:], start=cut):
+            if not hasattr(obj, attr):
+                raise ConfigError(
+                    key, target, f"cannot be imported: {'.'.join(parts[:i])} has no attribute {attr!r}"
+                ) from None
+            obj = getattr(obj, attr)
+        return obj
+    raise ConfigError(
+        key, target, f"cannot be imported: no module named {parts[0]!r} (is its folder on the path?)"
+    )

@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from hpctrain.config.schema import Config
+from hpctrain.config.typed import locate
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import BUILTIN
 
@@ -24,17 +25,6 @@ DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 
 def needs_probe(cfg: Config) -> bool:
     return cfg.model.target not in BUILTIN or cfg.data.target is not None or cfg.loss.target != DEFAULT_LOSS
-
-
-def locate(key: str, target: str) -> Any:
-    """The object ``target`` names, or a ConfigError for ``key`` saying why it cannot be imported."""
-    from hydra.utils import get_object
-
-    try:
-        return get_object(target)
-    except Exception as err:  # ImportError, AttributeError, or Hydra's wrapper of them
-        reason = " ".join(str(err).split(".")[0].split()) or type(err).__name__
-        raise ConfigError(key, target, f"cannot be imported: {reason}") from None
 
 
 def check_arguments(

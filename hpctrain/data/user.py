@@ -1,0 +1,76 @@
+"""The user's own dataset: a ``_target_`` called with ``split`` plus its arguments, as a batch source.
+
+The callable returns a map-style dataset (``__len__``, ``__getitem__``); an item is an ``(input, target)``
+pair or a dict of tensors (``input_ids``/``labels``, ``pixel_values``/``labels``, or keys of the user's).
+:class:`ItemDataset` gives it the interface of the built-in datasets, ``get_batch(indices)``: the items
+collated by torch's ``default_collate``, or by the user's ``data.collate._target_``. Sample i must be a pure
+function of the dataset's arguments and i (no random augmentation drawn from a global stream), which is
+what makes a resumed run, or one resharded over another world size, see exactly the same samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hpctrain.config.typed import locate
+from hpctrain.errors import ConfigError
+
+SPLITS = ("train", "val")
+
+
+class ItemDataset:
+    """A user's map-style dataset with ``get_batch``; ``kind`` None: what it yields is not declared."""
+
+    kind = None
+
+    def __init__(self, items: Any, collate: Callable[[list[Any]], Any], name: str) -> None:
+        self.items, self.collate, self.name = items, collate, name
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def get_batch(self, indices: Sequence[int]) -> Any:
+        batch = []
+        for i in indices:
+            item = self.items[int(i)]
+            if not (isinstance(item, dict) or (isinstance(item, (tuple, list)) and len(item) == 2)):
+                raise ConfigError(
+                    "data._target_",
+                    self.name,
+                    f"item {int(i)} is a {type(item).__name__}"
+                    + (f" of {len(item)}" if isinstance(item, (tuple, list)) else ""),
+                    valid="an (input, target) pair or a dict of tensors",
+                )
+            batch.append(item)
+        return self.collate(batch)
+
+
+def build_user_datasets(
+    target: str, args: dict[str, Any], collate: dict[str, Any] | None
+) -> tuple[ItemDataset, ItemDataset]:
+    """``(train, val)``: ``target(split="train", **args)`` and ``split="val"`` (nested ``_target_``s in
+    ``args`` instantiated first), each checked to be a non-empty map-style dataset."""
+    from hydra.utils import instantiate
+    from torch.utils.data import IterableDataset, default_collate
+
+    locate("data._target_", target)
+    collate_fn: Callable[[list[Any]], Any] = default_collate
+    if collate is not None:
+        locate("data.collate._target_", str(collate.get("_target_")))
+        collate_fn = instantiate(collate, _partial_=True)
+    out = []
+    for split in SPLITS:
+        items = instantiate({"_target_": target, **args, "split": split}, _convert_="all")
+        if isinstance(items, IterableDataset) or not (
+            hasattr(items, "__len__") and hasattr(items, "__getitem__")
+        ):
+            raise ConfigError(
+                "data._target_",
+                target,
+                f"returned {type(items).__name__}, not a map-style dataset (needs __len__ and __getitem__)",
+            )
+        if len(items) == 0:
+            raise ConfigError("data._target_", target, f"the {split} split has no items")
+        out.append(ItemDataset(items, collate_fn, target))
+    return out[0], out[1]
