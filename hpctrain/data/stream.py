@@ -90,13 +90,12 @@ class BatchStream:
     def next_step(self) -> list[Any]:
         """This rank's passes of the next step (a batch each), advancing the sampler by one global batch."""
         start = time.perf_counter()
+        if self.num_workers > 0 and self._batches is None:
+            self._start()  # before the sampler advances: the loader's copy starts at this step
         chunks = self._rank_passes(self.sampler)
-        if self.num_workers == 0:
+        if self._batches is None:
             out = [self.dataset.get_batch(ix) for ix in chunks]
         else:
-            if self._batches is None:
-                self._start()
-            assert self._batches is not None
             out = [next(self._batches) for _ in chunks]
         self.data_wait_s = time.perf_counter() - start
         return out
