@@ -112,6 +112,10 @@ class ParallelConfig:
     stages_per_rank: int = 0  # virtual stages; 0: 1 for gpipe/1f1b, 2 for the interleaved and V schedules
     # --- any strategy
     activation_checkpointing: str = "none"  # none | full | selective
+    # Class names of the model's repeated blocks: the FSDP units, and what activation checkpointing and
+    # compile wrap. Empty: the children of the model's largest nn.ModuleList / ModuleDict
+    # (hpctrain.parallel.blocks).
+    block_classes: list[str] = field(default_factory=list)
     compile: bool = False  # torch.compile each transformer block
 
 

@@ -64,9 +64,9 @@ def parallelize(
     for part in parts.values():
         if dims.has("tp"):
             apply_tp(part, dims.submesh("tp"), p.sequence_parallel)
-        apply_activation_checkpointing(part, p.activation_checkpointing)
+        apply_activation_checkpointing(part, p.activation_checkpointing, p.block_classes)
         if p.compile:
-            apply_compile(part)
+            apply_compile(part, p.block_classes)
         if sharded:
             apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
     first = next(iter(parts.values()))

@@ -9,11 +9,14 @@ outputs of the matmuls and attention, the expensive ops, and recomputes the chea
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from hpctrain.parallel.blocks import find_blocks, replace_block
 
 
 def _ops_to_save() -> set[object]:
@@ -36,7 +39,7 @@ def _selective_policy(ops: set[object], ctx: object, op: object, *args: object, 
     return CheckpointPolicy.MUST_SAVE if op in ops else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
+def apply_activation_checkpointing(model: nn.Module, mode: str, block_classes: Sequence[str] = ()) -> None:
     """Wrap every block of ``model`` in place (parameter names are unchanged for checkpoints: torch's
     state-dict API drops the wrapper's prefix)."""
     if mode == "none":
@@ -47,12 +50,12 @@ def apply_activation_checkpointing(model: nn.Module, mode: str) -> None:
         options["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
     elif mode != "full":
         raise ValueError(f"unknown activation checkpointing mode {mode!r}")
-    for name, block in list(model.layers.items()):
-        model.layers[name] = checkpoint_wrapper(block, **options)
+    for block in find_blocks(model, block_classes):
+        replace_block(block, checkpoint_wrapper(block.module, **options))
 
 
-def apply_compile(model: nn.Module) -> None:
+def apply_compile(model: nn.Module, block_classes: Sequence[str] = ()) -> None:
     """Compile each block in place (``Module.compile`` keeps parameter names, unlike ``torch.compile(m)``).
     Blocks are identical, so one graph serves all of them."""
-    for block in model.layers.values():
-        block.compile()
+    for block in find_blocks(model, block_classes):
+        block.module.compile()

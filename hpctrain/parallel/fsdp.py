@@ -1,7 +1,8 @@
 """FSDP2 (``fully_shard``): ZeRO-3 by default, ZeRO-2 without resharding after forward, optional offload.
 
-Each transformer block is its own FSDP unit, so only one block's full parameters exist at a time (plus the
-next one's, prefetched); the root unit holds the embeddings, final norm and head (Rajbhandari et al. 2020,
+Each block (:mod:`hpctrain.parallel.blocks`: the transformer layers) is its own FSDP unit, so only one
+block's full parameters exist at a time (plus the next one's, prefetched); the root unit holds the rest,
+such as the embeddings, final norm and head (Rajbhandari et al. 2020,
 ZeRO; Zhao et al. 2023, PyTorch FSDP).
 """
 
@@ -13,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from hpctrain.config.schema import ParallelConfig
+from hpctrain.parallel.blocks import find_blocks
 
 PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,6 +36,6 @@ def apply_fsdp(
         "mp_policy": mixed,
         "offload_policy": offload,
     }
-    for block in model.layers.values():
-        fully_shard(block, **options)
+    for block in find_blocks(model, parallel.block_classes):
+        fully_shard(block.module, **options)
     fully_shard(model, **options)
