@@ -20,16 +20,21 @@ class ConfigError(ValueError):
         text = f"{self.key}={shown}: {self.reason}" if self.key else self.reason
         if self.valid:
             text += f" (valid: {self.valid})"
-        return " ".join(text.split())  # never more than one line, whatever the pieces held
+        # Never more than one line, whatever the pieces held; no control character reaches the terminal.
+        return _escape(" ".join(text.split()))
 
 
 def _show(value: Any) -> str:
     if value is None:
         return "null"
     # Control characters are shown escaped (\n, \x1b): the line stays one line and the terminal untouched.
-    text = "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in str(value))
+    text = _escape(str(value))
     # Long enough for any real path; a pasted blob is cut so the message stays one readable line.
     return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _escape(text: str) -> str:
+    return "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text)
 
 
 class CheckpointMismatch(RuntimeError):

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.schema import TARGET_GROUPS
 from hpctrain.errors import ConfigError
 
 
@@ -46,7 +47,9 @@ def leaves(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
     """Every leaf of a typed config (dataclasses, dicts, lists), with its dotted key; a dict's keys too."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            yield from leaves(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+            # A target group's arguments are its own keys (model.width, not model.args.width).
+            name = {"args": "", "target": "_target_"}.get(f.name, f.name) if key in TARGET_GROUPS else f.name
+            yield from leaves(getattr(value, f.name), ".".join(k for k in (key, name) if k))
     elif isinstance(value, dict):
         for name, item in value.items():
             yield f"{key}.{name}", str(name)

@@ -235,11 +235,17 @@ def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
         )  # fmt: skip
     if data.name == "digits":
         return Digits()
+    seq_len = getattr(spec, "seq_len", None)  # token windows are cut at the model's declared length
+    if seq_len is None:
+        raise ConfigError(
+            "data", data.name, f"cuts windows of the model's seq_len; model {spec.name} declares none",
+            valid="a dataset of your own: data._target_=...",
+        )  # fmt: skip
     if data.name == "text":
-        return TokenWindows(stdlib_text(data.max_bytes), spec.seq_len)
+        return TokenWindows(stdlib_text(data.max_bytes), seq_len)
     if data.name == "tokens":
         tokens, _ = read_token_file(data.path)
-        return TokenWindows(tokens, spec.seq_len)
+        return TokenWindows(tokens, seq_len)
     raise ValueError(f"unknown data.name={data.name!r}")
 
 
