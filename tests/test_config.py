@@ -135,7 +135,7 @@ def test_cfg_job_prints_the_resolved_config(tmp_path: Path):
         "--cfg", "job", "model=vit", "data=digits", "trainer.max_steps=7", cwd=tmp_path, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "arch: vit" in result.stdout and "max_steps: 7" in result.stdout
+    assert "_target_: hpctrain.models.vit.ViT" in result.stdout and "max_steps: 7" in result.stdout
     assert not (tmp_path / "outputs").exists()
 
 
