@@ -104,6 +104,9 @@ def test_resume_of_a_users_model_and_data_with_workers_is_exact(project: Path, t
     expected = losses(a)
     assert expected[20] < 0.8 * expected[1], expected  # it learns
     assert {s: v for s, v in losses(b).items() if s > 10} == {s: expected[s] for s in range(11, 21)}
+    # Another split of the user's data cannot continue this run: one line; fewer workers can.
+    changed = user(project, *args, "data.val_fraction=0.2", f"hydra.run.dir={b}")
+    assert changed.returncode != 0 and "data.val_fraction=0.2: checkpoint" in changed.stderr, changed.stderr
     final_a = model_and_optimizer(a / "checkpoints" / "step_00000020")
     final_b = model_and_optimizer(b / "checkpoints" / "step_00000020")
     assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)

@@ -6,7 +6,8 @@
   new values are set into the optimizer's parameter groups and the scheduler's base learning rates, so the
   schedule continues from the loaded step with the new values. One log line lists what was honoured.
 - Refused (``CheckpointMismatch``, one line, before training): changes a resumed run cannot honour — the
-  data (``data.name``, ``num_samples``, ``max_bytes``, ``val_fraction``), ``trainer.seed``, ``optim.name``.
+  data (every key of the group but ``num_workers`` and ``collate``: a built-in's ``name``, sizes and split, a
+  user dataset's ``_target_`` and arguments), ``model._target_``, ``trainer.seed``, ``optim.name``.
   Model shapes are checked against the checkpoint's tensors by the checkpoint manager.
 - ``trainer.global_batch_size`` left unset: the global batch of the checkpoint is kept (its manifest records
   it), rather than the default of micro-batch × data-parallel size on this world size.
@@ -42,14 +43,10 @@ HONOURED = (
     "optim.min_lr_ratio",
     "trainer.max_steps",
 )
-REFUSED = (
-    "data.name",
-    "data.num_samples",
-    "data.max_bytes",
-    "data.val_fraction",
-    "trainer.seed",
-    "optim.name",
-)
+REFUSED = ("model._target_", "trainer.seed", "optim.name")
+# Every key of the data group is refused (the built-ins' name, sizes and split, a user dataset's _target_
+# and arguments: they decide which sample an index is) except these, which only decide how batches are made.
+DATA_FREE = ("num_workers", "collate")
 
 
 def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any]]:
@@ -59,7 +56,9 @@ def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any
         return {}
     saved, current = OmegaConf.load(saved_file), OmegaConf.load(cfg_file)
     changes = {}
-    for key in (*HONOURED, *REFUSED):
+    data_keys = {*OmegaConf.select(saved, "data", default={}), *OmegaConf.select(current, "data", default={})}
+    refused = (*REFUSED, *(f"data.{k}" for k in sorted(data_keys, key=str) if k not in DATA_FREE))
+    for key in (*HONOURED, *refused):
         old, new = OmegaConf.select(saved, key), OmegaConf.select(current, key)
         if old is not None and new is not None and old != new:
             changes[key] = (old, new)
@@ -69,7 +68,7 @@ def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any
 def check_changes(checkpoint: Path, changes: dict[str, tuple[Any, Any]]) -> None:
     """Refuse (one line) a change that a resumed run cannot honour; log the ones it does."""
     for key, (old, new) in changes.items():
-        if key in REFUSED:
+        if key not in HONOURED:
             raise CheckpointMismatch(
                 f"{key}={new}: checkpoint {checkpoint} was trained with {key}={old}, which a resumed run "
                 f"cannot change; {START_FRESH}"
