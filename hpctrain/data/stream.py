@@ -101,6 +101,8 @@ class BatchStream:
         return out
 
     def close(self) -> None:
-        """Stop the workers (the loader's iterator shuts them down when dropped)."""
-        self._batches = None
-        self._loader = None
+        """Stop the workers now (not whenever the garbage collector drops the iterator); idempotent."""
+        batches, self._batches, self._loader = self._batches, None, None
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
