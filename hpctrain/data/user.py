@@ -43,7 +43,10 @@ class ItemDataset:
                     valid="an (input, target) pair or a dict of tensors",
                 )
             batch.append(item)
-        return self.collate(batch)
+        out = self.collate(batch)
+        # default_collate turns tuples of items into a list; the trainer unpacks (input, target) as the
+        # built-in datasets give it, so a pair leaves as a tuple whichever collate built it.
+        return tuple(out) if isinstance(out, list) and len(out) == 2 else out
 
 
 def build_user_datasets(
