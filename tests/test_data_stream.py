@@ -83,9 +83,8 @@ def user_mod(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def on_path(user_mod: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # On sys.path for this process, and through PYTHONPATH for forkserver/spawn workers that import by name.
+    # Forkserver workers get this process's sys.path when they start and import the module by name.
     monkeypatch.syspath_prepend(str(user_mod))
-    monkeypatch.setenv("PYTHONPATH", f"{user_mod}:{__import__('os').environ.get('PYTHONPATH', '')}")
 
 
 def _steps(dataset: Any, steps: int, *, workers: int = 0, rank: int = 0, size: int = 1,
@@ -108,7 +107,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
     return bool(a == b)
 
 
