@@ -147,7 +147,11 @@ def test_builtin_token_windows_through_workers_equal_get_batch(tmp_path: Path) -
     tokens, _ = read_token_file(path)
     assert isinstance(tokens, np.memmap)
     windows = TokenWindows(tokens, 16)
+    torch.manual_seed(0)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(0)
     workers, _ = _steps(windows, 3, workers=2)
+    assert torch.equal(torch.rand(1), expected_draw)  # the loader left the training RNG stream alone
     direct = GlobalBatchSampler(len(windows), GLOBAL, seed=3)
     for step in workers:
         ix = direct.next_global_batch()

@@ -77,6 +77,7 @@ class BatchStream:
             yield from self._rank_passes(sampler)
 
     def _start(self) -> None:
+        import torch
         from torch.utils.data import DataLoader
 
         ahead = copy.deepcopy(self.sampler)  # the loader reads ahead on its own copy
@@ -93,6 +94,9 @@ class BatchStream:
             pin_memory=self.pin_memory,
             persistent_workers=False,
             worker_init_fn=_worker_init,
+            # Without its own generator the loader draws the workers' base seed from the global torch RNG,
+            # shifting the training process's random stream (dropout) away from the num_workers=0 run.
+            generator=torch.Generator().manual_seed(self.seed),
             multiprocessing_context=context,
         )
         self._batches = iter(self._loader)
