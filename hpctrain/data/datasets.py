@@ -9,10 +9,11 @@ pure function of the dataset's arguments and i, so any rank can build any sample
 
 from __future__ import annotations
 
+import mmap
 import os
 import sysconfig
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -146,6 +147,15 @@ class Digits:
         return torch.from_numpy(self.images[idx]), torch.from_numpy(self.labels[idx])
 
 
+class _MappedFile(NamedTuple):
+    """Where a read-only np.memmap's data lies: enough to map it again in another process."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
 class TokenWindows:
     """Non-overlapping windows over a 1-D token stream: sample i is ``tokens[i·T : i·T + T + 1]``.
 
@@ -164,6 +174,22 @@ class TokenWindows:
 
     def __len__(self) -> int:
         return self.num_samples
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A DataLoader worker started by forkserver/spawn receives the dataset pickled. np.memmap pickles
+        # as a full in-memory copy (100 MB for 50M uint16 tokens, per worker); send the file's name and
+        # layout instead, and the worker maps the same pages of the shared page cache.
+        state = dict(self.__dict__)
+        tokens = self.tokens
+        if isinstance(tokens, np.memmap) and tokens.filename and isinstance(tokens.base, mmap.mmap):
+            state["tokens"] = _MappedFile(tokens.filename, tokens.dtype.str, tokens.shape, tokens.offset)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if isinstance(state["tokens"], _MappedFile):
+            f = state["tokens"]
+            state["tokens"] = np.memmap(f.path, dtype=f.dtype, mode="r", shape=f.shape, offset=f.offset)
+        self.__dict__.update(state)
 
     def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx = _as_indices(indices, self.num_samples)

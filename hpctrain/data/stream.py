@@ -11,11 +11,14 @@ in order, so the two paths give the same batches bit for bit.
 Workers start with ``forkserver``: the training process runs torch.distributed's threads (gloo, NCCL
 watchdogs), and a fork taken while one of them holds a lock can deadlock the child (torch's
 multiprocessing notes); a spawned/forkserver worker starts clean and imports the dataset's module by name.
+The dataset travels pickled: a TokenWindows over a token file pickles as the file's name (1.3 KB), not as a
+copy of the tokens. The forkserver preloads torch, so a worker starts in ~0.15 s, not ~2 s (spawn).
 """
 
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +26,8 @@ from typing import Any
 import numpy as np
 
 from hpctrain.data.sampler import GlobalBatchSampler, shard_for_rank, split_micro_batches
+
+_PRELOAD = ("torch", "hpctrain.data.datasets", "hpctrain.data.user", "hpctrain.data.stream")
 
 
 class _Batches:
@@ -72,9 +77,15 @@ class BatchStream:
             yield from self._rank_passes(sampler)
 
     def _start(self) -> None:
+        import torch
         from torch.utils.data import DataLoader
 
         ahead = copy.deepcopy(self.sampler)  # the loader reads ahead on its own copy
+        context = multiprocessing.get_context("forkserver")
+        # The server imports torch once and forks each worker from itself (single-threaded, so safe): a
+        # worker then starts in ~0.1 s instead of importing torch anew (~2 s each on a busy node). Honoured
+        # only while the server has not started yet; a module that fails to import there is skipped.
+        context.set_forkserver_preload(list(_PRELOAD))
         self._loader = DataLoader(
             _Batches(self.dataset),
             batch_size=None,
@@ -83,7 +94,10 @@ class BatchStream:
             pin_memory=self.pin_memory,
             persistent_workers=False,
             worker_init_fn=_worker_init,
-            multiprocessing_context="forkserver",
+            # Without its own generator the loader draws the workers' base seed from the global torch RNG,
+            # shifting the training process's random stream (dropout) away from the num_workers=0 run.
+            generator=torch.Generator().manual_seed(self.seed),
+            multiprocessing_context=context,
         )
         self._batches = iter(self._loader)
 
@@ -101,6 +115,8 @@ class BatchStream:
         return out
 
     def close(self) -> None:
-        """Stop the workers (the loader's iterator shuts them down when dropped)."""
-        self._batches = None
-        self._loader = None
+        """Stop the workers now (not whenever the garbage collector drops the iterator); idempotent."""
+        batches, self._batches, self._loader = self._batches, None, None
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

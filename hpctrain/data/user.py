@@ -10,7 +10,7 @@ what makes a resumed run, or one resharded over another world size, see exactly 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpctrain.config.typed import locate
@@ -43,7 +43,10 @@ class ItemDataset:
                     valid="an (input, target) pair or a dict of tensors",
                 )
             batch.append(item)
-        return self.collate(batch)
+        out = self.collate(batch)
+        # default_collate turns tuples of items into a list; the trainer unpacks (input, target) as the
+        # built-in datasets give it, so a pair leaves as a tuple whichever collate built it.
+        return tuple(out) if isinstance(out, list) and len(out) == 2 else out
 
 
 def build_user_datasets(
@@ -55,13 +58,14 @@ def build_user_datasets(
     from torch.utils.data import IterableDataset, default_collate
 
     locate("data._target_", target)
+    _locate_nested("data", args)  # a nested target that cannot be imported is a config error, not the user's
     collate_fn: Callable[[list[Any]], Any] = default_collate
     if collate is not None:
         locate("data.collate._target_", str(collate.get("_target_")))
         collate_fn = instantiate(collate, _partial_=True)
     out = []
     for split in SPLITS:
-        items = instantiate({"_target_": target, **args, "split": split}, _convert_="all")
+        items = _call_user(instantiate, {"_target_": target, **args, "split": split})
         if isinstance(items, IterableDataset) or not (
             hasattr(items, "__len__") and hasattr(items, "__getitem__")
         ):
@@ -74,3 +78,32 @@ def build_user_datasets(
             raise ConfigError("data._target_", target, f"the {split} split has no items")
         out.append(ItemDataset(items, collate_fn, target))
     return out[0], out[1]
+
+
+def _call_user(instantiate: Callable[..., Any], node: dict[str, Any]) -> Any:
+    """``instantiate(node)``; an exception the user's code raised propagates as itself, with its traceback.
+
+    Hydra wraps it in an InstantiationException whose message is the user's repr squashed into a string;
+    every target was located beforehand, so the wrapped cause can only come from the user's own code.
+    """
+    from hydra.errors import InstantiationException
+
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as err:
+        if err.__cause__ is None:
+            raise
+        users = err.__cause__
+    raise users  # outside the except block: no "during handling of ..." chain back to hydra's wrapper
+
+
+def _locate_nested(key: str, node: Any) -> None:
+    """Import every ``_target_`` inside ``node`` so a typo is a one-line ConfigError naming its key."""
+    if isinstance(node, Mapping):  # a dict, or an omegaconf DictConfig
+        if isinstance(node.get("_target_"), str):
+            locate(f"{key}._target_", node["_target_"])
+        for name, value in node.items():
+            _locate_nested(f"{key}.{name}", value)
+    elif isinstance(node, Sequence) and not isinstance(node, str):
+        for i, value in enumerate(node):
+            _locate_nested(f"{key}[{i}]", value)
