@@ -130,7 +130,7 @@ def test_build_datasets_digits_and_mismatches() -> None:
     assert len(train) + len(val) == 1797 and len(val) == round(0.05 * 1797)
     with pytest.raises(ValueError, match=r"model\.image_size=224: data=digits gives 1×8×8 images"):
         build_datasets(DataConfig(name="digits"), replace(VIT, image_size=224, patch_size=16), seed=0)
-    with pytest.raises(ValueError, match=r"data=text: gives tokens but model=vit needs images"):
+    with pytest.raises(ValueError, match=r"data=text: gives tokens but model ViT takes images"):
         build_datasets(DataConfig(name="text"), VIT, seed=0)
     with pytest.raises(ValueError, match=r"model\.vocab_size=64: data=text has a vocabulary of 256"):
         build_datasets(DataConfig(name="text"), replace(GPT, vocab_size=64), seed=0)
