@@ -68,9 +68,13 @@ def _by_class(model: nn.Module, block_classes: Sequence[str]) -> list[Block]:
         c for c in block_classes if c not in seen and not any(type(b.module).__qualname__ == c for b in found)
     ]
     if missing:
-        names = sorted(
-            {type(m).__name__ for m in modules.values() if any(True for _ in m.parameters(recurse=False))}
-        )
+        # Repeated modules first (the children of module lists and dicts), then the others with parameters.
+        repeated = [type(c).__name__ for m in modules.values() if isinstance(m, nn.ModuleList | nn.ModuleDict)
+                    for c in m.children()]  # fmt: skip
+        others = [
+            type(m).__name__ for name, m in modules.items() if name and any(True for _ in m.parameters())
+        ]
+        names = list(dict.fromkeys([*repeated, *others]))
         raise ConfigError(
             "parallel.block_classes",
             missing[0],

@@ -24,7 +24,8 @@ DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 
 
 def needs_probe(cfg: Config) -> bool:
-    return cfg.model.target not in BUILTIN or cfg.data.target is not None or cfg.loss.target != DEFAULT_LOSS
+    declared = cfg.model.target in BUILTIN and cfg.data.target is None and cfg.loss.target == DEFAULT_LOSS
+    return not declared or bool(cfg.parallel.block_classes)
 
 
 def check_arguments(
@@ -70,6 +71,10 @@ def probe(cfg: Config) -> None:
         raise ConfigError(
             "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
         )
+    if cfg.parallel.block_classes:  # names that match nothing: one line now, not a traceback on every rank
+        from hpctrain.parallel.blocks import find_blocks
+
+        find_blocks(model, cfg.parallel.block_classes)
     if cfg.data.target is not None:
         train_set, _ = user_call(
             "data._target_", cfg.data.target,
