@@ -170,7 +170,10 @@ WRONG = [
     (["data.num_workers=-1"], "data.num_workers=-1: must be ≥ 0"),
     (["parallel=tp"], "declares no tensor-parallel plan"),
     (["data=text"], "data=text: cuts windows of the model's seq_len"),
-    (["parallel=fsdp", "parallel.block_classes=[Conv3d]"], "parallel.block_classes=Conv3d: no module of this"),
+    (
+        ["parallel=fsdp", "parallel.block_classes=[Conv3d]"],
+        "parallel.block_classes=Conv3d: no module of this",
+    ),
     (["model.width='a\x1bb'"], "model.width=a\\x1bb: contains the control character"),
     (["model.width=a\x1bb"], "cannot parse override 'model.width=a\\x1bb'"),
 ]

@@ -89,7 +89,12 @@ def precheck(
         _probe_once(typed, probed)
         planned = model_spec(typed.model).transformer  # the memory estimate covers declared models
         if not planned:
-            pass
+            if typed.plan_check and typed.cluster.gpus_per_node > 0 and not checked:
+                note = (
+                    f"hpctrain: note: no memory estimate for model {typed.model.target} (the planner reads "
+                    "the built-in models' declared shapes); submitting without the check"
+                )
+                print(note, file=sys.stderr)
         elif typed.plan_check and typed.cluster.gpus_per_node > 0:
             from hpctrain.cli.plan import check_fits
 

@@ -50,8 +50,8 @@ def planned_model(cfg: Config) -> TransformerSpec:
         raise ConfigError(
             "model._target_",
             spec.target,
-            "declares no shapes the planner can read (it estimates hpctrain.models.gpt.GPT and ViT)",
-            valid="plan_check=false to submit without the memory estimate",
+            "declares no shapes the planner can read (it estimates the built-in GPT and ViT; training and "
+            "submitting such a model skip the memory check)",
         )
     return spec
 

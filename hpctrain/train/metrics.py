@@ -74,8 +74,8 @@ class RunFacts:
 
 def run_facts(spec: ModelSpec, model: nn.Module, sample_input: Any) -> RunFacts:
     """The spec's declared facts, else facts derived from the built model and one input: the parameters
-    counted (each shared tensor once, on this rank: the whole model before sharding is what a spec declares,
-    so a user model's count is per rank under FSDP), token ids ``[B, T]`` make ``T`` tokens per sample, and
+    counted (each shared tensor once; a sharded DTensor counts its global size, so the count is the whole
+    model's under FSDP and TP too), token ids ``[B, T]`` make ``T`` tokens per sample, and
     the FLOPs are 6·N per token (Kaplan et al. 2020, eq. 2.2: the attention term left out, so MFU is a lower
     bound)."""
     declared = spec.param_count()
