@@ -168,6 +168,17 @@ WRONG = [
     (["model=gpt2_tiny"], "a batch of it cannot go through model transformers.GPT2LMHeadModel"),
     (["loss._target_=mynets.nosuch.f"], "loss._target_=mynets.nosuch.f: cannot be imported"),
     (["data.num_workers=-1"], "data.num_workers=-1: must be ≥ 0"),
+    (["data.num_workers=two"], "data.num_workers=two: expected int"),
+    (["data.target_key=''"], "data.target_key=: empty"),
+    (["data.collate=5"], "data.collate=5: not a callable"),
+    (
+        ["+data.collate._target_=mynets.nosuch.collate"],
+        "data.collate._target_=mynets.nosuch.collate: cannot be",
+    ),
+    (
+        ["model._target_='mynets.cnn\tbuild'"],
+        "model._target_=mynets.cnn\\tbuild: not a dotted import path",
+    ),
     (["parallel=tp"], "declares no tensor-parallel plan"),
     (["data=text"], "data=text: cuts windows of the model's seq_len"),
     (
