@@ -44,3 +44,12 @@ def test_replacing_a_block_keeps_parameter_names():
     assert set(hf.state_dict()) == before
     out = hf(input_ids=torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long))
     out.loss.backward()  # the wrapped blocks still run forward and backward
+
+
+def test_tp_and_pp_of_a_model_without_plans_are_one_line():
+    from hpctrain.parallel.pipeline import split_stage
+
+    with pytest.raises(
+        ConfigError, match=r"^parallel.pp=2: model GPT2LMHeadModel declares no pipeline split"
+    ):
+        split_stage(tiny_gpt2(), 0, 2)

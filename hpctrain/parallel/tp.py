@@ -23,6 +23,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from hpctrain.errors import ConfigError
+
 SEQUENCE = Shard(1)  # [batch, sequence, features]: the sequence dimension
 
 
@@ -66,8 +68,11 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
     head) are tied again afterwards: each module's parameter is replaced by its own DTensor, so the tie would
     otherwise silently become two parameters.
     """
+    declared = getattr(type(model), "TP_PLAN", None)
+    if declared is None:  # the pre-submit check refuses this layout; a direct caller gets the same line
+        raise ConfigError("parallel.tp", tp_mesh.size(), f"model {type(model).__name__} declares no TP_PLAN")
     plan: dict[str, ParallelStyle] = {}
-    for pattern, role in type(model).TP_PLAN.items():
+    for pattern, role in declared.items():
         style = style_for(role, sequence_parallel)
         if style is not None and _has_module(model, pattern):
             plan[pattern] = style
