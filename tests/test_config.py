@@ -168,3 +168,15 @@ def test_config_tree_is_shipped_in_the_package():
     top_level = Path(__file__).resolve().parents[1] / "conf"
     assert (shipped / "config.yaml").is_file()
     assert top_level.resolve() == shipped.resolve()
+
+
+def test_data_follows_the_model_when_the_user_chose_none(tmp_path: Path):
+    """model=vit with the default data (text: tokens) takes images: a fitting dataset is picked and said."""
+    result = hpctrain("model=vit", "--cfg", "job", cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "hpctrain: data=digits (model ViT takes images; choose another with data=...)" in result.stdout
+    assert "name: digits" in result.stdout
+    big = hpctrain("model=vit_b16", "dry_run=true", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path, timeout=60)
+    assert "hpctrain: data=synthetic (model ViT takes images" in big.stdout, big.stderr  # 224² RGB: shaped
+    chosen = hpctrain("model=vit", "data=text", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path, timeout=60)
+    assert chosen.returncode == 2 and "data=text: gives tokens but model ViT takes images" in chosen.stderr

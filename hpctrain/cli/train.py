@@ -77,14 +77,21 @@ def precheck(
     user's ``--config-dir``."""
     from hpctrain.config.compose import compose, shadowed_choices, to_typed
     from hpctrain.config.validate import check_writable_dir
-    from hpctrain.plan.check import check_run
+    from hpctrain.plan.check import check_run, data_for_model
 
     checked = []
     probed: set[str] = set()
     warned: set[str] = set()
-    for member in sweep_members(overrides) if multirun else [overrides]:
+    for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
         cfg = compose(member, config_dirs or [])
         typed = to_typed(cfg)
+        choice = data_for_model(typed, member) if i == 0 else None
+        if choice is not None:  # the data follows the model the user chose: say so, then check with it
+            spec = model_spec(typed.model)
+            taken = f"model {spec.name} takes {spec.input_kind}"
+            print(f"hpctrain: {choice} ({taken}; choose another with data=...)")
+            overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
+            return precheck(overrides, multirun, config_dirs)
         check_run(typed)
         _probe_once(typed, probed)
         planned = model_spec(typed.model).transformer  # the memory estimate covers declared models

@@ -28,3 +28,35 @@ def check_model(cfg: Config, spec: ModelSpec, shape: RunShape) -> None:
     if cfg.data.target is None:
         spec.check_data(cfg.data.name or "", *data_facts(cfg.data))
     spec.check_layout(shape.degrees, cfg.parallel, shape.n_stages)
+
+
+def data_for_model(cfg: Config, overrides: list[str]) -> str | None:
+    """The ``data=OPTION`` override that feeds this model, when the user chose no data and the default does
+    not fit (a ViT takes images, not the default text): the first built-in dataset of the kind the model
+    declares it takes, then one shaped by the model (synthetic). None when nothing is to change."""
+    from hpctrain.config.catalog import DATASET_KINDS
+    from hpctrain.config.schema import DataConfig
+    from hpctrain.errors import ConfigError
+
+    if any(o.split("=", 1)[0].lstrip("+~") == "data" for o in overrides) or cfg.data.target is not None:
+        return None
+    spec = model_spec(cfg.model)
+    if spec.input_kind is None:
+        return None
+    try:
+        spec.check_data(cfg.data.name or "", *data_facts(cfg.data))
+        return None
+    except ConfigError:
+        pass
+    kinds = [n for n, k in DATASET_KINDS.items() if k == spec.input_kind] + [
+        n for n, k in DATASET_KINDS.items() if k == "any"
+    ]
+    for name in kinds:
+        if name == "tokens":  # needs a file of the user's
+            continue
+        try:
+            spec.check_data(name, *data_facts(DataConfig(name=name)))
+        except ConfigError:
+            continue
+        return f"data={name}"
+    return None
