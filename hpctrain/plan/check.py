@@ -31,9 +31,10 @@ def check_model(cfg: Config, spec: ModelSpec, shape: RunShape) -> None:
 
 
 def data_for_model(cfg: Config, overrides: list[str]) -> str | None:
-    """The ``data=OPTION`` override that feeds this model, when the user chose no data and the default does
-    not fit (a ViT takes images, not the default text): the first built-in dataset of the kind the model
-    declares it takes, then one shaped by the model (synthetic). None when nothing is to change."""
+    """The ``data=OPTION`` override that feeds this model, when the user chose no data and the default is of
+    another kind than the model takes (a ViT takes images, not the default text): the first built-in dataset
+    of the kind the model declares it takes that fits it, then one shaped by the model (synthetic). None
+    when nothing is to change."""
     from hpctrain.config.catalog import DATASET_KINDS
     from hpctrain.config.schema import DataConfig
     from hpctrain.errors import ConfigError
@@ -41,13 +42,8 @@ def data_for_model(cfg: Config, overrides: list[str]) -> str | None:
     if any(o.split("=", 1)[0].lstrip("+~") == "data" for o in overrides) or cfg.data.target is not None:
         return None
     spec = model_spec(cfg.model)
-    if spec.input_kind is None:
-        return None
-    try:
-        spec.check_data(cfg.data.name or "", *data_facts(cfg.data))
-        return None
-    except ConfigError:
-        pass
+    if spec.input_kind is None or DATASET_KINDS.get(cfg.data.name or "") in ("any", spec.input_kind):
+        return None  # the default is of the kind the model takes: its other rules are the user's to meet
     kinds = [n for n, k in DATASET_KINDS.items() if k == spec.input_kind] + [
         n for n, k in DATASET_KINDS.items() if k == "any"
     ]
