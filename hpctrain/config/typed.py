@@ -8,7 +8,7 @@ the target (``ModelConfig`` / ``DataConfig`` / ``LossConfig``). The other groups
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
@@ -16,6 +16,7 @@ from omegaconf.errors import ValidationError
 from hpctrain.config.schema import DATA_KEYS, Config, DataConfig, LossConfig, ModelConfig
 from hpctrain.errors import ConfigError
 
+T = TypeVar("T")
 TARGET = "_target_"
 WHAT_TARGET_IS = {
     "model": "an importable callable returning an nn.Module, e.g. mypkg.nets.build",
@@ -82,16 +83,23 @@ def _data(node: Any) -> DataConfig:
         raise ConfigError(
             "data", None, "no dataset: give data=<option> or data._target_", valid=WHAT_TARGET_IS["data"]
         )
-    fields = {f.name: f.type for f in dataclasses.fields(DataConfig)}
-    typed = OmegaConf.structured(DataConfig)
-    for key, value in own.items():
-        try:
-            typed[key] = value
-        except ValidationError:
-            raise ConfigError(f"data.{key}", value, f"expected {fields[key]}") from None
-    out = OmegaConf.to_object(typed)
-    assert isinstance(out, DataConfig)
+    out = typed_from(DataConfig, own, "data")
     out.target, out.args = target, raw
+    return out
+
+
+def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
+    """``schema`` filled with ``values``, each checked against its field's type (a ConfigError naming
+    ``group.key`` otherwise); the caller has checked that every key is a field."""
+    fields = {f.name: f.type for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    node = OmegaConf.structured(schema)
+    for key, value in values.items():
+        try:
+            node[key] = value
+        except ValidationError:
+            raise ConfigError(f"{group}.{key}", value, f"expected {fields[key]}") from None
+    out = OmegaConf.to_object(node)
+    assert isinstance(out, schema)
     return out
 
 

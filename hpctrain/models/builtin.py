@@ -32,6 +32,10 @@ class GPTSpec(TransformerSpec):
     def tied_embeddings(self) -> bool:
         return bool(self.tie_embeddings)
 
+    def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
+        idx = torch.randint(0, self.vocab_size, (samples, self.seq_len + 1), generator=generator)
+        return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+
     def describe(self) -> str:
         tied = ", tied embeddings" if self.tie_embeddings else ""
         return (
@@ -123,6 +127,11 @@ class ViTSpec(TransformerSpec):
     @property
     def tokens_per_sample(self) -> int:
         return self.n_patches + 1  # the class token
+
+    def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
+        size = (samples, self.in_channels, self.image_size, self.image_size)
+        images = torch.randn(*size, generator=generator)
+        return images, torch.randint(0, self.num_classes, (samples,), generator=generator)
 
     def describe(self) -> str:
         return (

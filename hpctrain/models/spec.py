@@ -15,10 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import ValidationError
-
 from hpctrain.config.schema import ModelConfig
+from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
 
 Shape = tuple[int, ...] | None  # a built-in dataset's fixed (C, H, W, classes), if it has one
@@ -217,6 +215,11 @@ class TransformerSpec(ModelSpec):
     def input_params(self) -> tuple[ParamSpec, ...]:
         raise NotImplementedError
 
+    def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
+        """Random ``(inputs, targets)`` of ``samples`` the model takes, made with the caller's ``torch``
+        module (this module stays torch-free: the submit path imports it)."""
+        raise NotImplementedError
+
     def output_params(self) -> tuple[ParamSpec, ...]:
         raise NotImplementedError
 
@@ -230,19 +233,13 @@ def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
     spec_type = BUILTIN.get(model.target)
     if spec_type is None:
         return ModelSpec(target=model.target)
-    fields = {f.name: f.type for f in dataclasses.fields(spec_type) if f.name != "target"}
-    node = OmegaConf.structured(spec_type)
+    fields = [f.name for f in dataclasses.fields(spec_type) if f.name != "target"]
     for key, value in model.args.items():
         if key not in fields:
             raise ConfigError(
                 f"model.{key}", value, f"not an argument of {model.target}", valid=", ".join(fields)
             )
-        try:
-            node[key] = value
-        except ValidationError:
-            raise ConfigError(f"model.{key}", value, f"expected {fields[key]}") from None
-    spec = OmegaConf.to_object(node)
-    assert isinstance(spec, ModelSpec)
+    spec = typed_from(spec_type, model.args, "model")
     spec.check()
     return spec
 

@@ -199,17 +199,10 @@ def _local_bytes(t: Any) -> int:
 def _batch(cfg: Any, samples: int) -> tuple[Any, Any]:
     import torch
 
-    from hpctrain.models.builtin import GPTSpec, ViTSpec
-    from hpctrain.models.spec import model_spec
+    from hpctrain.plan.layout import planned_model
 
-    model = model_spec(cfg.model)
-    g = torch.Generator().manual_seed(cfg.trainer.seed)
-    if isinstance(model, GPTSpec):
-        idx = torch.randint(0, model.vocab_size, (samples, model.seq_len + 1), generator=g)
-        return idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
-    assert isinstance(model, ViTSpec), "the planner measures the built-in models"
-    images = torch.randn(samples, model.in_channels, model.image_size, model.image_size, generator=g)
-    return images, torch.randint(0, model.num_classes, (samples,), generator=g)
+    generator = torch.Generator().manual_seed(cfg.trainer.seed)
+    return planned_model(cfg).example_batch(samples, generator, torch)
 
 
 def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
