@@ -179,7 +179,12 @@ WRONG = [
         ["model._target_='mynets.cnn\tbuild'"],
         "model._target_=mynets.cnn\\tbuild: not a dotted import path",
     ),
-    (["parallel=tp"], "declares no tensor-parallel plan"),
+    (["parallel=tp"], "parallel.tp=2: model Sequential has no tensor-parallel plan: set parallel.tp_plan"),
+    (
+        ["parallel=tp", "parallel.tp_plan={head: rowwise}"],
+        "parallel.tp_plan[head]=rowwise: the pattern names no",
+    ),
+    (["parallel=pp"], "parallel.pp=2: model Sequential declares no pipeline split"),
     (["data=text"], "data=text: cuts windows of the model's seq_len"),
     (
         ["parallel=fsdp", "parallel.block_classes=[Conv3d]"],

@@ -57,10 +57,9 @@ INVALID = [
         ["model.n_heads=3", "3 attention heads", "tp=2"],
     ),
     (["parallel=tp", "data=synthetic", "model.vocab_size=255"], ["model.vocab_size=255", "255 % 2 = 1"]),
-    (
-        ["parallel=tp", "model=vit", "data=digits"],
-        ["17 tokens", "sequence_parallel=false"],
-    ),
+    (["parallel=tp", "parallel.tp_plan={layers: spread}"], ["parallel.tp_plan[layers]=spread", "colwise"]),
+    (["parallel=tp", "parallel.tp_plan={a..b: colwise}"], ["parallel.tp_plan=a..b", "module-name pattern"]),
+    (["parallel=tp", "parallel.tp_plan={nosuch: colwise}"], ["parallel.tp_plan[nosuch]", "names no module"]),
     (
         ["parallel=pp", "model.n_layers=3", "model.tie_embeddings=false"],
         ["model.n_layers=3", "2 pipeline stages", "valid: a multiple of 2"],

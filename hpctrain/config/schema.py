@@ -77,6 +77,19 @@ class LossConfig:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+# The tensor-parallel roles a plan may give a module (implemented by hpctrain.parallel.tp).
+TP_ROLES = (
+    "colwise",
+    "rowwise",
+    "norm",
+    "gather_sequence",
+    "enter_sequence_shards",
+    "vocab_embedding",
+    "vocab_head",
+    "replicated",
+)
+
+
 @dataclass
 class ParallelConfig:
     """How the model is spread over the ranks (torch-native: DDP, FSDP2, DTensor TP, pipelining).
@@ -106,6 +119,9 @@ class ParallelConfig:
     cpu_offload: bool = False  # parameters, gradients and optimizer state live in host memory
     # --- tp / 2d / 3d
     sequence_parallel: bool = True  # norms and dropout work on sequence shards (Korthikanti et al. 2022)
+    # Module-name pattern → role (TP_ROLES); empty: the model's own plan (its TP_PLAN, or a transformers
+    # model's base_model_tp_plan). See hpctrain.parallel.tp.
+    tp_plan: dict[str, str] = field(default_factory=dict)
     # --- pp / 3d
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zero_bubble | zbv_zero_bubble
     microbatches: int = 4  # pipeline micro-batches per step, each of trainer.micro_batch_size samples
@@ -269,6 +285,10 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
 SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
+# Mappings of a group given whole on the command line, without ``+`` for each key.
+OPEN_MAPPINGS = {"parallel": ("tp_plan",)}
+
+
 def register_configs() -> None:
     """Register the schemas so that ``conf/<group>/*.yaml`` can extend ``schema/<group>/<name>``."""
     from hydra.core.config_store import ConfigStore
@@ -282,6 +302,13 @@ def register_configs() -> None:
         provider="hpctrain",
         node={"_target_": "hydra_plugins.hpctrain_slurm_launcher.launcher.SlurmArrayLauncher"},
     )
+    from omegaconf import OmegaConf
+
     for group, schemas in GROUP_SCHEMAS.items():
         for name, node in schemas.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
+            structured = OmegaConf.structured(node)
+            for key in OPEN_MAPPINGS.get(group, ()):
+                # A whole mapping given at once (parallel.tp_plan={...}) replaces the empty default, which
+                # a struct node would refuse as new keys.
+                OmegaConf.set_struct(structured[key], False)
+            cs.store(group=f"schema/{group}", name=name, node=structured)

@@ -15,9 +15,10 @@ from hpctrain.config.sanity import (
     check_finite,
     check_local_cluster,
     check_no_control_characters,
+    check_text,
     check_writable_dir,
 )
-from hpctrain.config.schema import Config, DataConfig
+from hpctrain.config.schema import TP_ROLES, Config, DataConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
     STRATEGY_DIMS,
@@ -243,6 +244,18 @@ def _check_parallel(cfg: Config) -> None:
             f"offload moves FSDP shards to host memory; parallel={p.name} has no FSDP",
             valid="parallel=fsdp, hsdp, 2d or 3d",
         )
+    for pattern, role in p.tp_plan.items():
+        key = f"parallel.tp_plan[{pattern}]"
+        check_text(key, str(pattern))
+        atoms = str(pattern).split(".")
+        if not all(atom == "*" or atom.isidentifier() or atom.isdigit() for atom in atoms):
+            raise ConfigError(
+                "parallel.tp_plan",
+                pattern,
+                "not a module-name pattern",
+                valid="dotted names, * for one level",
+            )
+        _one_of(key, role, TP_ROLES)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:

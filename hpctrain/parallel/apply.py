@@ -23,7 +23,7 @@ from hpctrain.parallel.compression import CompressionState, register_compression
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
 from hpctrain.parallel.pipeline import Pipeline, split_stage, stage_ids, stage_owners
-from hpctrain.parallel.tp import apply_tp
+from hpctrain.parallel.tp import apply_tp, require_tp_plan
 
 
 @dataclass
@@ -51,9 +51,11 @@ def parallelize(
     shape = shape or run_shape(cfg)
     dims = build_mesh(shape.degrees, device)
     model = model.to(device)
+    # The plan is read off the whole model, before a pipeline split removes modules it names.
+    plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
+    n_stages = shape.n_stages if dims.has("pp") else 1
     if dims.has("pp"):
         per_rank = shape.stages_per_rank
-        n_stages = shape.n_stages
         ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
         parts = {i: split_stage(model, i, n_stages) for i in ids}
         del model  # each stage is a pruned copy; the whole model is not kept
@@ -61,9 +63,9 @@ def parallelize(
         parts = {0: model}
     data_parallel = [d for d in ("dp_replicate", "dp_shard") if dims.has(d)]
     sharded = dims.has("dp_shard")
-    for part in parts.values():
-        if dims.has("tp"):
-            apply_tp(part, dims.submesh("tp"), p.sequence_parallel)
+    for i, part in parts.items():
+        if plan is not None:
+            apply_tp(part, dims.submesh("tp"), p.sequence_parallel, plan, i == 0, i == n_stages - 1)
         apply_activation_checkpointing(part, p.activation_checkpointing, p.block_classes)
         if p.compile:
             apply_compile(part, p.block_classes)

@@ -59,15 +59,20 @@ def stage_owners(schedule: str, pp: int, per_rank: int) -> list[int]:
     return owners
 
 
-def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
-    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs."""
+def check_split(model: nn.Module, n_stages: int) -> None:
+    """Raise a one-line ConfigError unless ``model`` declares how to split it into stages."""
     if not all(hasattr(type(model), a) for a in ("PIPELINE_INPUT", "PIPELINE_OUTPUT")) or not isinstance(
         getattr(model, "layers", None), nn.ModuleDict
-    ):  # the pre-submit check refuses this layout; a direct caller gets the same line
+    ):
         raise ConfigError(
             "parallel.pp", n_stages, f"model {type(model).__name__} declares no pipeline split "
             "(PIPELINE_INPUT / PIPELINE_OUTPUT and its blocks in a `layers` ModuleDict)",
         )  # fmt: skip
+
+
+def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs."""
+    check_split(model, n_stages)  # the pre-submit check refuses this layout; a direct caller gets the line
     names = list(model.layers.keys())
     per_stage = len(names) // n_stages
     keep = set(names[stage * per_stage : (stage + 1) * per_stage])

@@ -25,7 +25,7 @@ DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 
 def needs_probe(cfg: Config) -> bool:
     declared = cfg.model.target in BUILTIN and cfg.data.target is None and cfg.loss.target == DEFAULT_LOSS
-    return not declared or bool(cfg.parallel.block_classes)
+    return not declared or bool(cfg.parallel.block_classes) or bool(cfg.parallel.tp_plan)
 
 
 def check_arguments(
@@ -71,6 +71,7 @@ def probe(cfg: Config) -> None:
         raise ConfigError(
             "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
         )
+    check_splits(cfg, model)
     if cfg.parallel.block_classes:  # names that match nothing: one line now, not a traceback on every rank
         from hpctrain.parallel.blocks import find_blocks
 
@@ -105,6 +106,22 @@ def probe(cfg: Config) -> None:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
+
+
+def check_splits(cfg: Config, model: Any) -> None:
+    """Whether the model can be split as the layout asks: a tensor-parallel plan whose patterns name its
+    modules, a pipeline split."""
+    from hpctrain.config.shape import run_shape
+
+    shape = run_shape(cfg)
+    if shape.degrees.tp > 1:
+        from hpctrain.parallel.tp import require_tp_plan
+
+        require_tp_plan(model, dict(cfg.parallel.tp_plan), shape.degrees.tp)
+    if shape.degrees.pp > 1:
+        from hpctrain.parallel.pipeline import check_split
+
+        check_split(model, shape.n_stages)
 
 
 class UserCodeError(ConfigError):
