@@ -125,6 +125,9 @@ class ParallelConfig:
     # --- pp / 3d
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zero_bubble | zbv_zero_bubble
     microbatches: int = 4  # pipeline micro-batches per step, each of trainer.micro_batch_size samples
+    # Where a model that does not split itself is cut: {input: [modules], blocks: NAME, output: [modules]};
+    # empty: a transformers model's base_model_pp_plan, else the largest block list (hpctrain.parallel.stages)
+    pp_split: dict[str, Any] = field(default_factory=dict)
     stages_per_rank: int = 0  # virtual stages; 0: 1 for gpipe/1f1b, 2 for the interleaved and V schedules
     # --- any strategy
     activation_checkpointing: str = "none"  # none | full | selective
@@ -286,7 +289,7 @@ SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
 # Mappings of a group given whole on the command line, without ``+`` for each key.
-OPEN_MAPPINGS = {"parallel": ("tp_plan",)}
+OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split")}
 
 
 def register_configs() -> None:

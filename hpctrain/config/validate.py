@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from hpctrain.config.sanity import (
     check_finite,
@@ -256,10 +257,32 @@ def _check_parallel(cfg: Config) -> None:
                 valid="dotted names, * for one level",
             )
         _one_of(key, role, TP_ROLES)
+    _check_pp_split(p.pp_split)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+def _check_pp_split(split: dict[str, Any]) -> None:
+    """``parallel.pp_split``: ``{input: [names], blocks: NAME, output: [names]}``, module names only."""
+    if not split:
+        return
+    for key in split:
+        if key not in ("input", "blocks", "output"):
+            raise ConfigError(
+                f"parallel.pp_split.{key}", split[key], "unknown key", valid="input, blocks, output"
+            )
+    if not isinstance(split.get("blocks"), str) or not split["blocks"]:
+        raise ConfigError(
+            "parallel.pp_split.blocks", split.get("blocks"), "missing or not a module name",
+            valid="the name of the model's nn.ModuleList of blocks, e.g. blocks or model.layers",
+        )  # fmt: skip
+    for key in ("input", "blocks", "output"):
+        value = split.get(key) or []
+        for name in [value] if isinstance(value, str) else value:
+            if not isinstance(name, str) or not all(a.isidentifier() or a.isdigit() for a in name.split(".")):
+                raise ConfigError(f"parallel.pp_split.{key}", name, "not a module name", valid="dotted names")
 
 
 def _check_pipeline(cfg: Config, pp: int) -> None:

@@ -12,6 +12,7 @@ model it trains.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -32,6 +33,24 @@ class ParamSpec:
         None  # the dimension tensor parallelism shards (hpctrain.parallel.tp), None: replicated
     )
     autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """How a model of the shape embed → repeated blocks → head runs as pipeline stages: the ``input``
+    modules run in order on the first stage, the children of the ``blocks`` container are divided among the
+    stages, the ``output`` modules run in order on the last. ``keep``: parameter-free modules every stage
+    keeps (a rotary table). ``block_kwargs(model, hidden)``: what each block takes beside the hidden states
+    (a transformers decoder layer's position embeddings and causal mask); None: blocks take only them."""
+
+    input: tuple[str, ...]
+    blocks: str
+    output: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    block_kwargs: Callable[[Any, Any], dict[str, Any]] | None = None
+
+    def modules(self) -> tuple[str, ...]:
+        return (*self.input, self.blocks, *self.output, *self.keep)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from hpctrain.parallel.compression import CompressionState, register_compression
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
 from hpctrain.parallel.pipeline import Pipeline, split_stage, stage_ids, stage_owners
+from hpctrain.parallel.stages import merge_stages, require_split, sequential_stage
 from hpctrain.parallel.tp import apply_tp, require_tp_plan
 
 
@@ -57,7 +58,13 @@ def parallelize(
     if dims.has("pp"):
         per_rank = shape.stages_per_rank
         ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
-        parts = {i: split_stage(model, i, n_stages) for i in ids}
+        split = require_split(model, dict(p.pp_split), n_stages)
+        parts = {
+            i: split_stage(model, i, n_stages)
+            if split is None
+            else sequential_stage(model, split, i, n_stages)
+            for i in ids
+        }
         del model  # each stage is a pruned copy; the whole model is not kept
     else:
         parts = {0: model}
@@ -109,23 +116,6 @@ def apply_ddp(
         process_group=group,
     )
     return ddp, state
-
-
-def merge_stages(parts: list[nn.Module]) -> nn.Module:
-    """One module holding several pipeline stages of a rank under the whole model's parameter names, for
-    the optimizer and checkpoints. It is never called: the pipeline runs the stages."""
-    union = nn.Module()
-    layers = nn.ModuleDict()
-    for part in parts:
-        for name, child in part.named_children():
-            if name == "layers":
-                layers.update(child)
-            elif child is not None:
-                union.add_module(name, child)
-        for name, param in part.named_parameters(recurse=False):
-            union.register_parameter(name, param)
-    union.add_module("layers", layers)
-    return union
 
 
 def prime_ddp_buckets(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> None:

@@ -71,7 +71,7 @@ def probe(cfg: Config) -> None:
         raise ConfigError(
             "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
         )
-    check_splits(cfg, model)
+    split = check_splits(cfg, model)
     if cfg.parallel.block_classes:  # names that match nothing: one line now, not a traceback on every rank
         from hpctrain.parallel.blocks import find_blocks
 
@@ -97,6 +97,18 @@ def probe(cfg: Config) -> None:
             "data", cfg.data.target or cfg.data.name,
             f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",
         ) from None  # fmt: skip
+    if split is not None:
+        from hpctrain.parallel.stages import check_split_runs
+        from hpctrain.train.loss import pipeline_pair
+
+        inputs, _ = pipeline_pair(batch, objective.target_key)
+        check_split_runs(model, split, inputs)
+        if objective.with_targets:
+            raise ConfigError(
+                "loss", "model",
+                "under pipeline parallelism the last stage computes the loss from the logits",
+                valid="a loss of outputs and targets, e.g. loss=cross_entropy",
+            )  # fmt: skip
     try:
         loss = objective.loss(outputs, batch)
     except Exception as err:
@@ -108,9 +120,9 @@ def probe(cfg: Config) -> None:
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
 
 
-def check_splits(cfg: Config, model: Any) -> None:
+def check_splits(cfg: Config, model: Any) -> Any:
     """Whether the model can be split as the layout asks: a tensor-parallel plan whose patterns name its
-    modules, a pipeline split."""
+    modules, a pipeline split (returned when the model does not split itself, to be tried on a batch)."""
     from hpctrain.config.shape import run_shape
 
     shape = run_shape(cfg)
@@ -119,9 +131,10 @@ def check_splits(cfg: Config, model: Any) -> None:
 
         require_tp_plan(model, dict(cfg.parallel.tp_plan), shape.degrees.tp)
     if shape.degrees.pp > 1:
-        from hpctrain.parallel.pipeline import check_split
+        from hpctrain.parallel.stages import require_split
 
-        check_split(model, shape.n_stages)
+        return require_split(model, dict(cfg.parallel.pp_split), shape.n_stages)
+    return None
 
 
 class UserCodeError(ConfigError):

@@ -47,6 +47,7 @@ from hpctrain.train.loss import (
     class_accuracy,
     cross_entropy,
     inputs_of,
+    pipeline_pair,
     to_device,
 )
 from hpctrain.train.metrics import Throughput, run_facts
@@ -278,8 +279,8 @@ def train_step(
 
     for i, batch in enumerate(passes):
         batch = to_device(batch, device)
-        if par.pipeline is not None:  # the built-in models' (input, target) pairs
-            inputs, targets = batch
+        if par.pipeline is not None:
+            inputs, targets = pipeline_pair(batch, objective.target_key)
             with autocast:
                 total_loss += par.pipeline.step(inputs, targets, loss_fn) / par.pipeline.n_microbatches
             continue
@@ -331,7 +332,7 @@ def evaluate(run: Run) -> dict[str, float]:
                 if par.pipeline is None:
                     outputs = objective.outputs(model, batch)
                 else:
-                    outputs = par.pipeline.forward(batch[0])
+                    outputs = par.pipeline.forward(pipeline_pair(batch, objective.target_key)[0])
             if outputs is None:  # a pipeline stage before the last
                 continue
             sums[0] += objective.loss(outputs, batch).double() * len(chunk)
