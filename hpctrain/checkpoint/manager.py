@@ -262,10 +262,12 @@ def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, A
             continue
         prefix = f"{key}.model."
         mine = {f"{prefix}{name}": tuple(shape) for name, shape in shapes().items()}
+        # A tied parameter's second name (saved by hpctrain before it saved each weight once) is not loaded.
+        aliases = {f"{prefix}{name}" for name in getattr(stateful, "saved_names", {})}
         theirs = {
             k: tuple(getattr(v, "size", ()))
             for k, v in saved.items()
-            if k.startswith(prefix) and hasattr(v, "size")
+            if k.startswith(prefix) and hasattr(v, "size") and k not in aliases
         }
         for name in sorted(mine.keys() | theirs.keys()):
             if mine.get(name) == theirs.get(name):

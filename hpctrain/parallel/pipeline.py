@@ -59,8 +59,9 @@ def stage_owners(schedule: str, pp: int, per_rank: int) -> list[int]:
     return owners
 
 
-def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
-    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs."""
+def dropped_modules(model: nn.Module, stage: int, n_stages: int) -> list[str]:
+    """The modules (dotted paths) that ``stage`` of ``n_stages`` does not run: the other stages' blocks,
+    ``PIPELINE_INPUT`` off the first stage, ``PIPELINE_OUTPUT`` off the last."""
     if not all(hasattr(type(model), a) for a in ("PIPELINE_INPUT", "PIPELINE_OUTPUT")) or not isinstance(
         getattr(model, "layers", None), nn.ModuleDict
     ):  # the pre-submit check refuses this layout; a direct caller gets the same line
@@ -71,15 +72,27 @@ def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
     names = list(model.layers.keys())
     per_stage = len(names) // n_stages
     keep = set(names[stage * per_stage : (stage + 1) * per_stage])
-    part = copy.deepcopy(model)
-    for name in names:
-        if name not in keep:
-            del part.layers[name]
+    dropped = [f"layers.{name}" for name in names if name not in keep]
     if stage != 0:
-        for name in type(model).PIPELINE_INPUT:
-            setattr(part, name, None)
+        dropped += type(model).PIPELINE_INPUT
     if stage != n_stages - 1:
-        for name in type(model).PIPELINE_OUTPUT:
+        dropped += type(model).PIPELINE_OUTPUT
+    return dropped
+
+
+def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs.
+
+    A parameter the whole model registers twice (a tied embedding and LM head) is one parameter in a stage
+    that keeps both names, and a copy of its own in each stage that keeps one of them (Megatron's
+    embedding group: :mod:`hpctrain.parallel.shared` keeps the copies equal)."""
+    dropped = dropped_modules(model, stage, n_stages)
+    part = copy.deepcopy(model)
+    for path in dropped:
+        owner, _, name = path.rpartition(".")
+        if owner:
+            del part.get_submodule(owner)[name]
+        else:
             setattr(part, name, None)
     return part
 

@@ -24,6 +24,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from hpctrain.errors import ConfigError
+from hpctrain.parallel.shared import tied_parameters
 
 SEQUENCE = Shard(1)  # [batch, sequence, features]: the sequence dimension
 
@@ -76,7 +77,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
         style = style_for(role, sequence_parallel)
         if style is not None and _has_module(model, pattern):
             plan[pattern] = style
-    ties = _tied_parameters(model)
+    ties = tied_parameters(model)
     parallelize_module(model, tp_mesh, plan)
     for names in ties:
         first = model.get_parameter(names[0])
@@ -99,12 +100,3 @@ def _has_module(model: nn.Module, pattern: str) -> bool:
             if child is not None and (atom == "*" or atom == name)
         ]
     return bool(modules)
-
-
-def _tied_parameters(model: nn.Module) -> list[list[str]]:
-    """Groups of names under which one parameter is registered more than once."""
-    names_of: dict[int, list[str]] = {}
-    for module_name, module in model.named_modules():
-        for attr, param in module.named_parameters(recurse=False):
-            names_of.setdefault(id(param), []).append(f"{module_name}.{attr}" if module_name else attr)
-    return [names for names in names_of.values() if len(names) > 1]
