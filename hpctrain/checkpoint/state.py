@@ -58,10 +58,18 @@ class ModelOptimizerState:
         if not self._local_keys:
             self.state_dict()
         prefixes = {"model": ("",), "optim": OPTIM_PREFIXES}
-        local = {
-            part: {key: state[part][self._saved_key(key, prefixes[part])] for key in self._local_keys[part]}
-            for part in ("model", "optim")
-        }
+        local: dict[str, dict[str, Any]] = {"model": {}, "optim": {}}
+        for part, keys in self._local_keys.items():
+            used: set[str] = set()
+            for key in keys:
+                saved = self._saved_key(key, prefixes[part])
+                value = state[part][saved]
+                # Two copies here (both stages on this rank): the optimizer would keep the very tensor it is
+                # given as each copy's state, and update one buffer twice a step. Each gets its own.
+                if saved in used and isinstance(value, torch.Tensor):
+                    value = value.clone()
+                used.add(saved)
+                local[part][key] = value
         set_state_dict(
             self.model,
             self.optimizer,
