@@ -110,3 +110,25 @@ def test_one_process_checkpoint_resumes_under_the_v_schedule(runs: dict[str, Pat
     records = _run(tmp_path / "zbv", *ZBV, f"trainer.resume={resume}")
     assert [r["step"] for r in records] == [4, 5]
     assert _gap(records, _reference(runs)) <= 1e-5
+
+
+def test_tied_pipeline_config_is_accepted_and_planned_with_a_copy_on_the_last_stage():
+    """No refusal any more, and the planner counts the V × d weight on the first and on the last stage (each
+    holds a copy): per pipeline rank as much as untied; without a pipeline, once."""
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.validate import validate
+    from hpctrain.plan.estimate import Estimate, estimate
+
+    def planned(*overrides: str) -> Estimate:
+        cfg = to_typed(compose(["model=gpt2_124m", *overrides]))
+        validate(cfg)
+        return estimate(cfg)
+
+    tied = planned("parallel=pp", "cluster.nproc=2")
+    untied = planned("parallel=pp", "cluster.nproc=2", "model.tie_embeddings=false")
+    assert [(r.params, r.param_tensors) for r in tied.ranks] == [
+        (r.params, r.param_tensors) for r in untied.ranks
+    ]
+    one = planned("parallel=none", "cluster.nproc=1")
+    assert one.largest.params == 4 * 124_475_904  # the tied weight once
+    assert tied.n_params == one.n_params == untied.n_params - 50304 * 768  # the copy is no new parameter
