@@ -3,7 +3,9 @@
 The split follows the model's declaration: ``PIPELINE_INPUT`` modules go to the first stage,
 ``PIPELINE_OUTPUT`` ones to the last, and the blocks are divided evenly in order. Each stage is a copy of
 the whole model with what it does not own set to None, so parameter names stay those of the whole model
-and a checkpoint saved under one pipeline layout loads under any other, or none.
+and a checkpoint saved under one pipeline layout loads under any other, or none. A weight tied across
+stages (an embedding and the LM head) becomes one copy per stage, kept equal by Megatron-LM's embedding
+group (:mod:`hpctrain.parallel.shared`).
 
 Schedules (stages per rank): GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021)
 hold one stage per rank; interleaved 1F1B (Narayanan et al. 2021, §2.2) holds several, looped, to shrink
