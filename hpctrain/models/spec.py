@@ -211,6 +211,10 @@ class TransformerSpec(ModelSpec):
     def output_params(self) -> tuple[ParamSpec, ...]:
         raise NotImplementedError
 
+    def output_copies(self) -> tuple[ParamSpec, ...]:
+        """Copies of first-stage weights the last pipeline stage also holds (weights tied across stages)."""
+        return ()
+
 
 def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
     """The spec of ``model``: declared for a built-in target (its arguments checked), else unknown facts."""

@@ -22,8 +22,16 @@ from hpctrain.parallel.checkpointing import apply_activation_checkpointing, appl
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
-from hpctrain.parallel.pipeline import Pipeline, split_stage, stage_ids, stage_owners
-from hpctrain.parallel.stages import merge_stages, require_split, sequential_stage
+from hpctrain.parallel.pipeline import Pipeline, dropped_modules, split_stage, stage_ids, stage_owners
+from hpctrain.parallel.shared import (
+    SharedWeight,
+    Tie,
+    saved_names,
+    shared_weights,
+    stage_ties,
+    tied_parameters,
+)
+from hpctrain.parallel.stages import merge_stages, require_split, sequential_dropped, sequential_stage
 from hpctrain.parallel.tp import apply_tp, require_tp_plan
 
 
@@ -35,6 +43,22 @@ class Parallelized:
     fsdp_mixed_precision: bool = False  # FSDP casts parameters itself: no autocast around the model
     compression: CompressionState | None = None  # DDP hook state to checkpoint (per rank)
     parts: list[nn.Module] = field(default_factory=list)  # the stages this rank holds (or the model)
+    # Weights that several pipeline stages hold a copy of (a tied embedding and LM head): their gradients
+    # are summed over the embedding group each step (hpctrain.parallel.shared).
+    shared: list[SharedWeight] = field(default_factory=list)
+    # {parameter name here: the name it is saved under} for the second names of tied parameters and the
+    # later stages' copies of shared ones: a checkpoint holds each weight once, under the whole model's name.
+    saved_names: dict[str, str] = field(default_factory=dict)
+
+    def reduce_shared_grads(self) -> None:
+        """Sum the gradients of every shared weight's copies (after backward, before clipping)."""
+        for weight in self.shared:
+            weight.reduce_grads()
+
+    @property
+    def uncounted(self) -> list[nn.Parameter]:
+        """Copies whose gradient the global norm leaves out: another stage's copy counts the weight."""
+        return [p for weight in self.shared for p in weight.uncounted]
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -55,16 +79,19 @@ def parallelize(
     # The plan is read off the whole model, before a pipeline split removes modules it names.
     plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
     n_stages = shape.n_stages if dims.has("pp") else 1
+    ties = tied_parameters(model)
+    across: list[Tie] = []  # the ties whose names land on different pipeline stages
     if dims.has("pp"):
         per_rank = shape.stages_per_rank
         ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
         split = require_split(model, dict(p.pp_split), n_stages)
-        parts = {
-            i: split_stage(model, i, n_stages)
-            if split is None
-            else sequential_stage(model, split, i, n_stages)
-            for i in ids
-        }
+        if split is None:  # the model splits itself (PIPELINE_INPUT / PIPELINE_OUTPUT)
+            dropped = [dropped_modules(model, s, n_stages) for s in range(n_stages)]
+            parts = {i: split_stage(model, i, n_stages) for i in ids}
+        else:
+            dropped = [sequential_dropped(model, split, s, n_stages) for s in range(n_stages)]
+            parts = {i: sequential_stage(model, split, i, n_stages) for i in ids}
+        across = stage_ties(ties, dropped)
         del model  # each stage is a pruned copy; the whole model is not kept
     else:
         parts = {0: model}
@@ -80,10 +107,12 @@ def parallelize(
             apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
     first = next(iter(parts.values()))
     result = Parallelized(first, dims, fsdp_mixed_precision=sharded, parts=list(parts.values()))
+    result.saved_names = saved_names(ties, across, parts)
     if dims.has("pp"):
         group = dims.pp_group
-        assert group is not None
+        assert group is not None and dims.mesh is not None
         owners = stage_owners(p.schedule, dims.degrees.pp, per_rank)
+        result.shared = shared_weights(across, parts, owners, dims.mesh)
         result.pipeline = Pipeline(parts, owners, p.schedule, p.microbatches, device, group)
         result.model = first if len(parts) == 1 else merge_stages(list(parts.values()))
     elif data_parallel == ["dp_replicate"]:

@@ -126,24 +126,45 @@ def sequential_stage(model: nn.Module, split: PipelineSplit, stage: int, n_stage
     return _stage(model, split, stage, n_stages, copy_model=True)
 
 
-def _stage(model: nn.Module, split: PipelineSplit, stage: int, n_stages: int, copy_model: bool) -> nn.Module:
-    part = copy.deepcopy(model) if copy_model else model
-    first, last = stage == 0, stage == n_stages - 1
-    container = part.get_submodule(split.blocks)
-    keys = [k for k, _ in container.named_children()]
+def _mine(keys: list[str], stage: int, n_stages: int) -> list[str]:
+    """The blocks ``stage`` runs: an even share, earlier stages one more when they do not divide evenly."""
     size, extra = divmod(len(keys), n_stages)
     start = stage * size + min(stage, extra)
-    mine = keys[start : start + size + (stage < extra)]
+    return keys[start : start + size + (stage < extra)]
+
+
+def sequential_dropped(model: nn.Module, split: PipelineSplit, stage: int, n_stages: int) -> list[str]:
+    """The modules (dotted paths) that ``stage`` of ``n_stages`` does not run."""
+    keys = [k for k, _ in model.get_submodule(split.blocks).named_children()]
+    mine = set(_mine(keys, stage, n_stages))
+    dropped = [f"{split.blocks}.{k}" for k in keys if k not in mine]
+    if stage != 0:
+        dropped += split.input
+    if stage != n_stages - 1:
+        dropped += split.output
+    return dropped
+
+
+def _stage(model: nn.Module, split: PipelineSplit, stage: int, n_stages: int, copy_model: bool) -> nn.Module:
+    first, last = stage == 0, stage == n_stages - 1
     if copy_model:
+        dropped = sequential_dropped(model, split, stage, n_stages)
+        part = copy.deepcopy(model)
         owner, _, attr = split.blocks.rpartition(".")
-        # A ModuleDict keyed by the blocks' own indices: parameter names stay the whole model's.
-        kept = nn.ModuleDict({k: container.get_submodule(k) for k in mine})
-        setattr(part.get_submodule(owner) if owner else part, attr, kept)
-        for names, keep in ((split.input, first), (split.output, last)):
-            if not keep:
-                for name in names:
-                    holder, _, leaf = name.rpartition(".")
-                    setattr(part.get_submodule(holder) if holder else part, leaf, None)
+        # A ModuleDict keyed by the blocks' own indices: parameter names stay the whole model's when the
+        # other stages' blocks go.
+        container = part.get_submodule(split.blocks)
+        keyed = nn.ModuleDict(dict(container.named_children()))
+        setattr(part.get_submodule(owner) if owner else part, attr, keyed)
+        for path in dropped:
+            holder, _, leaf = path.rpartition(".")
+            parent = part.get_submodule(holder) if holder else part
+            if holder == split.blocks:
+                del parent[leaf]
+            else:
+                setattr(parent, leaf, None)
+    else:
+        part = model
 
     def forward(self: nn.Module, x: Any) -> Any:
         if first:

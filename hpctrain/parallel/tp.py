@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 
 from hpctrain.config.schema import TP_ROLES
 from hpctrain.errors import ConfigError
+from hpctrain.parallel.shared import tied_parameters
 
 log = logging.getLogger(__name__)
 SEQUENCE = Shard(1)  # [batch, sequence, features]: the sequence dimension
@@ -187,7 +188,7 @@ def apply_tp(
         style = style_for(role, sequence_parallel)
         if style is not None and _modules(model, pattern):
             styles[pattern] = style
-    ties = _tied_parameters(model)
+    ties = tied_parameters(model)
     parallelize_module(model, tp_mesh, styles)
     if sequence_parallel:
         _hook_sequence(model, plan, SequenceShards(tp_mesh), first_stage, last_stage)
@@ -241,12 +242,3 @@ def _modules(model: nn.Module, pattern: str) -> list[nn.Module]:
             if child is not None and (atom == "*" or atom == name)
         ]
     return modules
-
-
-def _tied_parameters(model: nn.Module) -> list[list[str]]:
-    """Groups of names under which one parameter is registered more than once."""
-    names_of: dict[int, list[str]] = {}
-    for module_name, module in model.named_modules():
-        for attr, param in module.named_parameters(recurse=False):
-            names_of.setdefault(id(param), []).append(f"{module_name}.{attr}" if module_name else attr)
-    return [names for names in names_of.values() if len(names) > 1]

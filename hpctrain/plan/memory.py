@@ -81,6 +81,8 @@ def rank_param_specs(
         root += model.input_params()
     if n_stages - 1 in stages:
         root += model.output_params()
+        if n_stages > 1:  # a weight tied to the first stage's: the last stage holds a copy of its own
+            root += model.output_copies()
     return root, list(model.block_param_specs()), len(stages) * (model.n_layers // n_stages)
 
 
@@ -113,7 +115,7 @@ def model_state_numel(cfg: Config, lay: Layout, pp_rank: int, shard_rank: int = 
         d.tp > 1
         and not lay.sharded
         and model.input_kind == "tokens"
-        and not model.tied_embeddings
+        and not (model.tied_embeddings and lay.n_stages == 1)  # tied, the head's split gradient comes first
         and 0 in stages
     ):
         table = model.input_params()[0]  # tok_emb

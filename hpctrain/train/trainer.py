@@ -122,7 +122,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
 
     state = TrainState()
     resumable: dict[str, Any] = {
-        "model_optim": ModelOptimizerState(par.model, optimizer),
+        "model_optim": ModelOptimizerState(par.model, optimizer, par.saved_names),
         "scheduler": scheduler,
         "grad_scaler": scaler,
         "sampler": sampler,
@@ -288,6 +288,10 @@ def train_step(
             _, loss = objective(model, batch)
             scaler.scale(loss / len(passes)).backward()
         total_loss += loss.detach()
+    # Stages holding copies of one weight (a tied embedding and LM head) sum their gradients: Megatron's
+    # embedding group (hpctrain.parallel.shared). Before unscaling and clipping, which then treat the copies
+    # alike, so they stay equal.
+    par.reduce_shared_grads()
     scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
     if par.dims.mesh is None or isinstance(model, DistributedDataParallel):
@@ -297,7 +301,7 @@ def train_step(
         else:
             grad_norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
-        grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group)
+        grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group, par.uncounted)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)

@@ -78,7 +78,9 @@ MODELS = {
         "model.d_model=64",
         "model.n_heads=4",
         "model.seq_len=32",
-        "model.tie_embeddings=false",  # a pipeline puts the embedding and the head on different stages
+        # Untied, so every layout also checks a head of its own; the tied cases of hpctrain.verify.parity add
+        # model.tie_embeddings=true (under a pipeline: Megatron's embedding group, hpctrain.parallel.shared).
+        "model.tie_embeddings=false",
     ],
     "vit": [
         "model=vit",

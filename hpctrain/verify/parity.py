@@ -140,6 +140,19 @@ CASES.append(
         name="tp + sp, tied embeddings",
     )
 )
+# Tied under pipeline parallelism: the first and last stages each hold a copy, kept equal by Megatron's
+# embedding group (hpctrain.parallel.shared). 1F1B: the copies on two ranks; interleaved: on two ranks among
+# four stages; the V schedule: both on rank 0 (summed locally); 3d: sharded by FSDP and split by TP alike.
+CASES += [
+    Case(
+        _L[layout],
+        ("trainer.micro_batch_size=2", TIED),
+        ("gpt",),
+        reference=TIED_REFERENCE.name,
+        name=f"{layout}, tied embeddings",
+    )
+    for layout in ("pp 1f1b", "pp interleaved 1f1b", "pp zbv zero bubble", "3d (pp 2 × fsdp 2 × tp 2)")
+]
 
 
 def overrides(case: Case, model: str) -> list[str]:
