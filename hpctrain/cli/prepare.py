@@ -1,4 +1,8 @@
-"""``hpctrain prepare INPUT... --out PATH.bin``: write a token file for ``data=tokens``. No torch import."""
+"""``hpctrain prepare INPUT... --out PATH.bin``: write a token file for ``data=tokens``. No torch import.
+
+A bad argument or input is one line on stderr starting ``hpctrain: `` (exit 2 for arguments argparse
+refuses, 1 otherwise), and nothing is left half-written.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +10,81 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpctrain.data.prepare import prepare_tokens
-from hpctrain.data.tokenfile import header_path
+from hpctrain.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError
+from hpctrain.data.tokenfile import header_path, tokenizer_path
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer (valid: 1, 2, … processes)") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} (valid: 1, 2, … processes)")
+    return n
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="hpctrain prepare",
-        description="Tokenize text files (byte-level, vocab 256) or convert .npy token arrays into an "
-        "hpctrain token file (PATH.bin + PATH.json) for data=tokens data.path=PATH.bin.",
+        description="Tokenize text files, directories or saved `datasets` folders, or convert .npy token "
+        "arrays, into an hpctrain token file (PATH.bin + PATH.json header, + PATH.tokenizer.json) for "
+        "data=tokens data.path=PATH.bin. The corpus streams through in bounded memory.",
     )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="text files or directories (or .npy files)")
     p.add_argument("--out", required=True, metavar="PATH.bin", help="output token file; must end in .bin")
+    p.add_argument(
+        "--tokenizer",
+        default="bytes",
+        metavar="bytes|PATH|train:VOCAB",
+        help="bytes (vocab 256, the default), a tokenizers JSON file, or train:VOCAB to train a byte-level "
+        "BPE of at most VOCAB ids on the corpus; saved beside the token file as PATH.tokenizer.json",
+    )
+    p.add_argument("--workers", type=_workers, default=1, metavar="N", help="tokenizing processes (1)")
+    p.add_argument(
+        "--text-column", default="text", metavar="NAME", help="the text column of a saved dataset (text)"
+    )
     p.add_argument("--from-npy", action="store_true", help="inputs are 1-D integer .npy token arrays")
     p.add_argument(
         "--vocab-size",
         type=int,
         default=None,
-        help="vocabulary size (default: 256 for text, max id + 1 for npy)",
+        help="vocabulary size (default: the tokenizer's, or max id + 1 for npy)",
     )
     return p
 
 
 def run(name: str, argv: list[str]) -> int:
-    parser = _parser()
+    from hpctrain.data.prepare import prepare_tokens  # numpy: only when it runs
+
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed usage or help already
+        args = _parser().parse_args(argv)
+    except UsageError as e:
+        print(f"hpctrain: prepare: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     out = Path(args.out)
     try:
-        header = prepare_tokens([Path(p) for p in args.inputs], out, args.from_npy, args.vocab_size)
+        header = prepare_tokens(
+            [Path(p) for p in args.inputs],
+            out,
+            args.from_npy,
+            args.vocab_size,
+            tokenizer=args.tokenizer,
+            workers=args.workers,
+            text_column=args.text_column,
+        )
     except (ValueError, OSError) as e:
-        print(f"hpctrain prepare: error: {e}", file=sys.stderr)
-        return 1
-    nbytes = out.stat().st_size
+        print(f"hpctrain: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("hpctrain: prepare interrupted; nothing was written", file=sys.stderr)
+        return 130
+    tok = header["tokenizer"]
+    saved = f", tokenizer {tokenizer_path(out)}" if tok and tok["kind"] == "tokenizers" else ""
     print(
         f"wrote {header['num_tokens']} tokens (vocab {header['vocab_size']}, {header['dtype']}, "
-        f"{nbytes} bytes) to {out} (header {header_path(out)})"
+        f"{out.stat().st_size} bytes) to {out} (header {header_path(out)}{saved})"
     )
-    return 0
+    return EXIT_OK

@@ -16,8 +16,12 @@ DATASET_KINDS: dict[str, str] = {"synthetic": "any", "text": "tokens", "digits":
 MODEL_INPUT_KIND: dict[str, str] = {"gpt": "tokens", "vit": "images"}
 
 # Token files (``hpctrain prepare``, hpctrain.data.tokenfile): PATH.bin of little-endian ids and PATH.json.
+# Version 2 adds the header's "tokenizer" entry (null, {"kind": "bytes"}, or {"kind": "tokenizers", "file":
+# NAME, "sha256": HEX, "vocab_size": V} for a tokenizers JSON file beside the .bin); version 1 is still read.
 TOKEN_FORMAT = "hpctrain-tokens"
-TOKEN_VERSION = 1
+TOKEN_VERSION = 2
+TOKEN_VERSIONS = (1, 2)
+TOKENIZER_KINDS = ("bytes", "tokenizers")
 TOKEN_ITEMSIZE = {"uint16": 2, "uint32": 4}
 
 # Byte-level text: every byte value is a token.
@@ -50,10 +54,13 @@ def read_token_header(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"token file header {hpath} is not valid JSON: {e}") from e
     if not isinstance(header, dict) or header.get("format") != TOKEN_FORMAT:
         raise ValueError(f"{hpath} is not an {TOKEN_FORMAT} header")
-    if header.get("version") != TOKEN_VERSION:
+    version = header.get("version")
+    if isinstance(version, bool) or version not in TOKEN_VERSIONS:
         raise ValueError(
-            f"{hpath} has version {header.get('version')}; this reader knows version {TOKEN_VERSION}"
+            f"{hpath} has version {version!r}; valid: {' or '.join(map(str, TOKEN_VERSIONS))} "
+            "(write the file again with this hpctrain's `hpctrain prepare`)"
         )
+    _check_tokenizer_entry(hpath, header)
     if header.get("dtype") not in TOKEN_ITEMSIZE:
         raise ValueError(
             f"{hpath} has dtype {header.get('dtype')!r}; expected one of {sorted(TOKEN_ITEMSIZE)}"
@@ -70,3 +77,22 @@ def read_token_header(path: str | Path) -> dict[str, Any]:
             f"× {itemsize} bytes ({header['dtype']}) = {expected} bytes"
         )
     return header
+
+
+def _check_tokenizer_entry(hpath: Path, header: dict[str, Any]) -> None:
+    """A version-2 header's "tokenizer" (version 1 has none): null, bytes, or a tokenizers file beside it."""
+    if header["version"] < 2:
+        header.setdefault("tokenizer", None)
+        return
+    entry = header.get("tokenizer")
+    if entry is None:
+        return
+    kind = entry.get("kind") if isinstance(entry, dict) else None
+    if kind not in TOKENIZER_KINDS:
+        raise ValueError(f"{hpath} has tokenizer {entry!r}; expected null or a kind in {TOKENIZER_KINDS}")
+    if kind == "tokenizers":
+        name = entry.get("file")
+        if not isinstance(name, str) or not name or Path(name).name != name:
+            raise ValueError(f"{hpath} has tokenizer file {name!r}; expected a file name beside it")
+        if not isinstance(entry.get("sha256"), str):
+            raise ValueError(f"{hpath} has tokenizer sha256 {entry.get('sha256')!r}; expected a hex string")

@@ -1,91 +1,164 @@
-"""Token files from text or .npy arrays (what ``hpctrain prepare`` runs): write a token file.
+"""Token files from text, saved datasets or .npy arrays (what ``hpctrain prepare`` runs).
 
-Text mode tokenizes bytes (vocab 256) of the given files and directories (recursively, in sorted path
-order, skipping hidden entries); ``--from-npy`` concatenates pre-tokenized 1-D integer ``.npy`` arrays.
-The output is ``PATH.bin`` plus its ``PATH.json`` header (see ``hpctrain.data.tokenfile``), each written
-under a temporary name and renamed into place.
+Text (files, directories, ``datasets`` folders: :mod:`hpctrain.data.corpus`) is tokenized by ``--tokenizer``
+(:mod:`hpctrain.data.tokenizer`): bytes, a tokenizers JSON file, or a byte-level BPE trained here on the
+corpus. ``--from-npy`` concatenates pre-tokenized 1-D integer ``.npy`` arrays.
+
+Everything streams: the corpus is read in pieces, tokenized in batches (by ``workers`` processes, in order)
+and the ids appended to the .bin as they come (:class:`hpctrain.data.tokenfile.TokenWriter`), so memory
+stays bounded whatever the corpus size. The tokenizer is saved as ``PATH.tokenizer.json`` and the header
+``PATH.json`` comes last; a refused or interrupted run leaves nothing half-written.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hpctrain.data.tokenfile import header_path, write_token_file
+from hpctrain.data import corpus
+from hpctrain.data import tokenizer as tokenizers_
+from hpctrain.data.tokenfile import TokenWriter, header_path, tokenizer_path
+from hpctrain.errors import ConfigError
 
-BYTE_VOCAB = 256
-
-
-def _text_files(inputs: list[Path]) -> list[Path]:
-    files: list[Path] = []
-    for path in inputs:
-        if path.is_dir():
-            found = sorted(
-                p
-                for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
-            if not found:
-                raise ValueError(f"directory {path} contains no files")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise ValueError(f"input {path} does not exist")
-    return files
+_worker_tok: Any = None  # this process's tokenizers.Tokenizer, or None for bytes
 
 
-def _load_npy(inputs: list[Path]) -> np.ndarray:
-    arrays = []
-    for path in inputs:
-        if not path.is_file():
-            raise ValueError(f"input {path} does not exist or is not a file")
+def _init_worker(json_text: str | None) -> None:
+    global _worker_tok
+    _worker_tok = None
+    if json_text is not None:
+        import tokenizers
+
+        _worker_tok = tokenizers.Tokenizer.from_str(json_text)
+
+
+def _encode(batch: list[bytes]) -> np.ndarray:
+    """The ids of a batch of pieces, in order: one piece at a time (single-threaded in each process)."""
+    if _worker_tok is None:
+        return np.frombuffer(b"".join(batch), dtype=np.uint8)
+    ids = [
+        np.asarray(_worker_tok.encode(p.decode("utf-8", errors="replace"), add_special_tokens=False).ids)
+        for p in batch
+    ]
+    return np.concatenate(ids).astype(np.uint32, copy=False) if ids else np.zeros(0, np.uint32)
+
+
+def _encoded(batches: Iterator[list[bytes]], json_text: str | None, workers: int) -> Iterator[np.ndarray]:
+    """``_encode`` of every batch in order; with ``workers`` > 1 a process pool, at most 2 tasks per worker
+    in flight so memory stays bounded."""
+    if workers == 1:
+        _init_worker(json_text)
         try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as e:
-            raise ValueError(f"{path} is not a readable .npy array: {e}") from e
-        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(
-                f"{path} holds shape {arr.shape} dtype {arr.dtype}; expected a 1-D integer array"
-            )
-        arrays.append(np.asarray(arr))
-    return np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+            yield from map(_encode, batches)
+        finally:
+            _init_worker(None)
+        return
+    # spawn: the workers never inherit a tokenizers thread pool (training uses one) through fork.
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (json_text,)) as pool:
+        pending: deque[Any] = deque()
+        for batch in batches:
+            pending.append(pool.apply_async(_encode, (batch,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
-def _check_not_an_input(out: Path, inputs: list[Path]) -> None:
-    """The output (PATH.bin and its PATH.json header) must not overwrite an input, nor land inside an input
-    directory, where the next run would read it back as text."""
-    written = {out.resolve(), header_path(out).resolve()}
+def _check_outputs(out: Path, inputs: list[Path]) -> None:
+    """The output (PATH.bin, its PATH.json header, PATH.tokenizer.json) is a place for files; it must not
+    overwrite an input, nor land inside an input directory, where the next run would read it back as text."""
+    if out.suffix != ".bin":
+        raise ValueError(f"--out must end in .bin (its header goes next to it as .json), got {out}")
+    written = [out, header_path(out), tokenizer_path(out)]
+    for path in written:
+        if path.is_dir():
+            raise ConfigError("--out", str(out), f"{path} is a directory", valid="a path for a new .bin file")
+    resolved = {w.resolve() for w in written}
     for path in inputs:
-        resolved = path.resolve()
-        if resolved in written or (path.is_dir() and any(w.is_relative_to(resolved) for w in written)):
+        r = path.resolve()
+        if r in resolved or (path.is_dir() and any(w.is_relative_to(r) for w in resolved)):
             raise ValueError(
                 f"--out={out} would overwrite or land inside the input {path} "
                 "(valid: a path outside every input file and directory)"
             )
 
 
-def prepare_tokens(inputs: list[Path], out: Path, from_npy: bool, vocab_size: int | None) -> dict[str, Any]:
-    """Write the token file ``out`` (and its header) from text files or directories, or from .npy token
-    arrays; return its header. A bad input is a ValueError (or an OSError) with one line."""
-    if out.suffix != ".bin":
-        raise ValueError(f"--out must end in .bin (its header goes next to it as .json), got {out}")
-    _check_not_an_input(out, inputs)
+def _train(sources: list[corpus.Source], vocab: int, text_column: str) -> tokenizers_.HFTokenizer:
+    tok, trainer = tokenizers_.new_bpe(vocab)
+    texts = (p.decode("utf-8", errors="replace") for p in corpus.pieces(sources, text_column))
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tokenizers_.HFTokenizer(tok, tok.to_str())
+
+
+def _vocab(given: int | None, needed: int, what: str) -> int:
+    if given is None:
+        return needed
+    if given < needed:
+        raise ValueError(f"--vocab-size={given} is too small for {what} (needs {needed})")
+    return given
+
+
+def _from_npy(inputs: list[Path], out: Path, vocab_size: int | None) -> dict[str, Any]:
+    arrays = corpus.npy_arrays(inputs)
+    lo, hi = 0, -1
+    for block in corpus.npy_blocks(arrays):
+        if block.size:
+            lo, hi = min(lo, int(block.min())), max(hi, int(block.max()))
+    if lo < 0:
+        raise ValueError(f"token ids must be non-negative; found {lo}")
+    total = sum(a.size for a in arrays)
+    if total < 2:
+        raise ValueError(f"inputs hold {total} token(s); a training window needs at least 2")
+    vocab = _vocab(vocab_size, hi + 1, f"the largest token id {hi}")
+    with TokenWriter(out, vocab) as writer:
+        for block in corpus.npy_blocks(arrays):
+            writer.write(block)
+        return writer.commit(None)
+
+
+def prepare_tokens(
+    inputs: list[Path],
+    out: Path,
+    from_npy: bool,
+    vocab_size: int | None,
+    tokenizer: str = "bytes",
+    workers: int = 1,
+    text_column: str = "text",
+) -> dict[str, Any]:
+    """Write the token file ``out`` (with its header, and its tokenizer unless ``bytes``); return the
+    header. A bad input is a ValueError (or an OSError) with one line, raised before anything is written."""
+    if workers < 1:
+        raise ConfigError("--workers", workers, "must be at least 1", valid="1, 2, … processes")
+    _check_outputs(out, inputs)
+    spec = tokenizers_.parse_spec(tokenizer)
     if from_npy:
-        tokens = _load_npy(inputs)
-        if tokens.size and int(tokens.min()) < 0:
-            raise ValueError(f"token ids must be non-negative; found {int(tokens.min())}")
-        max_id = int(tokens.max()) if tokens.size else -1
-        vocab = vocab_size if vocab_size is not None else max_id + 1
+        if spec.kind != "bytes":
+            raise ConfigError("--tokenizer", tokenizer, "does not apply to --from-npy (ids are given)")
+        return _from_npy(inputs, out, vocab_size)
+    sources = corpus.text_sources(inputs)
+    for source in sources:
+        if source.kind == "dataset":
+            corpus.open_dataset(source.path, text_column)  # its text column is checked before any work
+    tok: tokenizers_.ByteTokenizer | tokenizers_.HFTokenizer
+    if spec.kind == "bytes":
+        tok = tokenizers_.ByteTokenizer()
+    elif spec.kind == "file":
+        assert spec.path is not None
+        tok = tokenizers_.load_file(spec.path)
     else:
-        files = _text_files(inputs)
-        tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
-        max_id = int(tokens.max()) if tokens.size else -1
-        vocab = vocab_size if vocab_size is not None else BYTE_VOCAB
-    if tokens.size < 2:
-        raise ValueError(f"inputs hold {tokens.size} token(s); a training window needs at least 2")
-    if vocab <= max_id:
-        raise ValueError(f"--vocab-size={vocab} is too small for the largest token id {max_id}")
-    return write_token_file(out, tokens, vocab)
+        assert spec.vocab is not None
+        tok = _train(sources, spec.vocab, text_column)
+    vocab = _vocab(vocab_size, tok.vocab_size, f"the tokenizer's {tok.vocab_size} ids")
+    json_text = tok.json_text if isinstance(tok, tokenizers_.HFTokenizer) else None
+    with TokenWriter(out, vocab) as writer:
+        for ids in _encoded(corpus.batches(corpus.pieces(sources, text_column)), json_text, workers):
+            writer.write(ids)
+        if writer.num_tokens < 2:
+            raise ValueError(f"inputs hold {writer.num_tokens} token(s); a training window needs at least 2")
+        files = {} if json_text is None else {tokenizer_path(out): json_text.encode()}
+        return writer.commit(tokenizers_.header_entry(tok, tokenizer_path(out).name), files)
