@@ -59,7 +59,7 @@ def text_sources(inputs: list[Path]) -> list[Source]:
 
 
 def open_dataset(path: Path, text_column: str) -> Any:
-    """The ``datasets.Dataset`` saved at ``path`` (a DatasetDict's ``train`` split), its text column checked."""
+    """The ``datasets.Dataset`` saved at ``path`` (a DatasetDict's ``train`` split), text column checked."""
     try:
         import datasets
     except ImportError:

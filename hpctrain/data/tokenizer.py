@@ -85,7 +85,8 @@ def parse_spec(value: str) -> Spec:
         try:
             vocab = int(text)
         except ValueError:
-            raise ConfigError("--tokenizer", value, f"VOCAB {text!r} is not an integer", valid=VALID) from None
+            reason = f"VOCAB {text!r} is not an integer"
+            raise ConfigError("--tokenizer", value, reason, valid=VALID) from None
         if not MIN_TRAIN_VOCAB <= vocab <= MAX_TRAIN_VOCAB:
             raise ConfigError("--tokenizer", value, f"VOCAB {vocab} is out of range", valid=VALID)
         return Spec("train", vocab=vocab)
