@@ -224,10 +224,11 @@ def test_token_file_round_trip(tmp_path: Path) -> None:
     header = write_token_file(tmp_path / "t.bin", tokens, vocab_size=65536)
     assert header == {
         "format": "hpctrain-tokens",
-        "version": 1,
+        "version": 2,
         "dtype": "uint16",
         "vocab_size": 65536,
         "num_tokens": 5,
+        "tokenizer": None,
     }
     assert (tmp_path / "t.bin").stat().st_size == 10
     mm, hdr = read_token_file(tmp_path / "t.bin")
