@@ -20,7 +20,7 @@ def _workers(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer (valid: 1, 2, … processes)") from None
     if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} (valid: 1, 2, … processes)")
+        raise argparse.ArgumentTypeError(f"{n} is below 1 (valid: 1, 2, … processes)")
     return n
 
 

@@ -54,7 +54,7 @@ def text_sources(inputs: list[Path]) -> list[Source]:
             raise ValueError(f"input {path} does not exist")
     files = [s.path for s in sources if s.kind == "file"]
     if len(files) == len(sources) and sum(p.stat().st_size for p in files) == 0:
-        raise ValueError(f"the corpus is empty: {', '.join(map(str, inputs))} hold(s) no bytes")
+        raise ValueError(f"the corpus is empty: {', '.join(map(str, inputs))} hold no bytes")
     return sources
 
 

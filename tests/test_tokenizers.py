@@ -1,0 +1,212 @@
+"""Issue 16 (items 4, 5): ``hpctrain prepare --tokenizer bytes|PATH|train:VOCAB`` writes a token file that
+nanoGPT's reader takes as is, that ``data=tokens`` trains on, and whose tokenizer is found again from it;
+bad input is one line on stderr and leaves nothing half-written."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import hpctrain, metrics
+
+from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.config.catalog import read_token_header
+from hpctrain.data import corpus
+from hpctrain.data.prepare import prepare_tokens
+from hpctrain.data.tokenfile import read_token_file, write_token_file
+from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+TEXT = "def f(x):\n\treturn x  # ünïcödé, 日本語, emoji 🚀\r\n\n  spaces   and\ttabs\n"
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 100 kB of the standard library's sources, copied (so the test owns the input directory)."""
+    src = tmp_path_factory.mktemp("corpus") / "src"
+    src.mkdir()
+    for name in ("json/decoder.py", "json/encoder.py", "json/scanner.py", "textwrap.py", "shlex.py"):
+        shutil.copy(STDLIB / name, src / name.replace("/", "_"))
+    return src
+
+
+@pytest.fixture(scope="module")
+def trained(sources: Path) -> Path:
+    out = sources.parent / "out" / "corpus.bin"
+    result = hpctrain("prepare", str(sources), "--out", str(out), "--tokenizer", "train:512", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tokenizer" in result.stdout and str(out) in result.stdout
+    return out
+
+
+def test_train_512_writes_token_file_tokenizer_and_header(trained: Path) -> None:
+    assert sorted(p.name for p in trained.parent.iterdir()) == [
+        "corpus.bin",
+        "corpus.json",
+        "corpus.tokenizer.json",
+    ]
+    header = json.loads(trained.with_suffix(".json").read_text())
+    assert header["version"] == 2 and header["dtype"] == "uint16" and header["vocab_size"] <= 512
+    entry = header["tokenizer"]
+    assert entry["kind"] == "tokenizers" and entry["file"] == "corpus.tokenizer.json"
+    assert entry["vocab_size"] == header["vocab_size"] == 512
+    assert header["num_tokens"] * 2 == trained.stat().st_size
+
+
+def test_nanogpt_reads_the_ids_the_tokenizer_gives(trained: Path, sources: Path) -> None:
+    """nanoGPT: ``np.memmap(path, dtype=np.uint16, mode="r")``, no header needed."""
+    tok = tokenizer_for(trained)
+    expected = [i for f in sorted(sources.iterdir()) for i in tok.encode(f.read_text(encoding="utf-8"))]
+    ids = np.memmap(trained, dtype=np.uint16, mode="r")
+    assert ids.tolist() == expected
+    assert len(expected) < sum(f.stat().st_size for f in sources.iterdir()) / 2  # BPE merged a lot
+    mapped, _ = read_token_file(trained)
+    assert isinstance(mapped, np.memmap) and not mapped.flags.writeable
+
+
+def test_round_trip_bpe_and_bytes(trained: Path, tmp_path: Path) -> None:
+    bpe = tokenizer_for(trained)
+    assert bpe.decode(bpe.encode(TEXT)) == TEXT
+    assert max(bpe.encode(TEXT)) < 512
+    raw = ByteTokenizer()
+    assert raw.decode(raw.encode(TEXT)) == TEXT and raw.encode("é") == [0xC3, 0xA9]
+    (tmp_path / "a.txt").write_text(TEXT, encoding="utf-8")
+    assert run_prepare("prepare", [str(tmp_path / "a.txt"), "--out", str(tmp_path / "b.bin")]) == 0
+    byte_tok = tokenizer_for(tmp_path / "b.bin")
+    assert isinstance(byte_tok, ByteTokenizer)
+    assert byte_tok.decode(np.memmap(tmp_path / "b.bin", dtype=np.uint16).tolist()) == TEXT
+
+
+def test_a_given_tokenizer_file_and_two_workers_give_the_same_file(trained: Path, sources: Path) -> None:
+    out = trained.parent.parent / "again" / "corpus.bin"
+    given = str(trained.with_suffix(".tokenizer.json"))
+    result = hpctrain("prepare", str(sources), "--out", str(out), "--tokenizer", given, "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes() == trained.read_bytes()
+    assert tokenizer_for(out).encode(TEXT) == tokenizer_for(trained).encode(TEXT)
+
+
+def test_data_tokens_trains_on_it(trained: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = hpctrain(
+        "data=tokens", f"data.path={trained}", "model.vocab_size=512", "model.seq_len=32",
+        "trainer.max_steps=3", "trainer.eval_batches=1", "cluster.nproc=1", "parallel=none",
+        "logger=jsonl", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert max(m.get("step", 0) for m in metrics(run)) == 3
+
+
+def test_streaming_cuts_pieces_at_newlines_and_characters(tmp_path: Path) -> None:
+    """Small pieces of a multi-byte text join to the same file, and each piece decodes on its own."""
+    text = ("aé日🚀\n" * 50 + "x" * 40 + "日本" * 30).encode()
+    (tmp_path / "t.txt").write_bytes(text)
+    parts = list(corpus.pieces(corpus.text_sources([tmp_path / "t.txt"]), "text", chunk_bytes=7))
+    assert b"".join(parts) == text and len(parts) > 20
+    for part in parts:
+        part.decode("utf-8")  # never cut inside a character
+    out = tmp_path / "o.bin"
+    prepare_tokens([tmp_path / "t.txt"], out, False, None, tokenizer="bytes")
+    assert bytes(np.memmap(out, dtype=np.uint16).astype(np.uint8)) == text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets is not installed")
+def test_a_saved_dataset_is_a_source(tmp_path: Path) -> None:
+    import datasets
+
+    rows = ["first row\n", "é second", None, "third"]
+    datasets.Dataset.from_dict({"body": rows, "n": [1, 2, 3, 4]}).save_to_disk(str(tmp_path / "ds"))
+    argv = [str(tmp_path / "ds"), "--out", str(tmp_path / "d.bin"), "--text-column", "body"]
+    assert run_prepare("prepare", argv) == 0
+    assert tokenizer_for(tmp_path / "d.bin").decode(read_token_file(tmp_path / "d.bin")[0].tolist()) == (
+        "first row\né secondthird"
+    )
+
+
+def test_an_interrupted_prepare_leaves_the_earlier_file(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "a.txt").write_text("hello world\n" * 100)
+    out = tmp_path / "out" / "a.bin"
+    assert run_prepare("prepare", [str(tmp_path / "a.txt"), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.parent.iterdir()}
+
+    def broken(parts, batch_bytes=0):  # type: ignore[no-untyped-def]
+        yield [next(parts)]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus, "batches", broken)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_tokens([tmp_path / "a.txt"], out, False, None, tokenizer="train:300")
+    assert {p.name: p.read_bytes() for p in out.parent.iterdir()} == before
+
+
+def test_header_versions(tmp_path: Path) -> None:
+    write_token_file(tmp_path / "t.bin", np.arange(4), vocab_size=256)
+    header = json.loads((tmp_path / "t.json").read_text())
+    (tmp_path / "t.json").write_text(
+        json.dumps({k: v for k, v in header.items() if k != "tokenizer"} | {"version": 1})
+    )
+    assert read_token_file(tmp_path / "t.bin")[0].tolist() == [0, 1, 2, 3]  # version 1 still reads
+    with pytest.raises(ValueError, match=r"version 1\) records no tokenizer"):
+        tokenizer_for(tmp_path / "t.bin")
+    (tmp_path / "t.json").write_text(json.dumps(header | {"version": 7}))
+    for read in (read_token_header, tokenizer_for):
+        with pytest.raises(ValueError, match=r"has version 7; valid: 1 or 2") as err:
+            read(tmp_path / "t.bin")
+        assert "\n" not in str(err.value)
+
+
+def _corpus(tmp_path: Path) -> Path:
+    (tmp_path / "in").mkdir(exist_ok=True)
+    (tmp_path / "in" / "a.txt").write_text("some text\n" * 20)
+    return tmp_path / "in" / "a.txt"
+
+
+BAD = {
+    "empty tokenizer": (["--tokenizer", ""], ["--tokenizer=", "is empty", "valid: bytes"]),
+    "train:0": (["--tokenizer", "train:0"], ["--tokenizer=train:0", "out of range", "256 ≤ VOCAB"]),
+    "train:abc": (["--tokenizer", "train:abc"], ["--tokenizer=train:abc", "not an integer"]),
+    "train:99999999": (["--tokenizer", "train:99999999"], ["train:99999999", "out of range"]),
+    "missing tokenizer file": (["--tokenizer", "TMP/nope.json"], ["nope.json", "no such file"]),
+    "not a tokenizer": (["--tokenizer", "TMP/in/a.txt"], ["a.txt", "not a tokenizers JSON file"]),
+    "control character": (["--tokenizer", "train:5\x1b[2J"], ["\\x1b[2J", "control character"]),
+    "workers 0": (["--workers", "0"], ["--workers", "valid: 1, 2"]),
+    "out is a directory": (["--out", "TMP/dir.bin"], ["--out=", "dir.bin is a directory"]),
+    "missing corpus": (["TMP/missing.txt"], ["missing.txt does not exist"]),
+    "empty corpus": (["TMP/empty.txt"], ["the corpus is empty"]),
+    "empty directory": (["TMP/emptydir"], ["emptydir contains no files"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_inputs_are_one_line_and_leave_nothing(tmp_path: Path, case: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    extra, words = BAD[case]
+    (tmp_path / "dir.bin").mkdir()
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "empty.txt").write_bytes(b"")
+    argv = [str(_corpus(tmp_path)), "--out", str(tmp_path / "out" / "c.bin")]
+    extra = [a.replace("TMP", str(tmp_path)) for a in extra]
+    if extra[0] in ("--out", "--tokenizer", "--workers"):
+        argv += extra
+    else:
+        argv = extra + argv[1:]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert run_prepare("prepare", argv) != 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: "), lines
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_bad_input_through_the_real_command_has_no_traceback(tmp_path: Path) -> None:
+    result = hpctrain(
+        "prepare", str(_corpus(tmp_path)), "--out", str(tmp_path / "c.bin"), "--tokenizer", "train:x"
+    )
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("hpctrain: ") and len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
