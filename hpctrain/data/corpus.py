@@ -3,12 +3,13 @@
 A text input is a file or a directory (its files, recursively, in sorted path order, skipping hidden
 entries). A directory written by ``datasets``' ``Dataset.save_to_disk`` (or ``DatasetDict``'s, whose
 ``train`` split is used) is read row by row from its text column; ``datasets`` is imported only then. Each
-file and each row is read in pieces of at most about ``chunk_bytes``, cut after a newline where there is
+file and each row is read in pieces of at most about ``chunk_bytes``, cut at a line start where there is
 one and never inside a UTF-8 character, so a corpus larger than memory streams through.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,7 +18,10 @@ import numpy as np
 
 from hpctrain.errors import ConfigError
 
-CHUNK_BYTES = 1 << 18  # one piece: 256 KiB of text
+CHUNK_BYTES = 1 << 16  # one piece: 64 KiB of text
+_CLEAN_LINE_START = re.compile(rb"(?<=\S)\n(?=\S)")
+_LINE_START = re.compile(rb"\n(?=\S)")
+_SCAN = 1 << 14  # how far back from a block's end a line start is looked for
 BATCH_BYTES = 1 << 20  # one task for a worker: pieces adding up to about 1 MiB
 _DATASET_MARKERS = ("dataset_info.json", "state.json")
 
@@ -82,11 +86,19 @@ def open_dataset(path: Path, text_column: str) -> Any:
 
 
 def _cut(data: bytes) -> int:
-    """Where to end a piece of ``data``: after its last newline, else before a UTF-8 character it cuts."""
+    """Where to end a piece of ``data``: at the start of its last line that starts with no white space and
+    follows a line that ends with none (so a byte-level BPE tokenizes across the cut as it would without it),
+    else at its last line start, else before a UTF-8 character it would cut."""
+    end = len(data)
+    for wanted in (_CLEAN_LINE_START, _LINE_START):
+        last = None
+        for last in wanted.finditer(data, max(0, end - _SCAN)):  # noqa: B007 (the last one is wanted)
+            pass
+        if last is not None:
+            return last.end()
     cut = data.rfind(b"\n") + 1
     if cut:
         return cut
-    end = len(data)
     for back in range(1, min(4, end) + 1):
         byte = data[end - back]
         if byte & 0xC0 == 0xC0:  # a lead byte: is its character complete?
