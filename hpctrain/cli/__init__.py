@@ -20,6 +20,7 @@ class Subcommand(NamedTuple):
     module: str  # hpctrain.cli.<module>, which has run(name, argv) -> exit status
 
 
+_PREPARE = "INPUT... --out PATH.bin [--tokenizer T] [--workers N]"
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
     "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
@@ -28,7 +29,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),
-    "prepare": Subcommand("INPUT... --out PATH.bin", "write a token file for data=tokens", "prepare"),
+    "prepare": Subcommand(_PREPARE, "write a token file for data=tokens", "prepare"),
 }  # fmt: skip
 
 
