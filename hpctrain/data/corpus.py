@@ -9,7 +9,6 @@ one and never inside a UTF-8 character, so a corpus larger than memory streams t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,8 +18,7 @@ import numpy as np
 from hpctrain.errors import ConfigError
 
 CHUNK_BYTES = 1 << 16  # one piece: 64 KiB of text
-_CLEAN_LINE_START = re.compile(rb"(?<=\S)\n(?=\S)")
-_LINE_START = re.compile(rb"\n(?=\S)")
+_SPACE = b" \t\n\r\x0b\x0c"
 _SCAN = 1 << 14  # how far back from a block's end a line start is looked for
 BATCH_BYTES = 1 << 20  # one task for a worker: pieces adding up to about 1 MiB
 _DATASET_MARKERS = ("dataset_info.json", "state.json")
@@ -90,12 +88,11 @@ def _cut(data: bytes) -> int:
     follows a line that ends with none (so a byte-level BPE tokenizes across the cut as it would without it),
     else at its last line start, else before a UTF-8 character it would cut."""
     end = len(data)
-    for wanted in (_CLEAN_LINE_START, _LINE_START):
-        last = None
-        for last in wanted.finditer(data, max(0, end - _SCAN)):  # noqa: B007 (the last one is wanted)
-            pass
-        if last is not None:
-            return last.end()
+    for clean in (True, False):
+        at, low = end, max(0, end - _SCAN)
+        while (at := data.rfind(b"\n", low, at)) >= 0:
+            if at + 1 < end and data[at + 1] not in _SPACE and not (clean and at and data[at - 1] in _SPACE):
+                return at + 1
     cut = data.rfind(b"\n") + 1
     if cut:
         return cut
@@ -140,14 +137,18 @@ def _dataset_blocks(path: Path, text_column: str, chunk_bytes: int) -> Iterator[
             yield (data[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes))
 
 
-def pieces(sources: list[Source], text_column: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """Every document of ``sources`` in order, as pieces of at most about ``2 × chunk_bytes`` bytes."""
+def pieces(
+    sources: list[Source], text_column: str, chunk_bytes: int = CHUNK_BYTES, cut: bool = True
+) -> Iterator[bytes]:
+    """Every document of ``sources`` in order, as pieces of at most about ``2 × chunk_bytes`` bytes, cut by
+    :func:`_cut` (``cut=False``: as read, for byte ids, which do not depend on where a piece ends)."""
+    split = _split if cut else iter
     for source in sources:
         if source.kind == "file":
-            yield from _split(_file_blocks(source.path, chunk_bytes))
+            yield from split(_file_blocks(source.path, chunk_bytes))
         else:
             for blocks in _dataset_blocks(source.path, text_column, chunk_bytes):
-                yield from _split(blocks)
+                yield from split(blocks)
 
 
 def batches(parts: Iterator[bytes], batch_bytes: int = BATCH_BYTES) -> Iterator[list[bytes]]:

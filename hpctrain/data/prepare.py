@@ -53,7 +53,7 @@ def _encode(batch: list[bytes]) -> np.ndarray:
 def _encoded(batches: Iterator[list[bytes]], json_text: str | None, workers: int) -> Iterator[np.ndarray]:
     """``_encode`` of every batch in order; with ``workers`` > 1 a process pool, at most 2 tasks per worker
     in flight so memory stays bounded."""
-    if workers == 1:
+    if workers == 1 or json_text is None:  # bytes: nothing for a worker to do but copy
         serial = os.environ.get(_SERIAL)
         _init_worker(json_text)
         try:
@@ -163,7 +163,8 @@ def prepare_tokens(
     vocab = _vocab(vocab_size, tok.vocab_size, f"the tokenizer's {tok.vocab_size} ids")
     json_text = tok.json_text if isinstance(tok, tokenizers_.HFTokenizer) else None
     with TokenWriter(out, vocab) as writer:
-        for ids in _encoded(corpus.batches(corpus.pieces(sources, text_column)), json_text, workers):
+        parts = corpus.pieces(sources, text_column, cut=json_text is not None)
+        for ids in _encoded(corpus.batches(parts), json_text, workers):
             writer.write(ids)
         if writer.num_tokens < 2:
             raise ValueError(f"inputs hold {writer.num_tokens} token(s); a training window needs at least 2")

@@ -83,7 +83,7 @@ class TokenWriter:
                 f"token ids span [{lo}, {hi}] but vocab_size={self.vocab_size} "
                 f"requires [0, {self.vocab_size - 1}]"
             )
-        self._file.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self._file.write(np.ascontiguousarray(tokens, dtype=self.dtype).data)
         self.num_tokens += int(tokens.size)
 
     def commit(self, tokenizer: dict[str, Any] | None = None, files: dict[Path, bytes] | None = None) -> dict:
