@@ -4,7 +4,7 @@
 
 Writes a ~``--mb`` MB text file to a temporary directory (the standard library's ``.py`` sources, repeated),
 then runs ``hpctrain prepare`` on it as a subprocess with ``--tokenizer bytes`` and with a byte-level BPE
-(vocab 4096, trained beforehand on a 4 MB sample and given as a file), each with 1 and 2 ``--workers``;
+(vocab 4096, trained beforehand on a 4 MB sample and given as a file) with 1 and 2 ``--workers``;
 ``--train`` adds ``--tokenizer train:4096`` on the whole file (training, then encoding). For each run it
 prints the peak RSS (the largest single process, from ``wait4``, and the whole process tree, sampled every
 20 ms) and the throughput in MB/s of input, against two references timed in the same run on the same
@@ -90,6 +90,7 @@ def main() -> None:
     )
     parser.add_argument("--mb", type=int, default=200, help="corpus size in MB (200)")
     parser.add_argument("--train", action="store_true", help="also train:4096 on the whole corpus")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts (1 2)")
     opts = parser.parse_args()
     prepare = [sys.executable, "-m", "hpctrain", "prepare"]
     with tempfile.TemporaryDirectory() as tmp_:
@@ -107,12 +108,12 @@ def main() -> None:
             "cat (reference)": ["sh", "-c", f"cat {corpus} > /dev/null"],
             "wc -w (reference)": ["wc", "-w", str(corpus)],
         }
-        for tok_name, tok in (("bytes", "bytes"), ("bpe file", bpe)):
-            for workers in (1, 2):
-                runs[f"prepare {tok_name}, {workers} worker(s)"] = [
-                    *prepare, str(corpus), "--out", str(tmp / "out.bin"), "--tokenizer", tok,
-                    "--workers", str(workers),
-                ]  # fmt: skip
+        out = ["--out", str(tmp / "out.bin")]
+        runs["prepare bytes"] = [*prepare, str(corpus), *out]  # bytes: no workers (nothing to tokenize)
+        for workers in opts.workers:
+            runs[f"prepare bpe file, {workers} worker(s)"] = [
+                *prepare, str(corpus), *out, "--tokenizer", bpe, "--workers", str(workers)
+            ]  # fmt: skip
         if opts.train:
             runs["prepare train:4096, 2 worker(s)"] = [
                 *prepare, str(corpus), "--out", str(tmp / "out.bin"), "--tokenizer", "train:4096",

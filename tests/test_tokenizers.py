@@ -179,6 +179,7 @@ BAD = {
     "missing corpus": (["TMP/missing.txt"], ["missing.txt does not exist"]),
     "empty corpus": (["TMP/empty.txt"], ["the corpus is empty"]),
     "empty directory": (["TMP/emptydir"], ["emptydir contains no files"]),
+    "one token": (["TMP/one.txt"], ["inputs hold 1 token(s)"]),  # found while writing: its out/ goes too
 }
 
 
@@ -188,6 +189,7 @@ def test_bad_inputs_are_one_line_and_leave_nothing(tmp_path: Path, case: str, ca
     (tmp_path / "dir.bin").mkdir()
     (tmp_path / "emptydir").mkdir()
     (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "one.txt").write_bytes(b"x")
     argv = [str(_corpus(tmp_path)), "--out", str(tmp_path / "out" / "c.bin")]
     extra = [a.replace("TMP", str(tmp_path)) for a in extra]
     if extra[0] in ("--out", "--tokenizer", "--workers"):

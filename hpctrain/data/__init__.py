@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hpctrain.data.datasets import build_datasets
     from hpctrain.data.sampler import GlobalBatchSampler, shard_for_rank, split_micro_batches
+    from hpctrain.data.tokenizer import tokenizer_for
 
-__all__ = ["GlobalBatchSampler", "build_datasets", "shard_for_rank", "split_micro_batches"]
+__all__ = ["GlobalBatchSampler", "build_datasets", "shard_for_rank", "split_micro_batches", "tokenizer_for"]
 
 _EXPORTS = {
     "build_datasets": "hpctrain.data.datasets",
     "GlobalBatchSampler": "hpctrain.data.sampler",
     "shard_for_rank": "hpctrain.data.sampler",
     "split_micro_batches": "hpctrain.data.sampler",
+    "tokenizer_for": "hpctrain.data.tokenizer",  # the tokenizer a token file was written with
 }
 
 

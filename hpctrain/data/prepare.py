@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,8 +31,10 @@ _worker_tok: Any = None  # this process's tokenizers.Tokenizer, or None for byte
 _SERIAL = "TOKENIZERS_PARALLELISM"  # "false": tokenizers encodes a batch on this thread only
 
 
-def _init_worker(json_text: str | None) -> None:
+def _init_worker(json_text: str | None, pool: bool = False) -> None:
     global _worker_tok
+    if pool:  # Ctrl-C reaches the whole process group: the parent stops the pool and removes the file
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tok = None
     if json_text is not None:
         import tokenizers
@@ -66,7 +69,7 @@ def _encoded(batches: Iterator[list[bytes]], json_text: str | None, workers: int
                 os.environ[_SERIAL] = serial
         return
     # spawn: the workers never inherit a tokenizers thread pool (training uses one) through fork.
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (json_text,)) as pool:
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (json_text, True)) as pool:
         pending: deque[Any] = deque()
         for batch in batches:
             pending.append(pool.apply_async(_encode, (batch,)))

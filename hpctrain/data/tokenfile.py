@@ -64,6 +64,8 @@ class TokenWriter:
         self.dtype_name = dtype_for_vocab(self.vocab_size)
         self.dtype = DTYPES[self.dtype_name]
         self.num_tokens = 0
+        # The directories made here are removed again if the write is abandoned.
+        self._made = [d for d in (self.path.parent, *self.path.parent.parents) if not d.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
         self._file = open(self.tmp, "wb")  # noqa: SIM115 (closed by commit or abort)
@@ -111,6 +113,11 @@ class TokenWriter:
     def abort(self) -> None:
         self._file.close()
         self.tmp.unlink(missing_ok=True)
+        for made in self._made:  # deepest first
+            try:
+                made.rmdir()
+            except OSError:  # not empty (someone else wrote there) or already gone
+                break
 
     def __enter__(self) -> TokenWriter:
         return self

@@ -167,7 +167,10 @@ def tokenizer_for(token_file: str | Path) -> Tokenizer:
         text = tok_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"tokenizer {tok_path} of token file {path} cannot be read: {err}") from None
-    tok = from_json(text, str(tok_path))
+    try:
+        tok = from_json(text, str(tok_path))
+    except ConfigError as err:
+        raise ValueError(f"tokenizer {tok_path} of token file {path}: {err.reason}") from None
     if tok.sha256 != entry["sha256"]:
         raise ValueError(
             f"tokenizer {tok_path} has sha256 {tok.sha256[:12]}…, not the {entry['sha256'][:12]}… that "
