@@ -20,7 +20,7 @@ from hpctrain.errors import ConfigError
 CHUNK_BYTES = 1 << 16  # one piece: 64 KiB of text
 _SPACE = b" \t\n\r\x0b\x0c"
 _SCAN = 1 << 14  # how far back from a block's end a line start is looked for
-BATCH_BYTES = 1 << 20  # one task for a worker: pieces adding up to about 1 MiB
+BATCH_BYTES = 1 << 18  # one task for a worker: pieces adding up to about 256 KiB
 _DATASET_MARKERS = ("dataset_info.json", "state.json")
 
 
