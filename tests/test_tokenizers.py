@@ -16,7 +16,7 @@ from conftest import hpctrain, metrics
 
 from hpctrain.cli.prepare import run as run_prepare
 from hpctrain.config.catalog import read_token_header
-from hpctrain.data import corpus
+from hpctrain.data import corpus, tokenfile
 from hpctrain.data.prepare import prepare_tokens
 from hpctrain.data.tokenfile import read_token_file, write_token_file
 from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for
@@ -151,6 +151,10 @@ def test_header_versions(tmp_path: Path) -> None:
         json.dumps({k: v for k, v in header.items() if k != "tokenizer"} | {"version": 1})
     )
     assert read_token_file(tmp_path / "t.bin")[0].tolist() == [0, 1, 2, 3]  # version 1 still reads
+    assert isinstance(tokenizer_for(tmp_path / "t.bin"), ByteTokenizer)  # what version 1 wrote from text
+    assert isinstance(tokenfile.tokenizer_for(tmp_path / "t.bin"), ByteTokenizer)  # for hpctrain generate
+    v1 = json.loads((tmp_path / "t.json").read_text())
+    (tmp_path / "t.json").write_text(json.dumps(v1 | {"vocab_size": 1000}))
     with pytest.raises(ValueError, match=r"version 1\) records no tokenizer"):
         tokenizer_for(tmp_path / "t.bin")
     (tmp_path / "t.json").write_text(json.dumps(header | {"version": 7}))

@@ -149,12 +149,15 @@ def header_entry(tok: ByteTokenizer | HFTokenizer, file_name: str) -> dict[str, 
 def tokenizer_for(token_file: str | Path) -> Tokenizer:
     """The tokenizer that wrote token file ``token_file`` (``<name>.bin``), as its header records it.
 
-    A ValueError (one line) when the header records none (a version-1 file, or one made from .npy arrays),
-    or when the tokenizer file beside it is missing or is not the one the header names (sha256).
+    A version-1 header names no tokenizer: one of vocabulary 256 is taken as bytes (what version 1 wrote from
+    text). A ValueError (one line) when the header records none (another version-1 file, or one made from
+    .npy arrays), or when the tokenizer file beside it is missing or is not the one the header names (sha256).
     """
     path = Path(token_file)
     header = read_token_header(path)
     entry = header.get("tokenizer")
+    if entry is None and header["version"] == 1 and header["vocab_size"] == TEXT_VOCAB:
+        return ByteTokenizer()
     if entry is None:
         raise ValueError(
             f"token file {path} (header version {header['version']}) records no tokenizer; "
