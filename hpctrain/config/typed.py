@@ -92,6 +92,9 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
     """``schema`` filled with ``values``, each checked against its field's type (a ConfigError naming
     ``group.key`` otherwise); the caller has checked that every key is a field."""
     fields = {f.name: f.type for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    plain = _plain_values(fields, values)
+    if plain is not None:  # the planner's search builds thousands of specs: skip OmegaConf when it can
+        return schema(**plain)
     node = OmegaConf.structured(schema)
     for key, value in values.items():
         try:
@@ -100,6 +103,27 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
             raise ConfigError(f"{group}.{key}", value, f"expected {fields[key]}") from None
     out = OmegaConf.to_object(node)
     assert isinstance(out, schema)
+    return out
+
+
+_PLAIN = {"int": (int,), "float": (float, int), "bool": (bool,), "str": (str,)}
+
+
+def _plain_values(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, Any] | None:
+    """``values`` as the fields' types when each is already one of them (an int for a float field becomes
+    a float, as OmegaConf would make it), else None: OmegaConf checks and converts the rest."""
+    out = {}
+    for key, value in values.items():
+        annotation = str(fields[key])
+        optional = annotation.endswith(" | None")
+        kinds = _PLAIN.get(annotation.removesuffix(" | None"))
+        if kinds is None or (value is None and not optional):
+            return None
+        if value is not None and (
+            not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+        ):
+            return None
+        out[key] = float(value) if kinds[0] is float and value is not None else value
     return out
 
 
