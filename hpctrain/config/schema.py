@@ -26,6 +26,15 @@ class ModelConfig:
 
     target: str = MISSING
     args: dict[str, Any] = field(default_factory=dict)
+    # Start from these weights (a new run: fresh optimizer, step 0): a safetensors file or folder, a torch
+    # state dict, a transformers save_pretrained folder, an hpctrain checkpoint or run directory
+    # (hpctrain.checkpoint.io). Ignored once the run directory holds a checkpoint of its own.
+    init_from: str | None = None
+    init_strict: bool = True  # false: load the names that fit, report the rest
+
+
+# The model group's own keys (in every composed config: model.init_from=... needs no +).
+MODEL_KEYS: dict[str, Any] = {"init_from": None, "init_strict": True}
 
 
 @dataclass
@@ -261,7 +270,7 @@ class Config:
     plan_check: bool = True
     # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
     # them into ModelConfig / DataConfig / LossConfig.
-    model: Any = MISSING
+    model: Any = field(default_factory=lambda: dict(MODEL_KEYS))
     data: Any = field(default_factory=lambda: dict(DATA_KEYS))
     loss: Any = MISSING
     parallel: ParallelConfig = MISSING

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from hpctrain.config.schema import DATA_KEYS, Config, DataConfig, LossConfig, ModelConfig
+from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, Config, DataConfig, LossConfig, ModelConfig
 from hpctrain.errors import ConfigError
 
 T = TypeVar("T")
@@ -60,8 +60,13 @@ def _target(value: Any, group: str) -> str:
 
 def _model(node: Any) -> ModelConfig:
     raw = _container(node, "model")
+    own = {k: raw.pop(k) for k in list(raw) if k in MODEL_KEYS}
     target = _target(raw.pop(TARGET, None), "model")
-    return ModelConfig(target=target, args=raw)
+    if own.get("init_from") is not None and not isinstance(own["init_from"], str):
+        raise ConfigError("model.init_from", own["init_from"], "not a path", valid="a file or directory")
+    if not isinstance(own.get("init_strict", True), bool):
+        raise ConfigError("model.init_strict", own["init_strict"], "expected true or false")
+    return ModelConfig(target=target, args=raw, **own)
 
 
 def _loss(plain: dict[str, Any]) -> LossConfig:

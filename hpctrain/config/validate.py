@@ -61,6 +61,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_no_control_characters(cfg)
     check_finite(cfg)
     check_data(cfg.data)
+    _check_init_from(cfg.model.init_from)
     _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
@@ -81,6 +82,19 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(key, value, f"must be ≥ {low}")
+
+
+def _check_init_from(path: str | None) -> None:
+    """``model.init_from``: weights that exist (what they hold is read when the run starts)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ConfigError("model.init_from", path, "empty", valid="a weights file or directory, or null")
+    if not Path(path).expanduser().exists():
+        raise ConfigError(
+            "model.init_from", path, "no such file or directory",
+            valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
+        )  # fmt: skip
 
 
 def check_data(data: DataConfig) -> None:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.checkpoint.io import load_into
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
@@ -41,6 +42,7 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
+from hpctrain.rundir import checkpoints as layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
@@ -100,7 +102,10 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
-    par = parallelize(build_model(cfg.model), cfg, device, shape)
+    model = build_model(cfg.model)
+    if cfg.model.init_from is not None:
+        init_from(model, cfg, RunDir(run_dir).checkpoints, env.rank)
+    par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = _grad_scaler(par, device, t.precision)
@@ -147,6 +152,22 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, batches,
         objective, state, resumable, checkpoints, faults,
     )  # fmt: skip
+
+
+def init_from(model: torch.nn.Module, cfg: Config, checkpoints: Path, rank: int) -> None:
+    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
+    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
+    rank fills its whole model before the layout splits it."""
+    path = cfg.model.init_from
+    own = [] if cfg.trainer.resume == "never" else layout.committed(checkpoints)
+    if cfg.trainer.resume not in ("auto", "never") or own:
+        if rank == 0:
+            which = cfg.trainer.resume if cfg.trainer.resume not in ("auto", "never") else own[0]
+            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
+        return
+    problems = load_into(model, Path(path), cfg.model.init_strict)
+    if rank == 0:
+        log.info("Initialised the model from %s%s", path, f" ({'; '.join(problems)})" if problems else "")
 
 
 def fit(
