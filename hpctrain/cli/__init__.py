@@ -42,11 +42,15 @@ def _lines() -> list[tuple[str, str]]:
 
 
 def usage() -> str:
+    from hpctrain.config.compose import GROUPS, group_options
+
     width = max(len(left) for left, _ in _lines())
     rows = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in _lines())
+    groups = "\n".join(f"  {group.ljust(9)} {', '.join(group_options(group))}" for group in GROUPS)
     return (
         "usage: hpctrain [OVERRIDES...] | hpctrain SUBCOMMAND ARGS...\n\n"
         f"Subcommands:\n{rows}\n\n"
+        f"Config groups (GROUP=OPTION; --config-dir DIR adds yours):\n{groups}\n\n"
         "TARGET is a run directory, a sweep directory or a Slurm job id. `hpctrain SUBCOMMAND --help` says\n"
         "more; `hpctrain --hydra-help` lists the config groups and Hydra's own flags.\n"
     )

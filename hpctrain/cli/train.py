@@ -50,6 +50,8 @@ def train(argv: list[str]) -> int:
         try:
             first, composed = precheck(overrides, multirun=args.multirun, config_dirs=config_dirs)
         except ConfigError as err:
+            if args.cfg:  # --cfg: the config as composed, even when it is invalid, then what is wrong
+                _print_composed(overrides, config_dirs, args.cfg)
             user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
             if user_traceback:
                 print(user_traceback, file=sys.stderr, end="")
@@ -69,6 +71,24 @@ def train(argv: list[str]) -> int:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
     flags = [a for a in argv if a not in args.overrides]
     return _run_hydra([*flags, *overrides])
+
+
+def _print_composed(overrides: list[str], config_dirs: list[Path], which: str) -> None:
+    """``--cfg job|hydra|all`` for a config that composes but does not validate (nothing when it cannot
+    even be composed: the error line says why)."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.compose import compose
+
+    try:
+        cfg = compose(overrides, config_dirs)
+    except ConfigError:
+        return
+    job = OmegaConf.create({k: cfg[k] for k in cfg if k != "hydra"})
+    hydra = OmegaConf.create({"hydra": cfg.hydra})
+    parts = {"job": [job], "hydra": [hydra], "all": [hydra, job]}[which]
+    for part in parts:
+        print(OmegaConf.to_yaml(part, resolve=False), end="", flush=True)
 
 
 def precheck(
