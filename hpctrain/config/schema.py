@@ -254,6 +254,7 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     progress_bar: bool = True
+    tensorboard: bool = False  # event files in <run>/tensorboard (tensorboard --logdir <run>), traces beside
     wandb: bool = False
     wandb_project: str = "hpctrain"
     wandb_entity: str | None = None

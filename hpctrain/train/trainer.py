@@ -214,7 +214,7 @@ def fit(
         watchdog.enter(state.step + 1, "data")
         run.faults.at("step", state.step + 1)
         if state.step + 1 == profile_first:
-            profiler = _start_profiler(run_dir, env.rank, device)
+            profiler = _start_profiler(_profile_dir(cfg, run_dir), env.rank, device)
         data_start = time.perf_counter()
         run.faults.at("data", state.step + 1)
         passes = run.batches.next_step()
@@ -387,16 +387,28 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
     return torch.autocast(device.type, dtype=dtype)
 
 
-def _start_profiler(run_dir: Path, rank: int, device: torch.device) -> torch.profiler.profile:
-    """A torch.profiler trace of the coming steps, written as RUN_DIR/profile/rank<R>.*.pt.trace.json
-    (Chrome trace format: TensorBoard's profiler plugin and ui.perfetto.dev read it)."""
+def _profile_dir(cfg: Config, run_dir: Path) -> Path:
+    """RUN_DIR/profile, or with TensorBoard where its profiler plugin looks: LOGDIR/plugins/profile/RUN."""
+    if cfg.logger.tensorboard:
+        return (
+            RunDir(run_dir).tensorboard
+            / "plugins"
+            / "profile"
+            / f"steps_{cfg.trainer.profile.replace(':', '-')}"
+        )
+    return RunDir(run_dir).profile
+
+
+def _start_profiler(directory: Path, rank: int, device: torch.device) -> torch.profiler.profile:
+    """A torch.profiler trace of the coming steps, written as DIRECTORY/rank<R>.*.pt.trace.json (Chrome
+    trace format: TensorBoard's profiler plugin and ui.perfetto.dev read it)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     profiler = torch.profiler.profile(
         activities=activities,
         record_shapes=True,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(RunDir(run_dir).profile), f"rank{rank}"),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(directory), f"rank{rank}"),
     )
     profiler.start()
     return profiler
