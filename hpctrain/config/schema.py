@@ -173,6 +173,16 @@ class ClusterConfig:
     mem: str | None = None  # per node, Slurm syntax (e.g. 480G; 0 = all of it)
     constraint: str | None = None
     exclude: str | None = None
+    exclusive: bool = False  # whole nodes: no other job shares them
+    gres: str | None = None  # generic resources, e.g. gpu:a100:4 (instead of gpus_per_node)
+    gpus_per_task: int | None = None
+    reservation: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None  # e.g. END,FAIL (hpctrain.slurm.spec.MAIL_TYPES)
+    dependency: str | None = None  # e.g. afterok:1234 or singleton
+    # Any other sbatch option, {long-option-name: value} (true: a flag). Checked like the keys above; the
+    # options hpctrain sets itself are refused here (they have keys of their own).
+    additional: dict[str, Any] = field(default_factory=dict)
     job_name: str = "hpctrain"
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
@@ -299,7 +309,7 @@ SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
 # Mappings of a group given whole on the command line, without ``+`` for each key.
-OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split")}
+OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split"), "cluster": ("additional",)}
 
 
 def register_configs() -> None:

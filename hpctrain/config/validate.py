@@ -34,11 +34,16 @@ from hpctrain.errors import ConfigError
 from hpctrain.faults import check_faults
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.slurm.spec import (
+    DEPENDENCY,
     ENV_NAME,
+    MAIL_TYPES,
+    MAIL_USER,
+    RESERVED_SBATCH,
     SAFE_CONSTRAINT,
     SAFE_CONTAINER,
     SAFE_MOUNT,
     SAFE_SLURM_TOKEN,
+    SBATCH_OPTION,
     TIME_FORMATS_HELP,
     parse_time_limit,
 )
@@ -188,6 +193,7 @@ def _check_cluster(cfg: Config) -> None:
                 "contains characters a shell or sbatch would act on",
                 valid="letters, digits and _ . , : @ % + = [ ] -",
             )
+    _check_sbatch_options(c)
     if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
         raise ConfigError(
             "cluster.constraint",
@@ -276,6 +282,39 @@ def _check_parallel(cfg: Config) -> None:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+def _check_sbatch_options(c: Any) -> None:
+    """The sbatch options of their own keys and ``cluster.additional`` (any other one, by its long name)."""
+    for key in ("gres", "reservation"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
+            raise ConfigError(f"cluster.{key}", value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+    if c.gpus_per_task is not None:
+        _at_least("cluster.gpus_per_task", c.gpus_per_task, 1)
+    if c.mail_user is not None and not MAIL_USER.fullmatch(c.mail_user):
+        raise ConfigError("cluster.mail_user", c.mail_user, "not an e-mail address", valid="user@host")
+    if c.mail_type is not None:
+        for kind in c.mail_type.split(","):
+            _one_of("cluster.mail_type", kind, MAIL_TYPES)
+    if c.dependency is not None and not DEPENDENCY.fullmatch(c.dependency):
+        raise ConfigError("cluster.dependency", c.dependency, "not a Slurm dependency",
+                          valid="e.g. afterok:1234, afterany:12:13, singleton")  # fmt: skip
+    for name, value in c.additional.items():
+        key = f"cluster.additional.{name}"
+        if not SBATCH_OPTION.fullmatch(str(name)):
+            raise ConfigError(
+                key, value, "not an sbatch long option name", valid="e.g. comment, nice, licenses"
+            )
+        if str(name).replace("_", "-") in RESERVED_SBATCH:
+            raise ConfigError(key, value, "hpctrain sets this option itself",
+                              valid="its own key, e.g. cluster.exclusive, cluster.mail_type")  # fmt: skip
+        if isinstance(value, bool) or value is None:
+            continue  # a flag (true), or left out
+        if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
+            raise ConfigError(key, value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
 
 
 def _check_pp_split(split: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 
 from hpctrain.config.redact import export_secrets
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
@@ -97,7 +97,24 @@ def render_script(cfg: Config, run_dir: Path) -> str:
         ),
         srun_args=container_srun_args(c),
         python=python,
+        extra_options=_extra_options(c),
     )
+
+
+def _extra_options(c: ClusterConfig) -> list[str]:
+    """``--name=value`` / ``--flag`` for the sbatch options beyond the template's fixed lines (validated)."""
+    from hpctrain.launch.slurm import sbatch_extras
+
+    options = {
+        "exclusive": True if c.exclusive else None, "gres": c.gres, "gpus-per-task": c.gpus_per_task,
+        "mail-user": c.mail_user, "mail-type": c.mail_type, "dependency": c.dependency,
+    }  # fmt: skip
+    extras = {k: v for k, v in sbatch_extras(c).items() if k not in ("requeue", "signal")}
+    return [
+        f"--{name}" if value is True else f"--{name}={value}"
+        for name, value in {**options, **extras}.items()
+        if value is not None
+    ]
 
 
 class SbatchLauncher:
