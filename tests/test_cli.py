@@ -93,3 +93,12 @@ def test_a_misspelt_key_names_the_nearest_valid_one(tmp_path: Path, capsys, monk
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hpctrain: cluster.max_requeue=2: unknown key in "), err
     assert "mine.yaml; did you mean max_requeues?" in err[0]
+
+
+def test_hydra_submitit_launcher_is_refused_pointing_to_the_built_in_one(capsys) -> None:  # type: ignore[no-untyped-def]
+    from hpctrain.cli import main
+
+    assert main(["-m", "hydra/launcher=submitit_slurm", "cluster=slurm_test", "optim.lr=1e-3,2e-3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would submit jobs that submit jobs again" in err[0], err
+    assert "-m with a Slurm cluster profile is one job array" in err[0]

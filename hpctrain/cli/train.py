@@ -45,6 +45,15 @@ def train(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    nesting = [o for o in overrides if o.lstrip("+~").startswith("hydra/launcher=submitit")]
+    if nesting:  # each member would be a job that submits a job of its own
+        print(
+            f"hpctrain: {nesting[0].lstrip('+~')}: hydra-submitit-launcher would submit jobs that submit "
+            "jobs again (valid: leave hydra/launcher out: -m with a Slurm cluster profile is one job "
+            "array, dry_run included)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     record_project_dir()
     if not informational:
         try:

@@ -92,7 +92,10 @@ def sbatch_extras(cluster: ClusterConfig) -> dict[str, Any]:
 def _executor(cluster: ClusterConfig, folder: Path, root: Path, plan: ProjectSnapshot | None) -> Any:
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder / "%j")
+    # In a container the image's python runs the job (the login node's venv is not inside it).
+    executor = submitit.SlurmExecutor(
+        folder=folder / "%j", python="python3" if cluster.container_image else None
+    )
     params = submitit_parameters(cluster, root / SNAPSHOT_DIR, project_path_entry(plan, root), project_dir())
     executor.update_parameters(**params)
     return executor
