@@ -2,7 +2,9 @@
 
 Takes the overrides a training command would (``hpctrain plan model=gpt2_350m parallel=fsdp
 cluster=a100x32``), starts nothing. Exit status: 0 when the run fits (or there is no GPU to judge: CPU
-profiles report host memory only), 1 when it does not fit, 2 for a bad config. Torch-free.
+profiles report host memory only), 1 when it does not fit, 2 for a bad config. Torch-free for the built-in
+models; a model without declared shapes (a user's ``_target_``) is measured first (:func:`measured_for`),
+which imports torch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import textwrap
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import global_batch_size, samples_per_pass
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import MeasuredModel
 from hpctrain.models.spec import model_spec
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
@@ -34,7 +37,45 @@ WHAT_WIDTH = 62  # the description column of the memory table
 
 
 def _model_line(cfg: Config, est: Estimate) -> str:
+    m = est.measured
+    if m is not None:
+        kind = f", {m.tokens_per_sample} tokens per sample" if m.input_kind == "tokens" else ""
+        kind = kind or (f", takes {m.input_kind}" if m.input_kind else "")
+        blocks = f"{m.blocks} blocks" if m.blocks else "no blocks found"
+        return (
+            f"{human_count(est.n_params)}-parameter {est.model} ({m.target}: {est.n_params:,} parameters "
+            f"read on the meta device, {blocks}{kind})"
+        )
     return f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 2**10:.1f} KiB"
+
+
+def activation_line(est: Estimate) -> str | None:
+    """How the activations of a model without declared shapes were found (None for the built-ins)."""
+    m = est.measured
+    if m is None:
+        return None
+    if m.note:
+        return f"activations  cannot be derived from the parameters and were {m.note}"
+    lay = est.layout
+    acts = m.activations_in(lay.regime)
+    assert acts is not None
+    regime = {"fp32": "fp32", "autocast": "bf16 autocast", "fsdp_mixed": "bf16 parameters"}[acts.regime]
+    sizes = " and ".join(str(n) for n in m.samples)
+    line = acts.saved
+    text = (
+        f"activations  measured (not derivable from parameters), a forward + backward of {sizes} samples on "
+        f"CPU, {regime}: {_bytes(line.per_sample)} per sample + {_bytes(line.fixed)} fixed"
+    )
+    if lay.ac == "full" and m.blocks:
+        text += f"; checkpointed blocks keep their inputs: {_bytes(acts.checkpointed.per_sample)} per sample"
+    elif lay.ac != "none":
+        why = "no blocks found to checkpoint" if not m.blocks else "selective checkpointing not measured"
+        text += f"; an upper bound ({why})"
+    return text
 
 
 def _cluster_line(cfg: Config, est: Estimate) -> str:
@@ -91,8 +132,10 @@ def _batch_line(cfg: Config, est: Estimate) -> str:
     pieces = f"{passes} × {lay.degrees.dp} data-parallel × micro-batch {lay.micro_batch}"
     if lay.degrees.pp > 1:
         pieces += f" × {lay.microbatches} pipeline micro-batches"
-    tokens = global_batch_size(cfg) * lay.tokens
-    return f"{global_batch_size(cfg)} samples per step ({tokens:,} tokens) = {pieces} (a pass: {per_pass})"
+    tokens = f" ({global_batch_size(cfg) * lay.tokens:,} tokens)"
+    if est.measured is not None and est.measured.input_kind != "tokens":
+        tokens = ""
+    return f"{global_batch_size(cfg)} samples per step{tokens} = {pieces} (a pass: {per_pass})"
 
 
 def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
@@ -100,7 +143,14 @@ def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
     return ", ".join(shown)
 
 
-ACTIVATION_PARTS = ("blocks", "stage outputs", "input", "head and loss", "pipeline outputs")
+ACTIVATION_PARTS = (
+    "blocks",
+    "stage outputs",
+    "input",
+    "head and loss",
+    "pipeline outputs",
+    "saved for backward",
+)
 
 
 def memory_table(cfg: Config, est: Estimate) -> list[str]:
@@ -113,6 +163,10 @@ def memory_table(cfg: Config, est: Estimate) -> list[str]:
     shard = "sharded" if est.layout.sharded else "local"
     device = "host (offloaded)" if mem.host else f"fp32, {shard}"
     flying = f"{mem.blocks} blocks, {mem.in_flight} micro-batch{'es' * (mem.in_flight > 1)} in flight"
+    if est.measured is not None:
+        flying = (
+            f"measured, micro-batch {est.layout.micro_batch}" if not est.measured.note else "not measured"
+        )
     buffer_names = tuple(k for k in mem.parts if k not in ACTIVATION_PARTS)
     # GiB, or MiB for the small models of a CPU run.
     unit, scale = ("GiB", GIB) if max(mem.total, v.capacity) >= GIB else ("MiB", MIB)
@@ -214,6 +268,7 @@ def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
         f"batch     {_batch_line(cfg, est)}",
         "",
         *memory_table(cfg, est),
+        *[line for line in [activation_line(est)] if line],
         verdict_line(cfg, est),
         "",
         *time_table(cfg, est),
@@ -249,10 +304,10 @@ def summary(cfg: Config, est: Estimate) -> str:
     return text
 
 
-def check_fits(cfg: Config) -> Estimate:
+def check_fits(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
     """The check before a submission to GPUs: the estimate, or a one-line ConfigError with its numbers and
-    the fastest layout that fits."""
-    est = estimate(cfg)
+    the fastest layout that fits. ``measured``: the facts of a model without declared shapes."""
+    est = estimate(cfg, measured)
     v = est.verdict
     if v.kind != "gpu" or v.fits:
         return est
@@ -265,7 +320,7 @@ def check_fits(cfg: Config) -> Estimate:
         f"{gib(v.reserve):.1f} GiB reserve "
         f"for the CUDA context and fragmentation"
     )
-    alts = alternatives(cfg, limit=1)
+    alts = alternatives(cfg, limit=1, measured=measured)
     if alts:
         best = alts[0]
         step = f", ~{best.estimate.time.step_s:.2g} s per step" if best.estimate.time is not None else ""
@@ -292,13 +347,13 @@ def machine_memory_bytes() -> int | None:
     return None
 
 
-def check_fits_here(cfg: Config) -> Estimate | None:
+def check_fits_here(cfg: Config, measured: MeasuredModel | None = None) -> Estimate | None:
     """The check before a run of CPU processes on this machine: every process holds its model state and
     activations in this machine's memory; a run that cannot fit in all of it is a one-line ConfigError."""
     total = machine_memory_bytes()
     if total is None:
         return None
-    est = estimate(cfg)
+    est = estimate(cfg, measured)
     per_rank = est.largest.total + est.largest.host
     need = per_rank * est.world
     if need <= total:
@@ -311,6 +366,36 @@ def check_fits_here(cfg: Config) -> Estimate | None:
         f"machine's {gib(total):.1f} GiB of memory",
         valid="a smaller model or micro-batch, fewer processes (cluster.nproc), or plan_check=false",
     )
+
+
+_MEASURED: dict[str, MeasuredModel] = {}
+
+
+def measured_for(cfg: Config) -> MeasuredModel | None:
+    """The measured facts of ``cfg``'s model when it declares no shapes (a user's ``_target_``), once per
+    distinct model, data, loss and precision of the process; None for a built-in (torch stays unimported).
+    A model that cannot be built is a ConfigError (with the user's traceback, see hpctrain.train.probe)."""
+    if model_spec(cfg.model).transformer:
+        return None
+    key = repr(
+        (
+            cfg.model,
+            cfg.data,
+            cfg.loss,
+            cfg.trainer.precision,
+            cfg.trainer.seed,
+            cfg.parallel.block_classes,
+            cfg.cluster.kind,
+            cfg.cluster.nproc,
+            cfg.cluster.nodes,
+            cfg.cluster.tasks_per_node,
+        )
+    )
+    if key not in _MEASURED:
+        from hpctrain.train.footprint import measure_model
+
+        _MEASURED[key] = measure_model(cfg)
+    return _MEASURED[key]
 
 
 def run(name: str, argv: list[str]) -> int:
@@ -333,10 +418,14 @@ def run(name: str, argv: list[str]) -> int:
     try:
         cfg = to_typed(compose(args.overrides, user_config_dirs(args.config_dir)))
         check_run(cfg)
-        est = estimate(cfg)
+        measured = measured_for(cfg)
+        est = estimate(cfg, measured)
     except ConfigError as err:
+        user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
+        if user_traceback:
+            print(user_traceback, file=sys.stderr, end="")
         print(f"hpctrain: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    alts = alternatives(cfg, limit=args.top) if args.top > 0 else []
+    alts = alternatives(cfg, limit=args.top, measured=measured) if args.top > 0 else []
     print(report(cfg, est, alts))
     return EXIT_DOES_NOT_FIT if not est.verdict.fits else 0
