@@ -301,6 +301,12 @@ def summary(cfg: Config, est: Estimate) -> str:
         cost = f", ${t.cost:,.2f}" if t.cost is not None else ""
         text += f"; ~{t.step_s:.3g} s per step, {t.gpu_hours:.3g} GPU-hours{cost}"
         text += f" for {cfg.trainer.max_steps} steps"
+    if est.measured is not None:  # a user's model: how its numbers were found
+        acts = est.measured.activations_in(est.layout.regime)
+        how = est.measured.note
+        if acts is not None:
+            how = f"measured on CPU ({_bytes(acts.saved.per_sample)} per sample)"
+        text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"
     return text
 
 

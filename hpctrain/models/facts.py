@@ -58,6 +58,7 @@ class Activations:
     saved: Linear  # without activation checkpointing: everything saved for the backward
     checkpointed: Linear  # each block checkpointed: what is saved outside the blocks, and their inputs
     recompute: Linear  # the largest block's own saved bytes: held while it is recomputed in the backward
+    output: Linear = Linear(0.0, 0.0)  # bytes of the logits: their gradient and the loss's fp32 one, backward
 
 
 @dataclass(frozen=True)

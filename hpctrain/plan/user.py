@@ -10,7 +10,8 @@ AdamW's two states like them plus a 4-byte step per tensor, SGD's momentum buffe
 of each tensor into ⌈n / dp_shard⌉ rows. The FSDP units are the blocks :mod:`hpctrain.parallel.blocks`
 finds (the model as one unit when it finds none): ZeRO-3 gathers the running block, the prefetched next
 one and the root. Activations are the measured line (fixed + per sample) at ``trainer.micro_batch_size``,
-in the layout's precision regime; under full checkpointing the measured bytes outside the blocks plus
+in the layout's precision regime, and the loss's gradients (the logits' bytes, and fp32 log-probabilities
+like them) as a buffer; under full checkpointing the measured bytes outside the blocks plus
 their inputs, and the block being recomputed as a buffer. Selective checkpointing of a user's block keeps
 the matmul outputs and recomputes the rest: not measured, the full measurement is its upper bound.
 FLOPs: counted in the measured forward and backward, else 6·N per token (or per sample).
@@ -55,6 +56,10 @@ def user_rank_memory(cfg: Config, lay: Layout, facts: MeasuredModel) -> RankMemo
         parts["saved for backward"] = line.at(lay.micro_batch)
         if ac == "full":
             buffers["recomputed block"] = acts.recompute.at(lay.micro_batch)
+        # The loss's backward: the gradient of the logits (their dtype) and of its fp32 log-probabilities.
+        logits = acts.output.at(lay.micro_batch)
+        itemsize = FP32 if acts.regime == "fp32" else HALF
+        buffers["loss gradients"] = logits + logits // itemsize * FP32
     if facts.buffer_bytes:
         buffers["model buffers"] = facts.buffer_bytes
     if d.dp_replicate > 1 and not lay.sharded:  # DDP

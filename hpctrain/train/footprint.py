@@ -33,7 +33,7 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import world_size
 from hpctrain.models.facts import Activations, Linear, MeasuredModel, ParamFact
 from hpctrain.parallel.blocks import find_blocks
-from hpctrain.train.loss import build_objective, inputs_of
+from hpctrain.train.loss import build_objective, inputs_of, logits_of
 from hpctrain.train.probe import build_model, first_batches
 
 SAMPLES = (2, 4)
@@ -111,7 +111,7 @@ def _measure_all(cfg: Config, batches: list[Any]) -> tuple[tuple[Activations, ..
     for regime in regimes(cfg):
         if regime == "fsdp_mixed":
             model.to(torch.bfloat16)
-        points: dict[str, dict[int, int]] = {"saved": {}, "checkpointed": {}, "recompute": {}}
+        points: dict[str, dict[int, int]] = {k: {} for k in ("saved", "checkpointed", "recompute", "output")}
         for n, batch in zip(SAMPLES, batches, strict=True):
             if regime == "fsdp_mixed":
                 batch = _cast_floats(batch, torch.bfloat16)
@@ -168,7 +168,7 @@ def _saved_bytes(
     try:
         with counter:
             with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                _, loss = objective(model, batch)
+                outputs, loss = objective(model, batch)
             if backward:
                 loss.float().backward()
     finally:
@@ -182,9 +182,18 @@ def _saved_bytes(
         "saved": sum(s for s, _ in seen.values()),
         "checkpointed": sum(checkpointed.values()) if blocks else sum(s for s, _ in seen.values()),
         "recompute": max(own, default=0),
+        "output": _logit_bytes(outputs),
     }
     flops = float(counter.get_total_flops()) if isinstance(counter, FlopCounterMode) else 0.0
     return sizes, flops
+
+
+def _logit_bytes(outputs: Any) -> int:
+    try:
+        logits = logits_of(outputs)
+    except TypeError:  # a model computing its own loss may return no logits
+        return 0
+    return logits.numel() * logits.element_size()
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:
