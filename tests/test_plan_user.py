@@ -155,3 +155,19 @@ def test_measuring_a_built_in_model_agrees_with_its_declared_shapes(args: list[s
     assert measured.largest.total == pytest.approx(declared.largest.total, rel=0.05)
     assert measured.largest.activations == pytest.approx(declared.largest.activations, rel=0.05)
     assert torch.get_default_dtype() == torch.float32  # the measurement leaves the process as it was
+
+
+def test_a_model_too_large_to_build_on_cpu_is_planned_without_activations(
+    in_project: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from hpctrain.cli.measured import activation_line
+    from hpctrain.train import footprint
+
+    monkeypatch.setattr(footprint, "MEASURE_LIMIT", 1000)
+    cfg = user_cfg(*CNN)
+    facts = measure_model(cfg)
+    assert facts.n_params == 10858 and facts.note.startswith("not measured") and not facts.activations
+    est = estimate(cfg, facts)
+    assert est.largest.activations == 0 and est.largest.params == 4 * 10858
+    line = activation_line(est)
+    assert line is not None and "not measured" in line and "counts none" in line

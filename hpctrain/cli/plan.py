@@ -13,6 +13,7 @@ import argparse
 import sys
 import textwrap
 
+from hpctrain.cli.measured import activation_line, human_bytes, measured_for, measured_model_line
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import global_batch_size, samples_per_pass
 from hpctrain.errors import ConfigError
@@ -37,45 +38,9 @@ WHAT_WIDTH = 62  # the description column of the memory table
 
 
 def _model_line(cfg: Config, est: Estimate) -> str:
-    m = est.measured
-    if m is not None:
-        kind = f", {m.tokens_per_sample} tokens per sample" if m.input_kind == "tokens" else ""
-        kind = kind or (f", takes {m.input_kind}" if m.input_kind else "")
-        blocks = f"{m.blocks} blocks" if m.blocks else "no blocks found"
-        return (
-            f"{human_count(est.n_params)}-parameter {est.model} ({m.target}: {est.n_params:,} parameters "
-            f"read on the meta device, {blocks}{kind})"
-        )
+    if est.measured is not None:
+        return measured_model_line(est)
     return f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
-
-
-def _bytes(n: float) -> str:
-    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 2**10:.1f} KiB"
-
-
-def activation_line(est: Estimate) -> str | None:
-    """How the activations of a model without declared shapes were found (None for the built-ins)."""
-    m = est.measured
-    if m is None:
-        return None
-    if m.note:
-        return f"activations  cannot be derived from the parameters and were {m.note}"
-    lay = est.layout
-    acts = m.activations_in(lay.regime)
-    assert acts is not None
-    regime = {"fp32": "fp32", "autocast": "bf16 autocast", "fsdp_mixed": "bf16 parameters"}[acts.regime]
-    sizes = " and ".join(str(n) for n in m.samples)
-    line = acts.saved
-    text = (
-        f"activations  measured (not derivable from parameters), a forward + backward of {sizes} samples on "
-        f"CPU, {regime}: {_bytes(line.per_sample)} per sample + {_bytes(line.fixed)} fixed"
-    )
-    if lay.ac == "full" and m.blocks:
-        text += f"; checkpointed blocks keep their inputs: {_bytes(acts.checkpointed.per_sample)} per sample"
-    elif lay.ac != "none":
-        why = "no blocks found to checkpoint" if not m.blocks else "selective checkpointing not measured"
-        text += f"; an upper bound ({why})"
-    return text
 
 
 def _cluster_line(cfg: Config, est: Estimate) -> str:
@@ -305,7 +270,7 @@ def summary(cfg: Config, est: Estimate) -> str:
         acts = est.measured.activations_in(est.layout.regime)
         how = est.measured.note
         if acts is not None:
-            how = f"measured on CPU ({_bytes(acts.saved.per_sample)} per sample)"
+            how = f"measured on CPU ({human_bytes(acts.saved.per_sample)} per sample)"
         text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"
     return text
 
@@ -372,36 +337,6 @@ def check_fits_here(cfg: Config, measured: MeasuredModel | None = None) -> Estim
         f"machine's {gib(total):.1f} GiB of memory",
         valid="a smaller model or micro-batch, fewer processes (cluster.nproc), or plan_check=false",
     )
-
-
-_MEASURED: dict[str, MeasuredModel] = {}
-
-
-def measured_for(cfg: Config) -> MeasuredModel | None:
-    """The measured facts of ``cfg``'s model when it declares no shapes (a user's ``_target_``), once per
-    distinct model, data, loss and precision of the process; None for a built-in (torch stays unimported).
-    A model that cannot be built is a ConfigError (with the user's traceback, see hpctrain.train.probe)."""
-    if model_spec(cfg.model).transformer:
-        return None
-    key = repr(
-        (
-            cfg.model,
-            cfg.data,
-            cfg.loss,
-            cfg.trainer.precision,
-            cfg.trainer.seed,
-            cfg.parallel.block_classes,
-            cfg.cluster.kind,
-            cfg.cluster.nproc,
-            cfg.cluster.nodes,
-            cfg.cluster.tasks_per_node,
-        )
-    )
-    if key not in _MEASURED:
-        from hpctrain.train.footprint import measure_model
-
-        _MEASURED[key] = measure_model(cfg)
-    return _MEASURED[key]
 
 
 def run(name: str, argv: list[str]) -> int:

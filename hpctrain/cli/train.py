@@ -57,7 +57,8 @@ def train(argv: list[str]) -> int:
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
             if first.dry_run:
-                from hpctrain.cli.plan import measured_for, summary
+                from hpctrain.cli.measured import measured_for
+                from hpctrain.cli.plan import summary
                 from hpctrain.plan.estimate import estimate
 
                 try:  # a user's model: measured by the precheck already (cached), else now
@@ -101,7 +102,8 @@ def precheck(
         _probe_once(typed, probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
-            from hpctrain.cli.plan import check_fits, check_fits_here, measured_for
+            from hpctrain.cli.measured import measured_for
+            from hpctrain.cli.plan import check_fits, check_fits_here
 
             measured = measured_for(typed)
             if typed.cluster.gpus_per_node > 0:
