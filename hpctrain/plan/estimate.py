@@ -1,6 +1,8 @@
 """Memory per GPU and time per step of a run, computed from its typed config alone.
 
 Must not import torch: ``hpctrain plan`` and the check before every submission run on login nodes.
+A model that declares no shapes (a user's ``_target_``) is counted by :mod:`hpctrain.plan.user` from the
+facts its caller measured; everything below is about the built-in transformers.
 
 Memory is counted per rank, for the model as ``hpctrain.parallel.apply.parallelize`` lays it out:
 
