@@ -58,7 +58,8 @@ from hpctrain.verify.layouts import LAYOUTS, Layout, OnLayout
 from hpctrain.verify.local_group import run_local_group
 
 MIB = 2**20
-# Small enough that 8 processes on 2 CPU cores finish in a minute; untied embeddings so pipelines can split.
+# Small enough that 8 processes on 2 CPU cores finish in a minute. Untied embeddings, as the timings were
+# first taken (tied ones pipeline too, with one more all-reduce a step: Megatron's embedding group).
 MODEL = [
     "model=gpt",
     "model.n_layers=4",

@@ -45,6 +45,25 @@ class StrItems(torch.utils.data.Dataset):
         return "an image"
 
 
+class Pooled(torch.nn.Module):
+    # embed, blocks, head, but the forward pools over the sequence: not what the stages give
+
+    def __init__(self, vocab_size: int = 256, width: int = 64, depth: int = 4):
+        super().__init__()
+        from mynets.mixer import Residual
+
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.blocks = torch.nn.ModuleList(Residual(width) for _ in range(depth))
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(1))
+
+
 class OneHotDigits(torch.utils.data.Dataset):
     def __init__(self, split: str):
         pass
@@ -179,7 +198,12 @@ WRONG = [
         ["model._target_='mynets.cnn\tbuild'"],
         "model._target_=mynets.cnn\\tbuild: not a dotted import path",
     ),
-    (["parallel=tp"], "declares no tensor-parallel plan"),
+    (["parallel=tp"], "parallel.tp=2: model Sequential has no tensor-parallel plan: set parallel.tp_plan"),
+    (
+        ["parallel=tp", "parallel.tp_plan={head: rowwise}"],
+        "parallel.tp_plan[head]=rowwise: the pattern names no",
+    ),
+    (["parallel=pp"], "parallel.pp=2: model Sequential has no block list to split into pipeline stages"),
     (["data=text"], "data=text: cuts windows of the model's seq_len"),
     (
         ["parallel=fsdp", "parallel.block_classes=[Conv3d]"],

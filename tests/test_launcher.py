@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import FAST, REPO, hpctrain, metrics, worker_pids
 
 from hpctrain.checkpoint.manager import read_checkpoint
@@ -30,6 +31,9 @@ def test_bare_command_trains_and_says_where_outputs_are(tmp_path: Path):
     assert len(losses) >= 10
     assert losses[-1] < 0.7 * losses[0], f"loss did not decrease enough: {losses}"
     assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    # No warning of any kind (deprecations, FutureWarnings, torch's or ours) in a default run (issue 17, e).
+    for text in (result.stdout, result.stderr, *(p.read_text() for p in (run / "logs").glob("*.log"))):
+        assert "warning" not in text.lower(), text[-2000:]
     print(f"default run: {elapsed:.1f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
 
 
@@ -169,3 +173,16 @@ def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGINT
     _assert_no_workers_left(run_dir)
+
+
+@pytest.mark.parametrize("launcher", ["local", "sbatch"])
+def test_dry_run_prints_the_plan_and_leaves_nothing_behind(tmp_path: Path, launcher: str):
+    """Issue 17, item 6: a dry run prints the plan and the rendered submission, and creates no directory or
+    file (not the run directory, nor Hydra's .hydra/ or log file)."""
+    args = (
+        ["dry_run=true"] if launcher == "local" else ["dry_run=true", "cluster=slurm_test", "launcher=sbatch"]
+    )
+    result = hpctrain(*args, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "Plan: " in result.stdout and ("nothing started" in result.stdout or "#SBATCH" in result.stdout)
+    assert list(tmp_path.iterdir()) == [], "a dry run wrote something"

@@ -197,8 +197,7 @@ def test_seven_b_with_ddp_is_refused_in_one_line_with_its_numbers(tmp_path: Path
 
 
 def test_seven_b_with_3d_is_accepted_and_the_dry_run_prints_the_plan(tmp_path: Path):
-    # Pipeline parallelism puts the embedding and the LM head on different stages, so this codebase refuses
-    # tied embeddings under it (hpctrain.config.validate): the 3d run unties them.
+    # Untied (tied is accepted too: the last stage then holds a copy of the embedding).
     run_dir = tmp_path / "run"
     result = hpctrain(
         *SEVEN_B, "parallel=3d", "model.tie_embeddings=false", "dry_run=true", f"hydra.run.dir={run_dir}"

@@ -261,11 +261,13 @@ def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, A
         if shapes is None:
             continue
         prefix = f"{key}.model."
-        mine = {f"{prefix}{name}": tuple(shape) for name, shape in shapes().items()}
+        mine = {f"{prefix}{name}": tuple(shape) for name, shape in _whole_model(shapes()).items()}
+        # A tied parameter's second name (saved by hpctrain before it saved each weight once) is not loaded.
+        aliases = {f"{prefix}{name}" for name in getattr(stateful, "saved_names", {})}
         theirs = {
             k: tuple(getattr(v, "size", ()))
             for k, v in saved.items()
-            if k.startswith(prefix) and hasattr(v, "size")
+            if k.startswith(prefix) and hasattr(v, "size") and k not in aliases
         }
         for name in sorted(mine.keys() | theirs.keys()):
             if mine.get(name) == theirs.get(name):
@@ -352,6 +354,16 @@ class _PendingSave:
     tmp: Path
     final: Path
     future: Future
+
+
+def _whole_model(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The union of every rank's model tensors: a pipeline stage holds only part of the model, which a
+    checkpoint of the whole model must not be refused for. Collective when several ranks run."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return shapes
+    every: list[dict[str, tuple[int, ...]] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, shapes)
+    return {name: shape for part in every if part for name, shape in part.items()}
 
 
 def _barrier() -> None:

@@ -27,29 +27,79 @@ STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 class ModelOptimizerState:
     """Model and optimizer through torch's distributed state-dict API: keys are parameter names (no DDP
     ``module.`` prefix, no FSDP or activation-checkpointing wrapper names), so a checkpoint reshards onto
-    another layout or world size."""
+    another layout or world size.
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    ``saved_names`` ({name here: name in the checkpoint}) holds each weight once: a tied parameter's second
+    name (GPT's ``head.weight``, which torch's model state dict lists too) and a pipeline stage's copy of a
+    weight another stage holds (the last stage's LM head under tied embeddings: Megatron's embedding group)
+    are saved under the whole model's name (``tok_emb.weight``) and filled from it on load. Ranks that save
+    the same name and piece write it once (DCP de-duplicates), and the copies are equal."""
+
+    def __init__(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, saved_names: dict[str, str] | None = None
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.saved_names = dict(saved_names or {})
+        self._local_keys: dict[str, list[str]] = {}
 
     def model_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every model tensor's global shape by parameter name (the names and shapes a checkpoint holds)."""
         model_sd = get_model_state_dict(self.model, options=STATE_DICT_OPTIONS)
-        return {name: tuple(t.shape) for name, t in model_sd.items() if isinstance(t, torch.Tensor)}
+        shapes = {name: tuple(t.shape) for name, t in model_sd.items() if isinstance(t, torch.Tensor)}
+        return {self.saved_names.get(name, name): shape for name, shape in shapes.items()}
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=STATE_DICT_OPTIONS)
-        return {"model": model_sd, "optim": optim_sd}
+        self._local_keys = {"model": list(model_sd), "optim": list(optim_sd)}
+        return {"model": self._to_saved(model_sd, ("",)), "optim": self._to_saved(optim_sd, OPTIM_PREFIXES)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self._local_keys:
+            self.state_dict()
+        prefixes = {"model": ("",), "optim": OPTIM_PREFIXES}
+        local: dict[str, dict[str, Any]] = {"model": {}, "optim": {}}
+        for part, keys in self._local_keys.items():
+            used: set[str] = set()
+            for key in keys:
+                saved = self._saved_key(key, prefixes[part])
+                value = state[part][saved]
+                # Two copies here (both stages on this rank): the optimizer would keep the very tensor it is
+                # given as each copy's state, and update one buffer twice a step. Each gets its own.
+                if saved in used and isinstance(value, torch.Tensor):
+                    value = value.clone()
+                used.add(saved)
+                local[part][key] = value
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            model_state_dict=local["model"],
+            optim_state_dict=local["optim"],
             options=STATE_DICT_OPTIONS,
         )
+
+    def _to_saved(self, state: dict[str, Any], prefixes: tuple[str, ...]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            saved = self._saved_key(key, prefixes)
+            if saved != key and saved in state:
+                continue  # the weight is here under its saved name too: an equal copy
+            out[saved] = value
+        return out
+
+    def _saved_key(self, key: str, prefixes: tuple[str, ...]) -> str:
+        """``key`` of the model (prefix "") or flattened optimizer state dict, under the saved names."""
+        for prefix in prefixes:
+            if not prefix:
+                return self.saved_names.get(key, key)
+            if key.startswith(prefix):
+                name, _, rest = key[len(prefix) :].rpartition(".")
+                return f"{prefix}{self.saved_names.get(name, name)}.{rest}" if name else key
+        return key
+
+
+# The flattened optimizer state's keys: "state.<parameter name>.<state>", "param_groups.<name>.<option>".
+OPTIM_PREFIXES = ("state.", "param_groups.")
 
 
 @dataclass

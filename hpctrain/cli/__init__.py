@@ -3,8 +3,9 @@
     hpctrain [OVERRIDES...]          train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
     hpctrain SUBCOMMAND ARGS...      one of :data:`SUBCOMMANDS`
 
-Each subcommand's module is imported only when it runs, and none imports torch: submitting and looking
-after jobs from a login node stays fast. Nothing outside this package imports it.
+Each subcommand's module is imported only when it runs, and none imports torch at import (``export`` and
+``generate`` do when they run): submitting and looking after jobs from a login node stays fast. Nothing
+outside this package imports it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),
     "prepare": Subcommand("INPUT... --out PATH.bin", "write a token file for data=tokens", "prepare"),
+    "export": Subcommand("RUN_DIR --to DIR [--format F] [--step N]", "a checkpoint as one model's weights",
+                         "export"),
+    "generate": Subcommand("SOURCE --prompt TEXT [--seed S]", "sample text from a trained language model",
+                           "generate"),
 }  # fmt: skip
 
 

@@ -67,6 +67,7 @@ def train(argv: list[str]) -> int:
                     print(f"hpctrain: {err}", file=sys.stderr)
                     return EXIT_BAD_CONFIG
                 print(summary(first, est), flush=True)  # the memory and time plan, one line
+                return _dry_run(first, composed)
             return _run_single(composed, config_dirs)
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
@@ -201,6 +202,20 @@ def _run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
         callbacks.on_run_end(config=cfg, config_name="config", job_return=result)
     _ = result.return_value  # re-raises what the task raised
     return 0
+
+
+def _dry_run(typed: Config, cfg: DictConfig) -> int:
+    """Print the plan and the rendered submission; create no directory and no file (Hydra's ``run_job``
+    would make the run directory and its .hydra/ files)."""
+    import logging
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.launch import get_launcher
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # no log file either
+    HydraConfig.instance().set_config(cfg)  # what the launchers read of Hydra's node; nothing written
+    return int(get_launcher(typed).launch(typed, Path(cfg.hydra.run.dir).absolute()) or 0)
 
 
 def _run_hydra(argv: list[str]) -> int:

@@ -26,6 +26,15 @@ class ModelConfig:
 
     target: str = MISSING
     args: dict[str, Any] = field(default_factory=dict)
+    # Start from these weights (a new run: fresh optimizer, step 0): a safetensors file or folder, a torch
+    # state dict, a transformers save_pretrained folder, an hpctrain checkpoint or run directory
+    # (hpctrain.checkpoint.io). Ignored once the run directory holds a checkpoint of its own.
+    init_from: str | None = None
+    init_strict: bool = True  # false: load the names that fit, report the rest
+
+
+# The model group's own keys (in every composed config: model.init_from=... needs no +).
+MODEL_KEYS: dict[str, Any] = {"init_from": None, "init_strict": True}
 
 
 @dataclass
@@ -77,6 +86,19 @@ class LossConfig:
     args: dict[str, Any] = field(default_factory=dict)
 
 
+# The tensor-parallel roles a plan may give a module (implemented by hpctrain.parallel.tp).
+TP_ROLES = (
+    "colwise",
+    "rowwise",
+    "norm",
+    "gather_sequence",
+    "enter_sequence_shards",
+    "vocab_embedding",
+    "vocab_head",
+    "replicated",
+)
+
+
 @dataclass
 class ParallelConfig:
     """How the model is spread over the ranks (torch-native: DDP, FSDP2, DTensor TP, pipelining).
@@ -106,9 +128,15 @@ class ParallelConfig:
     cpu_offload: bool = False  # parameters, gradients and optimizer state live in host memory
     # --- tp / 2d / 3d
     sequence_parallel: bool = True  # norms and dropout work on sequence shards (Korthikanti et al. 2022)
+    # Module-name pattern → role (TP_ROLES); empty: the model's own plan (its TP_PLAN, or a transformers
+    # model's base_model_tp_plan). See hpctrain.parallel.tp.
+    tp_plan: dict[str, str] = field(default_factory=dict)
     # --- pp / 3d
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved_1f1b | interleaved_zero_bubble | zbv_zero_bubble
     microbatches: int = 4  # pipeline micro-batches per step, each of trainer.micro_batch_size samples
+    # Where a model that does not split itself is cut: {input: [modules], blocks: NAME, output: [modules]};
+    # empty: a transformers model's base_model_pp_plan, else the largest block list (hpctrain.parallel.stages)
+    pp_split: dict[str, Any] = field(default_factory=dict)
     stages_per_rank: int = 0  # virtual stages; 0: 1 for gpipe/1f1b, 2 for the interleaved and V schedules
     # --- any strategy
     activation_checkpointing: str = "none"  # none | full | selective
@@ -242,7 +270,7 @@ class Config:
     plan_check: bool = True
     # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
     # them into ModelConfig / DataConfig / LossConfig.
-    model: Any = MISSING
+    model: Any = field(default_factory=lambda: dict(MODEL_KEYS))
     data: Any = field(default_factory=lambda: dict(DATA_KEYS))
     loss: Any = MISSING
     parallel: ParallelConfig = MISSING
@@ -269,6 +297,10 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
 SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
+# Mappings of a group given whole on the command line, without ``+`` for each key.
+OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split")}
+
+
 def register_configs() -> None:
     """Register the schemas so that ``conf/<group>/*.yaml`` can extend ``schema/<group>/<name>``."""
     from hydra.core.config_store import ConfigStore
@@ -282,6 +314,13 @@ def register_configs() -> None:
         provider="hpctrain",
         node={"_target_": "hydra_plugins.hpctrain_slurm_launcher.launcher.SlurmArrayLauncher"},
     )
+    from omegaconf import OmegaConf
+
     for group, schemas in GROUP_SCHEMAS.items():
         for name, node in schemas.items():
-            cs.store(group=f"schema/{group}", name=name, node=node)
+            structured = OmegaConf.structured(node)
+            for key in OPEN_MAPPINGS.get(group, ()):
+                # A whole mapping given at once (parallel.tp_plan={...}) replaces the empty default, which
+                # a struct node would refuse as new keys.
+                OmegaConf.set_struct(structured[key], False)
+            cs.store(group=f"schema/{group}", name=name, node=structured)

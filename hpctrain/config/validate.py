@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from hpctrain.config.sanity import (
     check_finite,
     check_local_cluster,
     check_no_control_characters,
+    check_text,
     check_writable_dir,
 )
-from hpctrain.config.schema import Config, DataConfig
+from hpctrain.config.schema import TP_ROLES, Config, DataConfig
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
     STRATEGY_DIMS,
@@ -59,6 +61,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_no_control_characters(cfg)
     check_finite(cfg)
     check_data(cfg.data)
+    _check_init_from(cfg.model.init_from)
     _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
@@ -79,6 +82,19 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(key, value, f"must be ≥ {low}")
+
+
+def _check_init_from(path: str | None) -> None:
+    """``model.init_from``: weights that exist (what they hold is read when the run starts)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ConfigError("model.init_from", path, "empty", valid="a weights file or directory, or null")
+    if not Path(path).expanduser().exists():
+        raise ConfigError(
+            "model.init_from", path, "no such file or directory",
+            valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
+        )  # fmt: skip
 
 
 def check_data(data: DataConfig) -> None:
@@ -243,10 +259,44 @@ def _check_parallel(cfg: Config) -> None:
             f"offload moves FSDP shards to host memory; parallel={p.name} has no FSDP",
             valid="parallel=fsdp, hsdp, 2d or 3d",
         )
+    for pattern, role in p.tp_plan.items():
+        key = f"parallel.tp_plan[{pattern}]"
+        check_text(key, str(pattern))
+        atoms = str(pattern).split(".")
+        if not all(atom == "*" or atom.isidentifier() or atom.isdigit() for atom in atoms):
+            raise ConfigError(
+                "parallel.tp_plan",
+                pattern,
+                "not a module-name pattern",
+                valid="dotted names, * for one level",
+            )
+        _one_of(key, role, TP_ROLES)
+    _check_pp_split(p.pp_split)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+def _check_pp_split(split: dict[str, Any]) -> None:
+    """``parallel.pp_split``: ``{input: [names], blocks: NAME, output: [names]}``, module names only."""
+    if not split:
+        return
+    for key in split:
+        if key not in ("input", "blocks", "output"):
+            raise ConfigError(
+                f"parallel.pp_split.{key}", split[key], "unknown key", valid="input, blocks, output"
+            )
+    if not isinstance(split.get("blocks"), str) or not split["blocks"]:
+        raise ConfigError(
+            "parallel.pp_split.blocks", split.get("blocks"), "missing or not a module name",
+            valid="the name of the model's nn.ModuleList of blocks, e.g. blocks or model.layers",
+        )  # fmt: skip
+    for key in ("input", "blocks", "output"):
+        value = split.get(key) or []
+        for name in [value] if isinstance(value, str) else value:
+            if not isinstance(name, str) or not all(a.isidentifier() or a.isdigit() for a in name.split(".")):
+                raise ConfigError(f"parallel.pp_split.{key}", name, "not a module name", valid="dotted names")
 
 
 def _check_pipeline(cfg: Config, pp: int) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config.schema import Config
+from hpctrain.config.shape import degrees
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import is_peer_symptom, read_error_file
@@ -74,10 +75,11 @@ class LocalLauncher:
         if cfg.dry_run:
             log.info("Dry run: nothing started.")
             log.info(
-                "Plan: %d local process%s (parallel=%s), each: %s -m hpctrain.worker %s",
+                "Plan: %d local process%s (parallel=%s: %s), each: %s -m hpctrain.worker %s",
                 nproc,
                 "es" * (nproc > 1),
                 cfg.parallel.name,
+                degrees(cfg),
                 sys.executable,
                 run_dir,
             )

@@ -16,6 +16,7 @@ from typing import Any
 
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
+from hpctrain.config.shape import degrees
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
@@ -180,7 +181,7 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         "s" * (c.tasks_per_node > 1),
         c.nodes * c.tasks_per_node,
         f"{c.gpus_per_node} GPUs per node" if c.gpus_per_node else "CPU",
-        f"parallel={cfg.parallel.name}",
+        f"parallel={cfg.parallel.name} ({degrees(cfg)})",
         c.time,
         c.partition or "(default)",
     )

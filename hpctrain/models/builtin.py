@@ -58,13 +58,6 @@ class GPTSpec(TransformerSpec):
                 f"({self.vocab_size} % {degrees.tp} = {self.vocab_size % degrees.tp})",
                 valid=f"a multiple of {degrees.tp}",
             )
-        if degrees.pp > 1 and self.tie_embeddings:
-            raise ConfigError(
-                "model.tie_embeddings",
-                True,
-                f"a tied embedding and LM head live on the first and last of parallel.pp={degrees.pp} stages",
-                valid="false with pipeline parallelism",
-            )
 
     def input_params(self) -> tuple[ParamSpec, ...]:
         """What the first pipeline stage keeps (``PIPELINE_INPUT``), as the planner sees it: the token
@@ -84,6 +77,13 @@ class GPTSpec(TransformerSpec):
         return (
             norm if self.tie_embeddings else (*norm, ParamSpec("head.weight", (self.vocab_size, d), 0, True))
         )
+
+    def output_copies(self) -> tuple[ParamSpec, ...]:
+        """What the last pipeline stage holds besides ``output_params`` when it is not the first: its own copy
+        of the tied embedding for the LM head (Megatron's embedding group, hpctrain.parallel.shared)."""
+        if not self.tie_embeddings:
+            return ()
+        return (ParamSpec("head.weight", (self.vocab_size, self.d_model), 0, True),)
 
     def check_data(
         self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None

@@ -12,6 +12,7 @@ model it trains.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -34,14 +35,30 @@ class ParamSpec:
     autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
 
 
+@dataclass(frozen=True)
+class PipelineSplit:
+    """How a model of the shape embed → repeated blocks → head runs as pipeline stages: the ``input``
+    modules run in order on the first stage, the children of the ``blocks`` container are divided among the
+    stages, the ``output`` modules run in order on the last. ``keep``: parameter-free modules every stage
+    keeps (a rotary table). ``block_kwargs(model, hidden)``: what each block takes beside the hidden states
+    (a transformers decoder layer's position embeddings and causal mask); None: blocks take only them."""
+
+    input: tuple[str, ...]
+    blocks: str
+    output: tuple[str, ...]
+    keep: tuple[str, ...] = ()
+    block_kwargs: Callable[[Any, Any], dict[str, Any]] | None = None
+
+    def modules(self) -> tuple[str, ...]:
+        return (*self.input, self.blocks, *self.output, *self.keep)
+
+
 @dataclass
 class ModelSpec:
     """Facts of a model that declares none: a user's ``_target_``. Everything is unknown (None/False)."""
 
     target: str = ""
     input_kind: ClassVar[str | None] = None  # "tokens" (int ids [B, T]) | "images" (float [B, C, H, W])
-    tp_plan: ClassVar[bool] = False  # carries a TP_PLAN (hpctrain.parallel.tp)
-    pipeline_plan: ClassVar[bool] = False  # carries PIPELINE_INPUT / PIPELINE_OUTPUT
     transformer: ClassVar[bool] = False  # the planner's shapes (n_layers, d_model, ...) are declared
 
     @property
@@ -76,13 +93,9 @@ class ModelSpec:
         return None
 
     def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
-        """Raise a one-line ConfigError if this model cannot be split as ``degrees`` (a RunShape's) say."""
-        for dim in ("tp", "pp"):
-            reason = self.layout_refusal(dim) if getattr(degrees, dim) > 1 else None
-            if reason:
-                raise ConfigError(
-                    f"parallel.{dim}", getattr(degrees, dim), reason, valid="parallel=ddp, fsdp or hsdp"
-                )
+        """Raise a one-line ConfigError if this model cannot be split as ``degrees`` (a RunShape's) say. A
+        model of unknown facts is checked when built (:mod:`hpctrain.train.probe`): whether it has a
+        tensor-parallel plan and a pipeline split."""
 
     def check_data(
         self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
@@ -100,20 +113,6 @@ class ModelSpec:
                 valid=", ".join(fitting) + ", or data._target_=...",
             )
 
-    def layout_refusal(self, dim: str) -> str | None:
-        """Why this model cannot be split over ``dim`` ("tp" | "pp"), or None when it can."""
-        if dim == "tp" and not self.tp_plan:
-            return (
-                f"model {self.name} declares no tensor-parallel plan (a TP_PLAN class attribute mapping "
-                "module names to colwise/rowwise/norm roles, see hpctrain.parallel.tp)"
-            )
-        if dim == "pp" and not self.pipeline_plan:
-            return (
-                f"model {self.name} declares no pipeline split (PIPELINE_INPUT / PIPELINE_OUTPUT class "
-                "attributes and its blocks in a `layers` ModuleDict, see hpctrain.parallel.pipeline)"
-            )
-        return None
-
 
 @dataclass
 class TransformerSpec(ModelSpec):
@@ -124,8 +123,6 @@ class TransformerSpec(ModelSpec):
     n_heads: int = 4
     mlp_ratio: int = 4
     dropout: float = 0.0
-    tp_plan: ClassVar[bool] = True
-    pipeline_plan: ClassVar[bool] = True
     transformer: ClassVar[bool] = True
 
     def check(self) -> None:
@@ -142,8 +139,8 @@ class TransformerSpec(ModelSpec):
             raise ConfigError("model.dropout", self.dropout, "must be in [0, 1)")
 
     def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
-        """Megatron splits divide heads and MLP units over tp; a pipeline divides the layers into stages."""
-        super().check_layout(degrees, parallel, n_stages)
+        """Megatron splits divide heads and MLP units over tp; a pipeline divides the layers into stages.
+        Any sequence length splits over tp (hpctrain.parallel.tp pads it)."""
         tp = degrees.tp
         for key, value, what in (
             ("n_heads", self.n_heads, "attention heads"),
@@ -155,15 +152,6 @@ class TransformerSpec(ModelSpec):
                     getattr(self, key),
                     f"{value} {what} do not split over parallel.tp={tp} ({value} % {tp} = {value % tp})",
                 )
-        tokens = self.tokens_per_sample
-        if tp > 1 and parallel.sequence_parallel and tokens % tp:
-            raise ConfigError(
-                "parallel.sequence_parallel",
-                True,
-                f"sequence parallelism splits the {tokens} tokens per sample of model {self.name} over "
-                f"parallel.tp={tp} ({tokens} % {tp} = {tokens % tp})",
-                valid="another model size, or parallel.sequence_parallel=false",
-            )
         if degrees.pp > 1 and self.n_layers % n_stages:
             raise ConfigError(
                 "model.n_layers",
@@ -222,6 +210,10 @@ class TransformerSpec(ModelSpec):
 
     def output_params(self) -> tuple[ParamSpec, ...]:
         raise NotImplementedError
+
+    def output_copies(self) -> tuple[ParamSpec, ...]:
+        """Copies of first-stage weights the last pipeline stage also holds (weights tied across stages)."""
+        return ()
 
 
 def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:

@@ -22,8 +22,17 @@ from hpctrain.parallel.checkpointing import apply_activation_checkpointing, appl
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
-from hpctrain.parallel.pipeline import Pipeline, split_stage, stage_ids, stage_owners
-from hpctrain.parallel.tp import apply_tp
+from hpctrain.parallel.pipeline import Pipeline, dropped_modules, split_stage, stage_ids, stage_owners
+from hpctrain.parallel.shared import (
+    SharedWeight,
+    Tie,
+    saved_names,
+    shared_weights,
+    stage_ties,
+    tied_parameters,
+)
+from hpctrain.parallel.stages import merge_stages, require_split, sequential_dropped, sequential_stage
+from hpctrain.parallel.tp import apply_tp, require_tp_plan
 
 
 @dataclass
@@ -34,6 +43,22 @@ class Parallelized:
     fsdp_mixed_precision: bool = False  # FSDP casts parameters itself: no autocast around the model
     compression: CompressionState | None = None  # DDP hook state to checkpoint (per rank)
     parts: list[nn.Module] = field(default_factory=list)  # the stages this rank holds (or the model)
+    # Weights that several pipeline stages hold a copy of (a tied embedding and LM head): their gradients
+    # are summed over the embedding group each step (hpctrain.parallel.shared).
+    shared: list[SharedWeight] = field(default_factory=list)
+    # {parameter name here: the name it is saved under} for the second names of tied parameters and the
+    # later stages' copies of shared ones: a checkpoint holds each weight once, under the whole model's name.
+    saved_names: dict[str, str] = field(default_factory=dict)
+
+    def reduce_shared_grads(self) -> None:
+        """Sum the gradients of every shared weight's copies (after backward, before clipping)."""
+        for weight in self.shared:
+            weight.reduce_grads()
+
+    @property
+    def uncounted(self) -> list[nn.Parameter]:
+        """Copies whose gradient the global norm leaves out: another stage's copy counts the weight."""
+        return [p for weight in self.shared for p in weight.uncounted]
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -51,19 +76,30 @@ def parallelize(
     shape = shape or run_shape(cfg)
     dims = build_mesh(shape.degrees, device)
     model = model.to(device)
+    # The plan is read off the whole model, before a pipeline split removes modules it names.
+    plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
+    n_stages = shape.n_stages if dims.has("pp") else 1
+    ties = tied_parameters(model)
+    across: list[Tie] = []  # the ties whose names land on different pipeline stages
     if dims.has("pp"):
         per_rank = shape.stages_per_rank
-        n_stages = shape.n_stages
         ids = stage_ids(p.schedule, dims.pp_rank, dims.degrees.pp, per_rank)
-        parts = {i: split_stage(model, i, n_stages) for i in ids}
+        split = require_split(model, dict(p.pp_split), n_stages)
+        if split is None:  # the model splits itself (PIPELINE_INPUT / PIPELINE_OUTPUT)
+            dropped = [dropped_modules(model, s, n_stages) for s in range(n_stages)]
+            parts = {i: split_stage(model, i, n_stages) for i in ids}
+        else:
+            dropped = [sequential_dropped(model, split, s, n_stages) for s in range(n_stages)]
+            parts = {i: sequential_stage(model, split, i, n_stages) for i in ids}
+        across = stage_ties(ties, dropped)
         del model  # each stage is a pruned copy; the whole model is not kept
     else:
         parts = {0: model}
     data_parallel = [d for d in ("dp_replicate", "dp_shard") if dims.has(d)]
     sharded = dims.has("dp_shard")
-    for part in parts.values():
-        if dims.has("tp"):
-            apply_tp(part, dims.submesh("tp"), p.sequence_parallel)
+    for i, part in parts.items():
+        if plan is not None:
+            apply_tp(part, dims.submesh("tp"), p.sequence_parallel, plan, i == 0, i == n_stages - 1)
         apply_activation_checkpointing(part, p.activation_checkpointing, p.block_classes)
         if p.compile:
             apply_compile(part, p.block_classes)
@@ -71,10 +107,12 @@ def parallelize(
             apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
     first = next(iter(parts.values()))
     result = Parallelized(first, dims, fsdp_mixed_precision=sharded, parts=list(parts.values()))
+    result.saved_names = saved_names(ties, across, parts)
     if dims.has("pp"):
         group = dims.pp_group
-        assert group is not None
+        assert group is not None and dims.mesh is not None
         owners = stage_owners(p.schedule, dims.degrees.pp, per_rank)
+        result.shared = shared_weights(across, parts, owners, dims.mesh)
         result.pipeline = Pipeline(parts, owners, p.schedule, p.microbatches, device, group)
         result.model = first if len(parts) == 1 else merge_stages(list(parts.values()))
     elif data_parallel == ["dp_replicate"]:
@@ -107,23 +145,6 @@ def apply_ddp(
         process_group=group,
     )
     return ddp, state
-
-
-def merge_stages(parts: list[nn.Module]) -> nn.Module:
-    """One module holding several pipeline stages of a rank under the whole model's parameter names, for
-    the optimizer and checkpoints. It is never called: the pipeline runs the stages."""
-    union = nn.Module()
-    layers = nn.ModuleDict()
-    for part in parts:
-        for name, child in part.named_children():
-            if name == "layers":
-                layers.update(child)
-            elif child is not None:
-                union.add_module(name, child)
-        for name, param in part.named_parameters(recurse=False):
-            union.register_parameter(name, param)
-    union.add_module("layers", layers)
-    return union
 
 
 def prime_ddp_buckets(model: nn.Module, loss_of: Callable[[nn.Module], torch.Tensor]) -> None:

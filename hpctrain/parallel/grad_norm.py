@@ -4,12 +4,15 @@ Each gradient's sum of squares is summed over the ranks that hold different piec
 dimensions its DTensor is sharded on (FSDP's dp_shard, TP's column/row splits), then over the pipeline
 stages, which hold different parameters. Replicated pieces (DDP, HSDP's replicas, TP's replicated norms) are
 counted once. One all-reduce per (mesh, sharded dimensions) group and one over the pipeline, not one per
-parameter.
+parameter. A weight that two stages each hold a copy of (a tied embedding and LM head: Megatron's embedding
+group, hpctrain.parallel.shared) would be counted twice by the sum over the pipeline: the copies other than
+the first stage's are left out of the norm (``uncounted``), and clipped like the rest.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 
 import torch
 import torch.distributed as dist
@@ -22,12 +25,15 @@ EPS = 1e-6
 
 @torch.no_grad()
 def global_grad_norm(
-    parameters: list[torch.nn.Parameter], pp_group: dist.ProcessGroup | None
+    parameters: list[torch.nn.Parameter],
+    pp_group: dist.ProcessGroup | None,
+    uncounted: Collection[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     groups: dict[tuple[DeviceMesh | None, tuple[int, ...]], list[torch.Tensor]] = defaultdict(list)
+    skip = {id(p) for p in uncounted}
     for param in parameters:
         grad = param.grad
-        if grad is None:
+        if grad is None or id(param) in skip:
             continue
         if isinstance(grad, DTensor):
             if any(p.is_partial() for p in grad.placements):
@@ -67,12 +73,15 @@ def reduce_partial_grads(parameters: list[torch.nn.Parameter]) -> None:
 
 @torch.no_grad()
 def clip_grad_norm_(
-    parameters: list[torch.nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None
+    parameters: list[torch.nn.Parameter],
+    max_norm: float,
+    pp_group: dist.ProcessGroup | None,
+    uncounted: Collection[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     """Scale all gradients so that their global norm is at most ``max_norm`` (0: only measure it).
-    Returns the norm before clipping."""
+    Returns the norm before clipping. ``uncounted``: copies of a weight counted elsewhere (still clipped)."""
     reduce_partial_grads(parameters)
-    norm = global_grad_norm(parameters, pp_group)
+    norm = global_grad_norm(parameters, pp_group, uncounted)
     if max_norm > 0:
         coefficient = torch.clamp(max_norm / (norm + EPS), max=1.0)
         local = [_local(p.grad) for p in parameters if p.grad is not None]

@@ -3,7 +3,9 @@
 The split follows the model's declaration: ``PIPELINE_INPUT`` modules go to the first stage,
 ``PIPELINE_OUTPUT`` ones to the last, and the blocks are divided evenly in order. Each stage is a copy of
 the whole model with what it does not own set to None, so parameter names stay those of the whole model
-and a checkpoint saved under one pipeline layout loads under any other, or none.
+and a checkpoint saved under one pipeline layout loads under any other, or none. A weight tied across
+stages (an embedding and the LM head) becomes one copy per stage, kept equal by Megatron-LM's embedding
+group (:mod:`hpctrain.parallel.shared`).
 
 Schedules (stages per rank): GPipe (Huang et al. 2019) and 1F1B (PipeDream-Flush, Narayanan et al. 2021)
 hold one stage per rank; interleaved 1F1B (Narayanan et al. 2021, §2.2) holds several, looped, to shrink
@@ -59,8 +61,9 @@ def stage_owners(schedule: str, pp: int, per_rank: int) -> list[int]:
     return owners
 
 
-def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
-    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs."""
+def dropped_modules(model: nn.Module, stage: int, n_stages: int) -> list[str]:
+    """The modules (dotted paths) that ``stage`` of ``n_stages`` does not run: the other stages' blocks,
+    ``PIPELINE_INPUT`` off the first stage, ``PIPELINE_OUTPUT`` off the last."""
     if not all(hasattr(type(model), a) for a in ("PIPELINE_INPUT", "PIPELINE_OUTPUT")) or not isinstance(
         getattr(model, "layers", None), nn.ModuleDict
     ):  # the pre-submit check refuses this layout; a direct caller gets the same line
@@ -71,15 +74,27 @@ def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
     names = list(model.layers.keys())
     per_stage = len(names) // n_stages
     keep = set(names[stage * per_stage : (stage + 1) * per_stage])
-    part = copy.deepcopy(model)
-    for name in names:
-        if name not in keep:
-            del part.layers[name]
+    dropped = [f"layers.{name}" for name in names if name not in keep]
     if stage != 0:
-        for name in type(model).PIPELINE_INPUT:
-            setattr(part, name, None)
+        dropped += type(model).PIPELINE_INPUT
     if stage != n_stages - 1:
-        for name in type(model).PIPELINE_OUTPUT:
+        dropped += type(model).PIPELINE_OUTPUT
+    return dropped
+
+
+def split_stage(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+    """A copy of ``model`` keeping only what ``stage`` of ``n_stages`` runs.
+
+    A parameter the whole model registers twice (a tied embedding and LM head) is one parameter in a stage
+    that keeps both names, and a copy of its own in each stage that keeps one of them (Megatron's
+    embedding group: :mod:`hpctrain.parallel.shared` keeps the copies equal)."""
+    dropped = dropped_modules(model, stage, n_stages)
+    part = copy.deepcopy(model)
+    for path in dropped:
+        owner, _, name = path.rpartition(".")
+        if owner:
+            del part.get_submodule(owner)[name]
+        else:
             setattr(part, name, None)
     return part
 

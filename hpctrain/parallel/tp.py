@@ -1,4 +1,4 @@
-"""Tensor and sequence parallelism (DTensor): a model's ``TP_PLAN`` roles → torch ``ParallelStyle``s.
+"""Tensor and sequence parallelism (DTensor): a model's tensor-parallel plan → torch ``ParallelStyle``s.
 
 Megatron-LM (Shoeybi et al. 2019, §3): in each block the first projections split their output features
 (column-wise: q, k, v, fc_in; each rank keeps n_heads / tp heads and hidden / tp MLP units) and the second
@@ -6,36 +6,145 @@ ones split their input features (row-wise: o, fc_out), so one all-reduce per sub
 outputs. Sequence parallelism (Korthikanti et al. 2022, §4.2) splits that all-reduce into a
 reduce-scatter over the sequence and an all-gather before the next column-wise split; norms and dropout
 in between then work on T / tp tokens per rank.
+
+A plan maps module-name patterns (``*`` matches one level) to roles (:data:`hpctrain.config.schema.TP_ROLES`).
+It comes from ``parallel.tp_plan``, else the model class's ``TP_PLAN``, else a transformers model's own
+plan (``base_model_tp_plan`` under the base model's prefix, plus its head's), its role names translated.
+
+Any sequence length: the residual stream is padded to a multiple of tp before it is split over the ranks,
+and every module that needs the whole sequence gathers it and drops the padding first, so attention and the
+loss never see a padded position and results match one process. The padded rows only flow through
+per-token work (norms, residual adds, the MLP's row-wise output) and never reach the loss, so their
+gradients are zero.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleInput,
-    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
+from hpctrain.config.schema import TP_ROLES
 from hpctrain.errors import ConfigError
+from hpctrain.parallel.shared import tied_parameters
 
+log = logging.getLogger(__name__)
 SEQUENCE = Shard(1)  # [batch, sequence, features]: the sequence dimension
+# transformers' role names (``base_model_tp_plan`` / ``_tp_plan``) for the roles hpctrain implements.
+HF_ROLES = {
+    "colwise": "colwise",
+    "rowwise": "rowwise",
+    "colwise_gather_output": "vocab_head",
+    "embedding_rowwise": "vocab_embedding",
+    "sequence_parallel": "norm",
+    "replicated_with_grad_allreduce": "replicated",
+}
+SEQUENCE_ROLES = ("enter_sequence_shards",)  # a plan without one keeps the stream replicated
+
+
+def tp_plan_of(
+    model: nn.Module, configured: dict[str, str] | None = None
+) -> tuple[dict[str, str], str] | None:
+    """(plan, where it came from) for ``model``, or None when nothing declares one."""
+    if configured:
+        return dict(configured), "parallel.tp_plan"
+    declared = getattr(type(model), "TP_PLAN", None)
+    if declared:
+        return dict(declared), f"{type(model).__name__}.TP_PLAN"
+    hf = getattr(model, "_tp_plan", None)  # transformers: the whole model's, prefixes applied
+    if hf:
+        unknown = sorted({role for role in hf.values() if role not in HF_ROLES})
+        if unknown:
+            raise ConfigError(
+                "parallel.tp",
+                "transformers plan",
+                f"{type(model).__name__}'s base_model_tp_plan uses roles hpctrain does not implement: "
+                + ", ".join(unknown),
+                valid="set parallel.tp_plan with roles " + ", ".join(TP_ROLES),
+            )
+        return {k: HF_ROLES[v] for k, v in hf.items()}, f"{type(model).__name__}'s base_model_tp_plan"
+    return None
+
+
+def require_tp_plan(model: nn.Module, configured: dict[str, str] | None, tp: int) -> dict[str, str]:
+    """The plan of ``model``, every pattern naming a module of it; else one line saying what to declare."""
+    found = tp_plan_of(model, configured)
+    if found is None:
+        raise ConfigError(
+            "parallel.tp",
+            tp,
+            f"model {type(model).__name__} has no tensor-parallel plan: set parallel.tp_plan "
+            "(module-name pattern → role, e.g. {'layers.*.attn.q': colwise, 'layers.*.attn.o': rowwise}) "
+            "or declare a TP_PLAN class attribute",
+            valid="roles " + ", ".join(TP_ROLES),
+        )
+    plan, source = found
+    for pattern, role in plan.items():
+        if role not in TP_ROLES:
+            raise ConfigError(
+                f"{source}[{pattern}]", role, "not a tensor-parallel role", valid=", ".join(TP_ROLES)
+            )
+        if not _modules(model, pattern):
+            raise ConfigError(
+                f"{source}[{pattern}]", role, f"the pattern names no module of {type(model).__name__}"
+            )
+    return plan
+
+
+class SequenceShards:
+    """The residual stream of one model (or pipeline stage) split over the tp ranks along the sequence.
+
+    ``scatter`` pads a replicated ``[B, T, ...]`` to a multiple of tp and keeps this rank's share, noting T;
+    ``gather`` all-gathers the shares and drops the padding; ``pad`` pads a row-wise layer's input so its
+    reduce-scatter splits evenly. The collectives are DTensor redistributions, so autograd runs their
+    duals in the backward (all-gather ↔ split, reduce-scatter ↔ all-gather).
+    """
+
+    def __init__(self, mesh: DeviceMesh) -> None:
+        self.mesh = mesh
+        self.size = mesh.size()
+        self.length: int | None = None
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        extra = -x.shape[1] % self.size
+        if not extra:
+            return x
+        # F.pad counts pairs from the last dimension backwards: leave every dimension after 1 alone.
+        return F.pad(x, (0, 0) * (x.dim() - 2) + (0, extra))
+
+    def scatter(self, x: torch.Tensor) -> torch.Tensor:
+        self.length = x.shape[1]
+        whole = DTensor.from_local(self.pad(x), self.mesh, [Replicate()], run_check=False)
+        return whole.redistribute(self.mesh, [SEQUENCE]).to_local()
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        shares = DTensor.from_local(x, self.mesh, [SEQUENCE], run_check=False)
+        whole = shares.redistribute(self.mesh, [Replicate()]).to_local()
+        assert self.length is not None, "the sequence was gathered before it was split"
+        # contiguous: a pipeline stage's output is sent, and its receiver's buffer is made like it
+        return whole[:, : self.length].contiguous() if whole.shape[1] != self.length else whole
 
 
 def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
-    """The style for one role of a model's plan; None where the role needs nothing (no sequence parallel).
+    """The torch style for one role; None where the role needs none (hooks do the sequence work).
 
     Roles: ``colwise`` / ``rowwise`` (the Megatron splits; row-wise outputs are reduce-scattered over the
     sequence under sequence parallelism), ``norm`` (runs on sequence shards), ``gather_sequence`` (a module
-    that needs the whole sequence: all-gather its input), ``enter_sequence_shards`` (the residual stream
-    starts here: keep this rank's tokens), ``vocab_embedding`` / ``vocab_head`` (the vocabulary split over
-    the ranks: a masked lookup with an all-reduce; logits gathered for the loss).
+    that needs the whole sequence), ``enter_sequence_shards`` (the residual stream starts at this module's
+    output), ``vocab_embedding`` / ``vocab_head`` (the vocabulary split over the ranks: a masked lookup with
+    an all-reduce; logits gathered for the loss), ``replicated`` (nothing split).
     """
     stream = SEQUENCE if sequence_parallel else Replicate()
     if role == "colwise":
@@ -44,40 +153,45 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
         return RowwiseParallel(output_layouts=stream)
     if role == "vocab_embedding":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    if role == "vocab_head":
-        return ColwiseParallel(input_layouts=stream, output_layouts=Replicate())
-    if not sequence_parallel:
-        return None
-    if role == "norm":
+    if role == "vocab_head":  # under sequence parallelism a hook has gathered the sequence already
+        return ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if role == "norm" and sequence_parallel:
         return SequenceParallel(use_local_output=True)
-    if role == "gather_sequence":
-        return PrepareModuleInput(
-            input_layouts=(SEQUENCE,), desired_input_layouts=(Replicate(),), use_local_output=True
-        )
-    if role == "enter_sequence_shards":
-        return PrepareModuleOutput(
-            output_layouts=(Replicate(),), desired_output_layouts=(SEQUENCE,), use_local_output=True
-        )
+    if role in ("norm", "gather_sequence", "enter_sequence_shards", "replicated"):
+        return None
     raise ValueError(f"unknown tensor-parallel role {role!r}")
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    """Parallelize ``model`` (or a pipeline stage of it) in place by its class's ``TP_PLAN``.
+def apply_tp(
+    model: nn.Module,
+    tp_mesh: DeviceMesh,
+    sequence_parallel: bool,
+    plan: dict[str, str] | None = None,
+    first_stage: bool = True,
+    last_stage: bool = True,
+) -> None:
+    """Parallelize ``model`` (or a pipeline stage of it) in place by ``plan`` (default: its own).
 
-    Entries naming modules this stage does not have are skipped. Tied parameters (GPT's embedding and LM
-    head) are tied again afterwards: each module's parameter is replaced by its own DTensor, so the tie would
-    otherwise silently become two parameters.
+    Entries naming modules this stage does not have are skipped. Under sequence parallelism a pipeline
+    stage other than the first takes the whole sequence and splits it, and one other than the last
+    gathers it again, so stages exchange unpadded activations of a known length. Tied parameters (GPT's
+    embedding and LM head) are tied again afterwards: each module's parameter is replaced by its own
+    DTensor, so the tie would otherwise silently become two parameters.
     """
-    declared = getattr(type(model), "TP_PLAN", None)
-    if declared is None:  # the pre-submit check refuses this layout; a direct caller gets the same line
-        raise ConfigError("parallel.tp", tp_mesh.size(), f"model {type(model).__name__} declares no TP_PLAN")
-    plan: dict[str, ParallelStyle] = {}
-    for pattern, role in declared.items():
+    if plan is None:
+        plan = require_tp_plan(model, None, tp_mesh.size())
+    if sequence_parallel and not any(role in SEQUENCE_ROLES for role in plan.values()):
+        log.info("the tensor-parallel plan marks no sequence entry: the residual stream stays replicated")
+        sequence_parallel = False
+    styles: dict[str, ParallelStyle] = {}
+    for pattern, role in plan.items():
         style = style_for(role, sequence_parallel)
-        if style is not None and _has_module(model, pattern):
-            plan[pattern] = style
-    ties = _tied_parameters(model)
-    parallelize_module(model, tp_mesh, plan)
+        if style is not None and _modules(model, pattern):
+            styles[pattern] = style
+    ties = tied_parameters(model)
+    parallelize_module(model, tp_mesh, styles)
+    if sequence_parallel:
+        _hook_sequence(model, plan, SequenceShards(tp_mesh), first_stage, last_stage)
     for names in ties:
         first = model.get_parameter(names[0])
         for name in names[1:]:
@@ -88,8 +202,37 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> 
             setattr(model.get_submodule(owner), attr, first)
 
 
-def _has_module(model: nn.Module, pattern: str) -> bool:
-    """Whether ``pattern`` (dotted, ``*`` matching one level) names a module that exists (is not None)."""
+def _hook_sequence(
+    model: nn.Module, plan: dict[str, str], shards: SequenceShards, first_stage: bool, last_stage: bool
+) -> None:
+    """Where the stream is split, gathered and padded, as forward hooks (prepended: they run before the
+    styles' own input handling)."""
+
+    def scatter_output(_module: nn.Module, _args: Any, output: torch.Tensor) -> torch.Tensor:
+        return shards.scatter(output)
+
+    def gather_input(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (shards.gather(args[0]), *args[1:])
+
+    def pad_input(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (shards.pad(args[0]), *args[1:])
+
+    for pattern, role in plan.items():
+        for module in _modules(model, pattern):
+            if role == "enter_sequence_shards":
+                module.register_forward_hook(scatter_output)
+            elif role in ("gather_sequence", "vocab_head"):
+                module.register_forward_pre_hook(gather_input, prepend=True)
+            elif role == "rowwise":
+                module.register_forward_pre_hook(pad_input, prepend=True)
+    if not first_stage:
+        model.register_forward_pre_hook(lambda _m, args: (shards.scatter(args[0]), *args[1:]), prepend=True)
+    if not last_stage:
+        model.register_forward_hook(lambda _m, _args, output: shards.gather(output))
+
+
+def _modules(model: nn.Module, pattern: str) -> list[nn.Module]:
+    """The modules ``pattern`` (dotted, ``*`` matching one level) names that exist (are not None)."""
     modules = [model]
     for atom in pattern.split("."):
         modules = [
@@ -98,13 +241,4 @@ def _has_module(model: nn.Module, pattern: str) -> bool:
             for name, child in module.named_children()
             if child is not None and (atom == "*" or atom == name)
         ]
-    return bool(modules)
-
-
-def _tied_parameters(model: nn.Module) -> list[list[str]]:
-    """Groups of names under which one parameter is registered more than once."""
-    names_of: dict[int, list[str]] = {}
-    for module_name, module in model.named_modules():
-        for attr, param in module.named_parameters(recurse=False):
-            names_of.setdefault(id(param), []).append(f"{module_name}.{attr}" if module_name else attr)
-    return [names for names in names_of.values() if len(names) > 1]
+    return modules

@@ -81,6 +81,8 @@ def rank_param_specs(
         root += model.input_params()
     if n_stages - 1 in stages:
         root += model.output_params()
+        if n_stages > 1:  # a weight tied to the first stage's: the last stage holds a copy of its own
+            root += model.output_copies()
     return root, list(model.block_param_specs()), len(stages) * (model.n_layers // n_stages)
 
 
@@ -113,7 +115,7 @@ def model_state_numel(cfg: Config, lay: Layout, pp_rank: int, shard_rank: int = 
         d.tp > 1
         and not lay.sharded
         and model.input_kind == "tokens"
-        and not model.tied_embeddings
+        and not (model.tied_embeddings and lay.n_stages == 1)  # tied, the head's split gradient comes first
         and 0 in stages
     ):
         table = model.input_params()[0]  # tok_emb
@@ -165,7 +167,9 @@ def block_activation_bytes(model: TransformerSpec, lay: Layout, ac: str | None =
     dt = dtypes(lay.regime)
     tp, seq = lay.degrees.tp, lay.seq_shards
     n, d, r, heads = lay.n_tokens, model.d_model, model.mlp_ratio, model.n_heads
-    block_input = n * d // seq * dt.residual
+    # A rank's share of the sequence: padded to a multiple of the shards (hpctrain.parallel.tp).
+    shard = lay.micro_batch * -(-lay.tokens // seq)
+    block_input = shard * d * dt.residual
     if ac == "full":
         return block_input
     qkv = 3 * n * d // tp * dt.matmul_out
@@ -183,12 +187,12 @@ def block_activation_bytes(model: TransformerSpec, lay: Layout, ac: str | None =
             + rowwise_outputs
             + reduce_scatters
         )
-    norms = 2 * block_input + 2 * 2 * (n // seq) * FP32
+    norms = 2 * block_input + 2 * 2 * shard * FP32
     linear_inputs = (dt.qkv_input_copies + 1) * n * d * dt.matmul_in
     mlp = 2 * r * n * d // tp * dt.matmul_out
     # Dropout after o and after fc_out keeps a 1-byte mask of its [N, d] output (CUDA's fused dropout;
     # attention dropout inside the fused kernels keeps only an RNG offset).
-    masks = 2 * n * d // seq if model.dropout > 0 else 0
+    masks = 2 * shard * d if model.dropout > 0 else 0
     return norms + linear_inputs + qkv + attention_out + log_sum_exp + mlp + masks
 
 

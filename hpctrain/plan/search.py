@@ -4,9 +4,9 @@ does not fit, to say what would).
 What stays: the model, the world size (cluster), the samples per optimizer step (the global batch), the
 precision and the optimizer. What changes: the split of the ranks into pipeline × data-parallel × tensor
 parallel (every strategy and degree the world size allows), activation checkpointing, pipeline
-micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Pipeline layouts
-of a model with tied embeddings untie them (``model.tie_embeddings=false``: the pipeline puts the embedding
-and the LM head on different ranks), which adds the head's V × d parameters; the overrides say so.
+micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Tied embeddings
+stay tied under pipeline layouts: the last stage holds a copy of the embedding for its LM head (Megatron's
+embedding group), which the memory estimate counts.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from hpctrain.config.shape import (
 )
 from hpctrain.errors import ConfigError
 from hpctrain.models.facts import MeasuredModel
-from hpctrain.models.spec import model_spec
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
 from hpctrain.plan.layout import planned_model
@@ -99,9 +98,6 @@ def _candidates(cfg: Config, measured: MeasuredModel | None = None) -> Iterator[
         dp = dims.get("dp_replicate", 1) * dims.get("dp_shard", 1)
         if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1, measured):
             continue
-        model = cfg.model
-        if pp > 1 and model_spec(model).tied_embeddings:
-            model = dataclasses.replace(model, args={**model.args, "tie_embeddings": False})
         sharded = dims.get("dp_shard", 1) > 1
         degrees = {
             d: (0 if DERIVED.get(name) == d else dims.get(d, 0))
@@ -135,7 +131,7 @@ def _candidates(cfg: Config, measured: MeasuredModel | None = None) -> Iterator[
                     # gathers): yield them largest first, the caller keeps the first that fits.
                     for size in sorted(_divisors(batch // per_pass), reverse=True):
                         trainer = dataclasses.replace(t, micro_batch_size=size, global_batch_size=batch)
-                        yield dataclasses.replace(cfg, model=model, parallel=parallel, trainer=trainer)
+                        yield dataclasses.replace(cfg, parallel=parallel, trainer=trainer)
 
 
 def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
@@ -156,9 +152,6 @@ def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
         out.append(f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}")
     if samples_per_pass(cfg) != global_batch_size(cfg) and original.trainer.global_batch_size is None:
         out.append(f"trainer.global_batch_size={cfg.trainer.global_batch_size}")
-    tied, was_tied = model_spec(cfg.model).tied_embeddings, model_spec(original.model).tied_embeddings
-    if tied != was_tied:
-        out.append(f"model.tie_embeddings={str(tied).lower()}")
     return tuple(out)
 
 

@@ -48,6 +48,24 @@ def inputs_of(batch: Any) -> Any:
     return batch[0]
 
 
+def pipeline_pair(batch: Any, target_key: str = "labels") -> tuple[Any, Any]:
+    """(input, targets) of a batch for a pipeline, whose first stage takes one tensor: a pair as it is, a
+    dict's one tensor besides the targets."""
+    if not isinstance(batch, dict):
+        return batch[0], batch[1]
+    inputs = [key for key in batch if key != target_key]
+    if len(inputs) != 1:
+        from hpctrain.errors import ConfigError
+
+        raise ConfigError(
+            "parallel.pp", "batch",
+            f"a pipeline's first stage takes one input tensor; the batch holds {inputs} "
+            f"besides data.target_key={target_key}",
+            valid="a dataset whose items hold one input and the targets",
+        )  # fmt: skip
+    return batch[inputs[0]], batch[target_key]
+
+
 def call_model(model: nn.Module, batch: Any, target_key: str, with_targets: bool) -> Any:
     """``model(input)`` for a pair; ``model(**batch)`` for a dict, without the targets unless asked."""
     if isinstance(batch, dict):

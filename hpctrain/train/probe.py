@@ -25,7 +25,7 @@ DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 
 def needs_probe(cfg: Config) -> bool:
     declared = cfg.model.target in BUILTIN and cfg.data.target is None and cfg.loss.target == DEFAULT_LOSS
-    return not declared or bool(cfg.parallel.block_classes)
+    return not declared or bool(cfg.parallel.block_classes) or bool(cfg.parallel.tp_plan)
 
 
 def check_arguments(
@@ -51,6 +51,7 @@ def probe(cfg: Config) -> None:
     from hpctrain.train.loss import build_objective, to_device
 
     model = build_model(cfg, "meta")
+    split = check_splits(cfg, model)
     if cfg.parallel.block_classes:  # names that match nothing: one line now, not a traceback on every rank
         from hpctrain.parallel.blocks import find_blocks
 
@@ -69,6 +70,18 @@ def probe(cfg: Config) -> None:
             "data", cfg.data.target or cfg.data.name,
             f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",
         ) from None  # fmt: skip
+    if split is not None:
+        from hpctrain.parallel.stages import check_split_runs
+        from hpctrain.train.loss import pipeline_pair
+
+        inputs, _ = pipeline_pair(batch, objective.target_key)
+        check_split_runs(model, split, inputs)
+        if objective.with_targets:
+            raise ConfigError(
+                "loss", "model",
+                "under pipeline parallelism the last stage computes the loss from the logits",
+                valid="a loss of outputs and targets, e.g. loss=cross_entropy",
+            )  # fmt: skip
     try:
         loss = objective.loss(outputs, batch)
     except Exception as err:
@@ -121,6 +134,23 @@ def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
     else:
         train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
     return [train_set.get_batch([i % len(train_set) for i in range(n)]) for n in sizes]
+
+
+def check_splits(cfg: Config, model: Any) -> Any:
+    """Whether the model can be split as the layout asks: a tensor-parallel plan whose patterns name its
+    modules, a pipeline split (returned when the model does not split itself, to be tried on a batch)."""
+    from hpctrain.config.shape import run_shape
+
+    shape = run_shape(cfg)
+    if shape.degrees.tp > 1:
+        from hpctrain.parallel.tp import require_tp_plan
+
+        require_tp_plan(model, dict(cfg.parallel.tp_plan), shape.degrees.tp)
+    if shape.degrees.pp > 1:
+        from hpctrain.parallel.stages import require_split
+
+        return require_split(model, dict(cfg.parallel.pp_split), shape.n_stages)
+    return None
 
 
 class UserCodeError(ConfigError):

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.checkpoint.io import load_into
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
@@ -41,12 +42,14 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
+from hpctrain.rundir import checkpoints as layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
     class_accuracy,
     cross_entropy,
     inputs_of,
+    pipeline_pair,
     to_device,
 )
 from hpctrain.train.metrics import Throughput, run_facts
@@ -99,7 +102,10 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
-    par = parallelize(build_model(cfg.model), cfg, device, shape)
+    model = build_model(cfg.model)
+    if cfg.model.init_from is not None:
+        init_from(model, cfg, RunDir(run_dir).checkpoints, env.rank)
+    par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = _grad_scaler(par, device, t.precision)
@@ -121,7 +127,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
 
     state = TrainState()
     resumable: dict[str, Any] = {
-        "model_optim": ModelOptimizerState(par.model, optimizer),
+        "model_optim": ModelOptimizerState(par.model, optimizer, par.saved_names),
         "scheduler": scheduler,
         "grad_scaler": scaler,
         "sampler": sampler,
@@ -146,6 +152,22 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, batches,
         objective, state, resumable, checkpoints, faults,
     )  # fmt: skip
+
+
+def init_from(model: torch.nn.Module, cfg: Config, checkpoints: Path, rank: int) -> None:
+    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
+    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
+    rank fills its whole model before the layout splits it."""
+    path = cfg.model.init_from
+    own = [] if cfg.trainer.resume == "never" else layout.committed(checkpoints)
+    if cfg.trainer.resume not in ("auto", "never") or own:
+        if rank == 0:
+            which = cfg.trainer.resume if cfg.trainer.resume not in ("auto", "never") else own[0]
+            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
+        return
+    problems = load_into(model, Path(path), cfg.model.init_strict)
+    if rank == 0:
+        log.info("Initialised the model from %s%s", path, f" ({'; '.join(problems)})" if problems else "")
 
 
 def fit(
@@ -278,8 +300,8 @@ def train_step(
 
     for i, batch in enumerate(passes):
         batch = to_device(batch, device)
-        if par.pipeline is not None:  # the built-in models' (input, target) pairs
-            inputs, targets = batch
+        if par.pipeline is not None:
+            inputs, targets = pipeline_pair(batch, objective.target_key)
             with autocast:
                 total_loss += par.pipeline.step(inputs, targets, loss_fn) / par.pipeline.n_microbatches
             continue
@@ -287,6 +309,10 @@ def train_step(
             _, loss = objective(model, batch)
             scaler.scale(loss / len(passes)).backward()
         total_loss += loss.detach()
+    # Stages holding copies of one weight (a tied embedding and LM head) sum their gradients: Megatron's
+    # embedding group (hpctrain.parallel.shared). Before unscaling and clipping, which then treat the copies
+    # alike, so they stay equal.
+    par.reduce_shared_grads()
     scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
     if par.dims.mesh is None or isinstance(model, DistributedDataParallel):
@@ -296,7 +322,7 @@ def train_step(
         else:
             grad_norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
-        grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group)
+        grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group, par.uncounted)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -331,7 +357,7 @@ def evaluate(run: Run) -> dict[str, float]:
                 if par.pipeline is None:
                     outputs = objective.outputs(model, batch)
                 else:
-                    outputs = par.pipeline.forward(batch[0])
+                    outputs = par.pipeline.forward(pipeline_pair(batch, objective.target_key)[0])
             if outputs is None:  # a pipeline stage before the last
                 continue
             sums[0] += objective.loss(outputs, batch).double() * len(chunk)

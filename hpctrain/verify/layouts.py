@@ -78,14 +78,16 @@ MODELS = {
         "model.d_model=64",
         "model.n_heads=4",
         "model.seq_len=32",
-        "model.tie_embeddings=false",  # a pipeline puts the embedding and the head on different stages
+        # Untied, so every layout also checks a head of its own; the tied cases of hpctrain.verify.parity add
+        # model.tie_embeddings=true (under a pipeline: Megatron's embedding group, hpctrain.parallel.shared).
+        "model.tie_embeddings=false",
     ],
     "vit": [
         "model=vit",
         "model.n_layers=4",
         "model.d_model=64",
         "model.n_heads=4",
-        "model.image_size=12",
-        "model.patch_size=4",
+        "model.image_size=8",
+        "model.patch_size=2",  # 16 patches + the class token: 17 tokens, split unevenly over tp=2
     ],
 }

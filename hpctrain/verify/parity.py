@@ -78,7 +78,7 @@ CASES = [
     Case(_L["pp zbv zero bubble"], ("trainer.micro_batch_size=2",)),
     Case(_L["2d (fsdp 2 × tp 2)"], ("trainer.micro_batch_size=4",)),
     Case(_L["hsdp (2 × 2)"], ("trainer.micro_batch_size=2",)),
-    Case(_L["3d (pp 2 × fsdp 2 × tp 2)"], ("trainer.micro_batch_size=2",), models=("gpt",)),
+    Case(_L["3d (pp 2 × fsdp 2 × tp 2)"], ("trainer.micro_batch_size=2",)),
 ]
 # Mixed precision and compilation, against the same fp32 single-process run: bf16 rounds every activation
 # to 8 significant bits, so these agree to about 1e-3 rather than to rounding level.
@@ -140,6 +140,19 @@ CASES.append(
         name="tp + sp, tied embeddings",
     )
 )
+# Tied under pipeline parallelism: the first and last stages each hold a copy, kept equal by Megatron's
+# embedding group (hpctrain.parallel.shared). 1F1B: the copies on two ranks; interleaved: on two ranks among
+# four stages; the V schedule: both on rank 0 (summed locally); 3d: sharded by FSDP and split by TP alike.
+CASES += [
+    Case(
+        _L[layout],
+        ("trainer.micro_batch_size=2", TIED),
+        ("gpt",),
+        reference=TIED_REFERENCE.name,
+        name=f"{layout}, tied embeddings",
+    )
+    for layout in ("pp 1f1b", "pp interleaved 1f1b", "pp zbv zero bubble", "3d (pp 2 × fsdp 2 × tp 2)")
+]
 
 
 def overrides(case: Case, model: str) -> list[str]:

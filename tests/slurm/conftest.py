@@ -38,7 +38,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
                 mp.setenv(key, value)
             yield cluster
         return
-    cluster = SlurmTestCluster(tmp_path_factory.mktemp("slurm"), num_nodes=3)
+    # 4 CPU slots per node (the nodes share this machine's cores): room for 4 tasks per node, as the
+    # 8-task 3d layout needs.
+    cluster = SlurmTestCluster(tmp_path_factory.mktemp("slurm"), num_nodes=3, cpus_per_node=4)
     try:
         cluster.start(timeout=90)
     except (SlurmClusterError, OSError) as exc:
