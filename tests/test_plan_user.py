@@ -14,6 +14,7 @@ import torch
 from conftest import REPO, hpctrain
 
 from hpctrain.cli.common import user_config_dirs
+from hpctrain.cli.measured import activation_line
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.plan.check import check_run
@@ -171,3 +172,27 @@ def test_a_model_too_large_to_build_on_cpu_is_planned_without_activations(
     assert est.largest.activations == 0 and est.largest.params == 4 * 10858
     line = activation_line(est)
     assert line is not None and "not measured" in line and "counts none" in line
+
+
+def test_a_user_model_under_tp_and_pp_is_split_as_its_plan_and_split_say(in_project: Path):
+    """Parameters per rank under tensor parallelism (the plan's column/row splits) and a pipeline (the
+    stages hpctrain.parallel.stages cuts), against the real model's tensors."""
+    from hpctrain.parallel.stages import pipeline_split, sequential_stage
+
+    mixer = ["model=mixer", "data=bytes", "data.max_bytes=20000", "cluster.nproc=2"]
+    plan = "parallel.tp_plan={blocks.*.up: colwise, blocks.*.down: rowwise}"
+    cfg = user_cfg(*mixer, "parallel=tp", plan)
+    est = estimate(cfg, measure_model(cfg))
+    model = build_model(cfg, "cpu")
+    split = {n for n, _ in model.named_parameters() if ".up." in n or n.endswith("down.weight")}
+    per_rank = sum(p.numel() // (2 if n in split else 1) for n, p in model.named_parameters())
+    assert est.largest.params == 4 * per_rank
+    assert "split over tp/pp approximately" in (activation_line(est) or "")
+
+    cfg = user_cfg(*mixer, "parallel=pp")
+    est = estimate(cfg, measure_model(cfg))
+    found = pipeline_split(model)
+    assert found is not None
+    stages = [sequential_stage(model, found[0], s, 2) for s in range(2)]
+    assert [m.param_numel for m in est.ranks] == [sum(p.numel() for p in s.parameters()) for s in stages]
+    assert est.n_params == sum(p.numel() for p in model.parameters())

@@ -50,6 +50,8 @@ def activation_line(est: Estimate) -> str | None:
     elif lay.ac != "none":
         why = "no blocks found to checkpoint" if not m.blocks else "selective checkpointing not measured"
         text += f"; an upper bound ({why})"
+    if lay.degrees.tp > 1 or lay.degrees.pp > 1:
+        text += "; split over tp/pp approximately (blocks by their share and tp; no TP/PP buffers counted)"
     return text
 
 
@@ -69,7 +71,7 @@ def measured_for(cfg: Config) -> MeasuredModel | None:
             cfg.loss,
             cfg.trainer.precision,
             cfg.trainer.seed,
-            cfg.parallel.block_classes,
+            cfg.parallel,  # the blocks, the tensor-parallel plan and the pipeline split
             cfg.cluster.kind,
             cfg.cluster.nproc,
             cfg.cluster.nodes,

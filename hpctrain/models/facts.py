@@ -23,6 +23,8 @@ class ParamFact:
     shape: tuple[int, ...]
     itemsize: int
     unit: int = -1
+    tp_dim: int | None = None  # the dimension the run's tensor-parallel plan splits (None: replicated)
+    stages: tuple[int, ...] | None = None  # the pipeline stages holding it under the run's split (None: all)
 
     @property
     def numel(self) -> int:
@@ -58,6 +60,7 @@ class Activations:
     saved: Linear  # without activation checkpointing: everything saved for the backward
     checkpointed: Linear  # each block checkpointed: what is saved outside the blocks, and their inputs
     recompute: Linear  # the largest block's own saved bytes: held while it is recomputed in the backward
+    outside: Linear = Linear(0.0, 0.0)  # what is saved outside the blocks (the input and output ends)
     output: Linear = Linear(0.0, 0.0)  # bytes of the logits: their gradient and the loss's fp32 one, backward
 
 

@@ -166,13 +166,14 @@ def estimate(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
     check_plan_inputs(cfg)
     if measured is not None:
         lay = layout_of(cfg, tokens=measured.tokens_per_sample)
-        mem = user_rank_memory(cfg, lay, measured)
+        user_ranks = tuple(user_rank_memory(cfg, lay, measured, r) for r in range(lay.degrees.pp))
+        mem = max(user_ranks, key=lambda m: (m.total, m.model_state))
         return Estimate(
             model=model_spec(cfg.model).name,
             n_params=measured.n_params,
             world=world_size(cfg),
             layout=lay,
-            ranks=(mem,),
+            ranks=user_ranks,
             largest=mem,
             verdict=verdict(cfg, mem),
             time=user_step_time(cfg, lay, measured),

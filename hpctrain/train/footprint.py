@@ -50,8 +50,11 @@ def measure_model(cfg: Config) -> MeasuredModel:
     for k, block in enumerate(blocks):
         for name, _ in block.module.named_parameters():
             unit_of[f"{block.name}.{name}"] = k
+    tp_dims, stages = _splits(cfg, meta)
     params = tuple(
-        ParamFact(name, tuple(p.shape), p.element_size(), unit_of.get(name, -1))
+        ParamFact(
+            name, tuple(p.shape), p.element_size(), unit_of.get(name, -1), tp_dims.get(name), stages(name)
+        )
         for name, p in meta.named_parameters()
     )
     buffer_bytes = sum(b.numel() * b.element_size() for b in meta.buffers())
@@ -86,6 +89,53 @@ def measure_model(cfg: Config) -> MeasuredModel:
     )
 
 
+# The dimension of a module's weight and bias each tensor-parallel role splits (hpctrain.parallel.tp:
+# nn.Linear weights are [out, in], embeddings [vocab, width]).
+TP_DIMS = {
+    "colwise": (0, 0),
+    "vocab_head": (0, 0),
+    "rowwise": (1, None),
+    "vocab_embedding": (0, None),
+}
+
+
+def _splits(cfg: Config, meta: nn.Module) -> tuple[dict[str, int], Any]:
+    """Under the run's layout: {parameter: the dimension its tensor-parallel role splits}, and a function
+    of a parameter's name giving the pipeline stages that hold it (None: every stage, or no pipeline)."""
+    from hpctrain.config.shape import run_shape
+
+    shape = run_shape(cfg)
+    tp_dims: dict[str, int] = {}
+    if shape.degrees.tp > 1:
+        from hpctrain.parallel.tp import _modules, tp_plan_of
+
+        found = tp_plan_of(meta, dict(cfg.parallel.tp_plan))
+        names = {id(m): n for n, m in meta.named_modules()}
+        for pattern, role in (found[0] if found else {}).items():
+            dims = TP_DIMS.get(role)
+            for module in _modules(meta, pattern) if dims else []:
+                for which, dim in zip(("weight", "bias"), dims, strict=True):
+                    tensor = getattr(module, which, None)
+                    if dim is not None and isinstance(tensor, nn.Parameter) and tensor.dim() > dim:
+                        tp_dims[f"{names[id(module)]}.{which}".lstrip(".")] = dim
+    if shape.degrees.pp <= 1:
+        return tp_dims, lambda name: None
+    from hpctrain.parallel.stages import pipeline_split, sequential_dropped
+
+    found_split = pipeline_split(meta, dict(cfg.parallel.pp_split))
+    if found_split is None:  # the model splits itself: where its parameters go is its own
+        return tp_dims, lambda name: None
+    n = shape.n_stages
+    dropped = [tuple(sequential_dropped(meta, found_split[0], s, n)) for s in range(n)]
+
+    def stages(name: str) -> tuple[int, ...]:
+        return tuple(
+            s for s in range(n) if not any(name == d or name.startswith(d + ".") for d in dropped[s])
+        )
+
+    return tp_dims, stages
+
+
 def _with(facts: MeasuredModel, **changes: Any) -> MeasuredModel:
     import dataclasses
 
@@ -111,7 +161,8 @@ def _measure_all(cfg: Config, batches: list[Any]) -> tuple[tuple[Activations, ..
     for regime in regimes(cfg):
         if regime == "fsdp_mixed":
             model.to(torch.bfloat16)
-        points: dict[str, dict[int, int]] = {k: {} for k in ("saved", "checkpointed", "recompute", "output")}
+        keys = ("saved", "checkpointed", "recompute", "output", "outside")
+        points: dict[str, dict[int, int]] = {k: {} for k in keys}
         for n, batch in zip(SAMPLES, batches, strict=True):
             if regime == "fsdp_mixed":
                 batch = _cast_floats(batch, torch.bfloat16)
@@ -121,7 +172,7 @@ def _measure_all(cfg: Config, batches: list[Any]) -> tuple[tuple[Activations, ..
                 flops = step_flops / n
             for key, value in sizes.items():
                 points[key][n] = value
-        found.append(Activations(regime, *(Linear.through(points[k]) for k in points)))
+        found.append(Activations(regime, **{k: Linear.through(points[k]) for k in points}))
     return tuple(found), flops
 
 
@@ -183,6 +234,7 @@ def _saved_bytes(
         "checkpointed": sum(checkpointed.values()) if blocks else sum(s for s, _ in seen.values()),
         "recompute": max(own, default=0),
         "output": _logit_bytes(outputs),
+        "outside": sum(outside.values()),
     }
     flops = float(counter.get_total_flops()) if isinstance(counter, FlopCounterMode) else 0.0
     return sizes, flops
