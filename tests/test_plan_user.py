@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,11 +42,13 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """This process in the project's folder, its package importable, as ``python -m hpctrain`` would be."""
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
-    return project
+    yield project
+    for name in [m for m in sys.modules if m == "mynets" or m.startswith("mynets.")]:
+        del sys.modules[name]  # another test module's copy of the project imports its own
 
 
 def user_cfg(*overrides: str) -> Config:
