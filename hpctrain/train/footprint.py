@@ -4,7 +4,9 @@ meta device, activations measured on the CPU. Imports torch; only such models co
 
 1. The model is built on the meta device (:func:`hpctrain.train.probe.build_model`: no memory, no weights;
    the user's exceptions keep their traceback) and each parameter's name, shape and dtype read, with the
-   FSDP unit (block, :mod:`hpctrain.parallel.blocks`) holding it.
+   FSDP unit (block, :mod:`hpctrain.parallel.blocks`) holding it, and under the run's layout the dimension
+   its tensor-parallel role splits (:mod:`hpctrain.parallel.tp`) and the pipeline stages holding it
+   (:mod:`hpctrain.parallel.stages`).
 2. Activations are not a function of the parameters. The model is built again on the CPU, for real, and
    the first 2 and 4 samples of the training set (:func:`hpctrain.train.probe.first_batches`) go through
    it and the run's loss, the bytes autograd saves for the backward counted by
