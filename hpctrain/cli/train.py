@@ -67,12 +67,17 @@ def train(argv: list[str]) -> int:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
-            if first.dry_run and model_spec(first.model).transformer:
+            if first.dry_run:
+                from hpctrain.cli.measured import measured_for
                 from hpctrain.cli.plan import summary
                 from hpctrain.plan.estimate import estimate
 
-                print(summary(first, estimate(first)), flush=True)  # the memory and time plan, one line
-            if first.dry_run:
+                try:  # a user's model: measured by the precheck already (cached), else now
+                    est = estimate(first, measured_for(first))
+                except ConfigError as err:
+                    print(f"hpctrain: {err}", file=sys.stderr)
+                    return EXIT_BAD_CONFIG
+                print(summary(first, est), flush=True)  # the memory and time plan, one line
                 return _dry_run(first, composed)
             return _run_single(composed, config_dirs)
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
@@ -125,22 +130,16 @@ def precheck(
             return precheck(overrides, multirun, config_dirs)
         check_run(typed)
         _probe_once(typed, probed)
-        planned = model_spec(typed.model).transformer  # the memory estimate covers declared models
-        if not planned:
-            if typed.plan_check and typed.cluster.gpus_per_node > 0 and not checked:
-                note = (
-                    f"hpctrain: note: no memory estimate for model {typed.model.target} (the planner reads "
-                    "the built-in models' declared shapes); submitting without the check"
-                )
-                print(note, file=sys.stderr)
-        elif typed.plan_check and typed.cluster.gpus_per_node > 0:
-            from hpctrain.cli.plan import check_fits
+        if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
+            # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
+            from hpctrain.cli.measured import measured_for
+            from hpctrain.cli.plan import check_fits, check_fits_here
 
-            check_fits(typed)  # the memory per GPU must fit
-        elif typed.plan_check and typed.cluster.kind == "local":
-            from hpctrain.cli.plan import check_fits_here
-
-            check_fits_here(typed)  # the processes must fit in this machine's memory
+            measured = measured_for(typed)
+            if typed.cluster.gpus_per_node > 0:
+                check_fits(typed, measured)  # the memory per GPU must fit
+            else:
+                check_fits_here(typed, measured)  # the processes must fit in this machine's memory
         checked.append((typed, cfg))
         for path in shadowed_choices(cfg, config_dirs or []):
             if path not in warned:  # Hydra finds hpctrain's conf/ first
