@@ -17,6 +17,7 @@ Keys are matched to the model's by name; common wrappers' prefixes (``module.`` 
 from __future__ import annotations
 
 import json
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.config.schema import ModelConfig
 from hpctrain.errors import ConfigError
 from hpctrain.rundir import checkpoints as layout
 
+log = logging.getLogger(__name__)
 WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")
 # Where a checkpoint holds the model (hpctrain.train.trainer's "model_optim" Stateful, its "model" part).
 CHECKPOINT_MODEL = "model_optim.model."
@@ -120,6 +123,22 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
         reader = SafeFileSystemReader(directory)
         dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
     return model
+
+
+def init_from(model: nn.Module, model_cfg: ModelConfig, resume: str, checkpoints: Path, rank: int) -> None:
+    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
+    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
+    rank fills its whole model before the layout splits it."""
+    path = model_cfg.init_from
+    own = [] if resume == "never" else layout.committed(checkpoints)
+    if resume not in ("auto", "never") or own:
+        if rank == 0:
+            which = resume if resume not in ("auto", "never") else own[0]
+            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
+        return
+    problems = load_into(model, Path(str(path)), model_cfg.init_strict)
+    if rank == 0:
+        log.info("Initialised the model from %s%s", path, f" ({'; '.join(problems)})" if problems else "")
 
 
 def wanted_names(model: nn.Module) -> list[str]:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain.checkpoint.io import load_into
+from hpctrain.checkpoint.io import init_from
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
@@ -35,6 +35,7 @@ from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.spec import model_spec
 from hpctrain.observe.loggers import Observer
+from hpctrain.observe.profile import profile_dir, start_profiler
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
@@ -42,7 +43,6 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
-from hpctrain.rundir import checkpoints as layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
@@ -104,7 +104,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     seed_everything(t.seed)
     model = build_model(cfg.model)
     if cfg.model.init_from is not None:
-        init_from(model, cfg, RunDir(run_dir).checkpoints, env.rank)
+        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank)
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
@@ -154,22 +154,6 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     )  # fmt: skip
 
 
-def init_from(model: torch.nn.Module, cfg: Config, checkpoints: Path, rank: int) -> None:
-    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
-    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
-    rank fills its whole model before the layout splits it."""
-    path = cfg.model.init_from
-    own = [] if cfg.trainer.resume == "never" else layout.committed(checkpoints)
-    if cfg.trainer.resume not in ("auto", "never") or own:
-        if rank == 0:
-            which = cfg.trainer.resume if cfg.trainer.resume not in ("auto", "never") else own[0]
-            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
-        return
-    problems = load_into(model, Path(path), cfg.model.init_strict)
-    if rank == 0:
-        log.info("Initialised the model from %s%s", path, f" ({'; '.join(problems)})" if problems else "")
-
-
 def fit(
     cfg: Config,
     shape: RunShape,
@@ -214,7 +198,7 @@ def fit(
         watchdog.enter(state.step + 1, "data")
         run.faults.at("step", state.step + 1)
         if state.step + 1 == profile_first:
-            profiler = _start_profiler(_profile_dir(cfg, run_dir), env.rank, device)
+            profiler = start_profiler(profile_dir(cfg, run_dir), env.rank, device)
         data_start = time.perf_counter()
         run.faults.at("data", state.step + 1)
         passes = run.batches.next_step()
@@ -385,33 +369,6 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-def _profile_dir(cfg: Config, run_dir: Path) -> Path:
-    """RUN_DIR/profile, or with TensorBoard where its profiler plugin looks: LOGDIR/plugins/profile/RUN."""
-    if cfg.logger.tensorboard:
-        return (
-            RunDir(run_dir).tensorboard
-            / "plugins"
-            / "profile"
-            / f"steps_{cfg.trainer.profile.replace(':', '-')}"
-        )
-    return RunDir(run_dir).profile
-
-
-def _start_profiler(directory: Path, rank: int, device: torch.device) -> torch.profiler.profile:
-    """A torch.profiler trace of the coming steps, written as DIRECTORY/rank<R>.*.pt.trace.json (Chrome
-    trace format: TensorBoard's profiler plugin and ui.perfetto.dev read it)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(
-        activities=activities,
-        record_shapes=True,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(directory), f"rank{rank}"),
-    )
-    profiler.start()
-    return profiler
 
 
 def _grad_scaler(par: Parallelized, device: torch.device, precision: str) -> torch.amp.GradScaler:
