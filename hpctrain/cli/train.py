@@ -260,7 +260,7 @@ def _run_hydra(argv: list[str]) -> int:
     return 0
 
 
-def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
+def _task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.compose import to_typed
@@ -289,3 +289,8 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
             lock.release()
     if status:
         raise SystemExit(status)
+    if typed.cluster.kind == "local":  # a sweeper that chooses trials from results (Optuna) reads it
+        from hpctrain.launch.array import final_objective
+
+        return final_objective(run_dir)
+    return None
