@@ -273,6 +273,17 @@ class LoggerConfig:
 
 
 @dataclass
+class TaskConfig:
+    """What each rank runs: hpctrain's trainer (``train``), or the user's own script (``script``) with
+    hpctrain's launch, rendezvous environment and pre-emption handling (hpctrain.resilience.script)."""
+
+    name: str = "train"  # train | script
+    path: str | None = None  # script: the file, relative to the folder the command is typed in
+    args: list[str] = field(default_factory=list)  # script: its command-line arguments
+    signal: str = "TERM"  # script: what the pre-emption warning (cluster.signal) is forwarded as
+
+
+@dataclass
 class Config:
     # auto: local processes for cluster.kind=local, submitit for Slurm; sbatch: render sbatch_templates/.
     launcher: str = "auto"
@@ -289,6 +300,7 @@ class Config:
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+    task: TaskConfig = MISSING
     # Test-only fault injection (hpctrain.faults); the default group `none` injects nothing.
     faults: FaultsConfig = MISSING
 
@@ -303,6 +315,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "trainer": {"trainer": TrainerConfig},
     "logger": {"logger": LoggerConfig},
     "faults": {"faults": FaultsConfig},
+    "task": {"task": TaskConfig},
 }
 
 SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"

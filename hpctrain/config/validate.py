@@ -67,6 +67,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_finite(cfg)
     check_data(cfg.data)
     _check_init_from(cfg.model.init_from)
+    _check_task(cfg)
     _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
@@ -87,6 +88,32 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(key, value, f"must be ≥ {low}")
+
+
+TASKS = ("train", "script")
+SCRIPT_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2")
+
+
+def _check_task(cfg: Config) -> None:
+    """``task=script``: a file that exists here (the job runs a snapshot of it), and a signal to forward."""
+    t = cfg.task
+    _one_of("task", t.name, TASKS)
+    if t.name != "script":
+        return
+    if not t.path or not t.path.strip():
+        raise ConfigError(
+            "task.path", t.path, "missing or empty", valid="your training script, e.g. train.py"
+        )
+    path = Path(t.path).expanduser()
+    if not path.is_file():
+        raise ConfigError("task.path", t.path, "no such file", valid="a path relative to this folder")
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError("task.path", t.path, "not inside this folder (the job runs a snapshot of it)",
+                          valid="a relative path without ..")  # fmt: skip
+    _one_of("task.signal", t.signal, SCRIPT_SIGNALS)
+    if cfg.cluster.kind == "slurm" and t.signal == cfg.cluster.signal:
+        raise ConfigError("task.signal", t.signal, "is cluster.signal itself: the script would get it twice",
+                          valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal))  # fmt: skip
 
 
 def _check_init_from(path: str | None) -> None:
