@@ -300,7 +300,7 @@ class Config:
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
-    task: TaskConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)  # a run directory written before tasks: train
     # Test-only fault injection (hpctrain.faults); the default group `none` injects nothing.
     faults: FaultsConfig = MISSING
 
