@@ -27,6 +27,6 @@ def load_run_config(path: Path) -> Config:
     typed_raw = {key: raw[key] for key in raw}
     for group, schemas in GROUP_SCHEMAS.items():
         # A group the file lacks (written before the group existed, e.g. task) takes the schema's defaults.
-        given = raw[group] if group in raw else {}
+        given = raw.get(group, {})
         typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), given)
     return to_config(typed_raw)
