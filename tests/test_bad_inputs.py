@@ -254,5 +254,6 @@ def test_secret_env_value_stays_out_of_a_slurm_sweep_directory(tmp_path: Path):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert (sweep / "multirun.yaml").is_file()
-    assert _grep(sweep, "s3cretvalue") == []
+    assert "2 members would run (a job array)" in result.stdout
+    assert "s3cretvalue" not in result.stdout + result.stderr
+    assert not sweep.exists(), "a dry run writes nothing"

@@ -175,14 +175,19 @@ def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
     _assert_no_workers_left(run_dir)
 
 
-@pytest.mark.parametrize("launcher", ["local", "sbatch"])
-def test_dry_run_prints_the_plan_and_leaves_nothing_behind(tmp_path: Path, launcher: str):
+@pytest.mark.parametrize(
+    ("args", "printed"),
+    [
+        (["dry_run=true"], "Plan: 2 local processes"),
+        (["dry_run=true", "cluster=slurm_test", "launcher=sbatch"], "#SBATCH --nodes=2"),
+        (["-m", "optim.lr=1e-3,2e-3", "dry_run=true"], "2 members would run (one after another here)"),
+    ],
+    ids=["local", "sbatch", "local sweep"],
+)
+def test_dry_run_prints_the_plan_and_leaves_nothing_behind(tmp_path: Path, args: list[str], printed: str):
     """Issue 17, item 6: a dry run prints the plan and the rendered submission, and creates no directory or
-    file (not the run directory, nor Hydra's .hydra/ or log file)."""
-    args = (
-        ["dry_run=true"] if launcher == "local" else ["dry_run=true", "cluster=slurm_test", "launcher=sbatch"]
-    )
+    file (not the run or sweep directory, nor Hydra's .hydra/ or log file)."""
     result = hpctrain(*args, cwd=tmp_path, timeout=60)
     assert result.returncode == 0, result.stderr
-    assert "Plan: " in result.stdout and ("nothing started" in result.stdout or "#SBATCH" in result.stdout)
+    assert printed in result.stdout
     assert list(tmp_path.iterdir()) == [], "a dry run wrote something"

@@ -80,6 +80,21 @@ def train(argv: list[str]) -> int:
                 print(summary(first, est), flush=True)  # the memory and time plan, one line
                 return _dry_run(first, composed)
             return _run_single(composed, config_dirs)
+        if args.multirun and first.dry_run and not args.cfg:
+            from hpctrain.config.redact import secret_env
+
+            members = sweep_members(overrides)
+            if len(members) > 0 and not _interval_sweep(overrides):  # a grid: listed without Hydra's run
+                where = "a job array" if first.cluster.kind == "slurm" else "one after another here"
+                sweep_dir = Path(composed.hydra.sweep.dir).absolute()
+                print(f"Dry run: nothing started. {len(members)} members would run ({where}) in {sweep_dir}:")
+                secrets = secret_env(first.cluster.env)
+                for i, member in enumerate(members):
+                    line = " ".join(member)
+                    for value in secrets.values():  # a secret cluster.env value is never printed
+                        line = line.replace(value, "***")
+                    print(f"  {i}  {line}")
+                return 0
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
@@ -189,6 +204,14 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
         else:
             axes.append([override.input_line])
     return [list(combo) for combo in itertools.product(*axes)]
+
+
+def _interval_sweep(overrides: list[str]) -> bool:
+    """Whether a sweeper chooses the members as it goes (``interval(...)``: Optuna and the like)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    return any(parser.parse_override(o).is_interval_sweep() for o in overrides)
 
 
 def _probe_once(cfg: Config, probed: set[str]) -> None:
