@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.rundir import RunDir, RunLock
 
@@ -73,7 +73,13 @@ def _train(run_dir: Path) -> None:
     # A requeued job's previous incarnation may still be dying: wait a few seconds for its lock to go.
     lock = RunLock(run_dir).acquire(wait_s=LOCK_WAIT_S, job_id=job_id) if job_id and env.is_main else None
     try:
-        _fit(run_dir, env, job_id, signals)
+        from hpctrain.config.io import load_run_config
+
+        cfg = load_run_config(RunDir(run_dir).config)
+        if cfg.task.name == "script":
+            _script(run_dir, env, job_id, signals, cfg)
+        else:
+            _fit(run_dir, env, job_id, signals)
     finally:
         if lock is not None:
             lock.release()
@@ -140,6 +146,15 @@ def _fit(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) 
     requeue.requeue_or_fail(
         job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
     )
+
+
+def _script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals, cfg: Any) -> None:
+    """``task=script``: the user's script on this rank (hpctrain.resilience.script); the script joins the
+    process group itself."""
+    from hpctrain.resilience.script import run_script
+
+    _setup_logging(run_dir, env.rank, console_handler=None)
+    run_script(run_dir, env, job_id, signals, cfg)
 
 
 def _die_with_launcher() -> None:

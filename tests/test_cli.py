@@ -58,3 +58,47 @@ def test_no_subcommand_but_train_imports_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
+
+
+def test_help_lists_the_config_groups_and_their_options(capsys) -> None:  # type: ignore[no-untyped-def]
+    from hpctrain.cli import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    groups = {line.split()[0]: line for line in out.split("Config groups", 1)[1].splitlines()[1:] if line}
+    assert "vit" in groups["model"] and "3d" in groups["parallel"] and "slurm_test" in groups["cluster"]
+
+
+def test_cfg_job_prints_an_invalid_config_then_what_is_wrong(capsys) -> None:  # type: ignore[no-untyped-def]
+    from hpctrain.cli import main
+
+    assert main(["--cfg", "job", "trainer.max_steps=-5"]) == 2
+    captured = capsys.readouterr()
+    assert "max_steps: -5" in captured.out and "parallel:" in captured.out
+    assert captured.err.strip() == "hpctrain: trainer.max_steps=-5: must be ≥ 1"
+
+
+def test_a_misspelt_key_names_the_nearest_valid_one(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from hpctrain.cli import main
+
+    assert main(["cluster.partiton=gpu", "dry_run=true"]) == 2
+    assert "unknown key of cluster; did you mean partition?" in capsys.readouterr().err
+    profile = tmp_path / "conf" / "cluster" / "mine.yaml"
+    profile.parent.mkdir(parents=True)
+    profile.write_text(
+        "defaults:\n  - /schema/cluster/cluster@_here_\n  - _self_\nname: mine\nkind: slurm\nmax_requeue: 2\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config-dir", "conf", "cluster=mine", "dry_run=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hpctrain: cluster.max_requeue=2: unknown key in "), err
+    assert "mine.yaml; did you mean max_requeues?" in err[0]
+
+
+def test_hydra_submitit_launcher_is_refused_pointing_to_the_built_in_one(capsys) -> None:  # type: ignore[no-untyped-def]
+    from hpctrain.cli import main
+
+    assert main(["-m", "hydra/launcher=submitit_slurm", "cluster=slurm_test", "optim.lr=1e-3,2e-3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "would submit jobs that submit jobs again" in err[0], err
+    assert "-m with a Slurm cluster profile is one job array" in err[0]

@@ -57,6 +57,33 @@ INVALID = [
         ["model.n_heads=3", "3 attention heads", "tp=2"],
     ),
     (["parallel=tp", "data=synthetic", "model.vocab_size=255"], ["model.vocab_size=255", "255 % 2 = 1"]),
+    # --- sbatch options (issue 17, item 4): checked for Slurm runs (a local run has no sbatch)
+    (
+        ["cluster=slurm_test", "cluster.additional.output=x"],
+        ["cluster.additional.output=x", "hpctrain sets this option itself"],
+    ),
+    (
+        ["cluster=slurm_test", "cluster.additional.comment='a;b'"],
+        ["cluster.additional.comment=a;b", "a shell or sbatch would act"],
+    ),
+    (
+        ["cluster=slurm_test", "cluster.additional.Bad_Name=1"],
+        ["cluster.additional.Bad_Name=1", "not an sbatch long option"],
+    ),
+    (["cluster=slurm_test", "cluster.mail_type=SOMETIMES"], ["cluster.mail_type=SOMETIMES", "END, FAIL"]),
+    (
+        ["cluster=slurm_test", "cluster.mail_user=nobody"],
+        ["cluster.mail_user=nobody", "not an e-mail address"],
+    ),
+    (
+        ["cluster=slurm_test", "cluster.dependency=after:abc"],
+        ["cluster.dependency=after:abc", "afterok:1234"],
+    ),
+    (["cluster=slurm_test", "cluster.gpus_per_task=0"], ["cluster.gpus_per_task=0", "≥ 1"]),
+    (
+        ["cluster=slurm_test", "cluster.gres='gpu a100'"],
+        ["cluster.gres=gpu a100", "a shell or sbatch would act"],
+    ),
     (["parallel=tp", "parallel.tp_plan={layers: spread}"], ["parallel.tp_plan[layers]=spread", "colwise"]),
     (["parallel=tp", "parallel.tp_plan={a..b: colwise}"], ["parallel.tp_plan=a..b", "module-name pattern"]),
     (["parallel=tp", "parallel.tp_plan={nosuch: colwise}"], ["parallel.tp_plan[nosuch]", "names no module"]),

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import FAST, REPO, hpctrain, metrics, worker_pids
 
 from hpctrain.checkpoint.manager import read_checkpoint
@@ -30,6 +31,9 @@ def test_bare_command_trains_and_says_where_outputs_are(tmp_path: Path):
     assert len(losses) >= 10
     assert losses[-1] < 0.7 * losses[0], f"loss did not decrease enough: {losses}"
     assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    # No warning of any kind (deprecations, FutureWarnings, torch's or ours) in a default run (issue 17, e).
+    for text in (result.stdout, result.stderr, *(p.read_text() for p in (run / "logs").glob("*.log"))):
+        assert "warning" not in text.lower(), text[-2000:]
     print(f"default run: {elapsed:.1f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
 
 
@@ -169,3 +173,21 @@ def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGINT
     _assert_no_workers_left(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("args", "printed"),
+    [
+        (["dry_run=true"], "Plan: 2 local processes"),
+        (["dry_run=true", "cluster=slurm_test", "launcher=sbatch"], "#SBATCH --nodes=2"),
+        (["-m", "optim.lr=1e-3,2e-3", "dry_run=true"], "2 members would run (one after another here)"),
+    ],
+    ids=["local", "sbatch", "local sweep"],
+)
+def test_dry_run_prints_the_plan_and_leaves_nothing_behind(tmp_path: Path, args: list[str], printed: str):
+    """Issue 17, item 6: a dry run prints the plan and the rendered submission, and creates no directory or
+    file (not the run or sweep directory, nor Hydra's .hydra/ or log file)."""
+    result = hpctrain(*args, cwd=tmp_path, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert printed in result.stdout
+    assert list(tmp_path.iterdir()) == [], "a dry run wrote something"

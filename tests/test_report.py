@@ -233,3 +233,35 @@ def test_the_report_subcommand_of_the_cli(run: Path, tmp_path: Path) -> None:
     result = hpctrain("report", str(run), "--out", str(out), timeout=120)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.glob("*.png")) == ["loss.png", "throughput.png"]
+
+
+def test_status_and_summary_of_a_local_sweep(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 17, item 3: a sweep run here reads like a Slurm array (members, state, step, loss; the table)."""
+    from hpctrain.cli import main as cli
+
+    assert cli(["status", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert f"sweep {sweep}: run here, 2 members (2 COMPLETED)" in out
+    assert "cluster.nproc=1" in out and "cluster.nproc=2" in out
+    assert cli(["summary", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "best_val_loss" in out and out.count("COMPLETED") == 2
+    assert (sweep / "summary.csv").read_text().count("\n") == 3
+
+
+def test_optuna_sweeper_runs_locally(tmp_path: Path) -> None:
+    """Optuna's sweeper on local runs: each trial's final validation loss is its objective."""
+    import json
+
+    sweep = tmp_path / "optuna"
+    result = hpctrain(
+        "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=4", "optim.lr=interval(0.0001,0.01)",
+        "trainer.max_steps=2", "data.max_bytes=50000", "logger=jsonl", "parallel=none", "cluster.nproc=1",
+        f"hydra.sweep.dir={sweep}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    finals = []
+    for member in sorted(p for p in sweep.iterdir() if p.name.isdigit()):
+        records = [json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
+        finals.append(records[-1]["val_loss"])
+    assert len(finals) == 4 and f"Best value: {min(finals)}" in result.stdout

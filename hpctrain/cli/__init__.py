@@ -3,8 +3,9 @@
     hpctrain [OVERRIDES...]          train (the bare form); ``-m`` sweeps, ``--cfg job`` prints the config
     hpctrain SUBCOMMAND ARGS...      one of :data:`SUBCOMMANDS`
 
-Each subcommand's module is imported only when it runs, and none imports torch: submitting and looking
-after jobs from a login node stays fast. Nothing outside this package imports it.
+Each subcommand's module is imported only when it runs, and none imports torch at import (``export`` and
+``generate`` do when they run): submitting and looking after jobs from a login node stays fast. Nothing
+outside this package imports it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),
     "prepare": Subcommand(_PREPARE, "write a token file for data=tokens", "prepare"),
+    "export": Subcommand("RUN_DIR --to DIR [--format F] [--step N]", "a checkpoint as one model's weights",
+                         "export"),
+    "generate": Subcommand("SOURCE --prompt TEXT [--seed S]", "sample text from a trained language model",
+                           "generate"),
 }  # fmt: skip
 
 
@@ -38,11 +43,15 @@ def _lines() -> list[tuple[str, str]]:
 
 
 def usage() -> str:
+    from hpctrain.config.compose import GROUPS, group_options
+
     width = max(len(left) for left, _ in _lines())
     rows = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in _lines())
+    groups = "\n".join(f"  {group.ljust(9)} {', '.join(group_options(group))}" for group in GROUPS)
     return (
         "usage: hpctrain [OVERRIDES...] | hpctrain SUBCOMMAND ARGS...\n\n"
         f"Subcommands:\n{rows}\n\n"
+        f"Config groups (GROUP=OPTION; --config-dir DIR adds yours):\n{groups}\n\n"
         "TARGET is a run directory, a sweep directory or a Slurm job id. `hpctrain SUBCOMMAND --help` says\n"
         "more; `hpctrain --hydra-help` lists the config groups and Hydra's own flags.\n"
     )

@@ -31,7 +31,7 @@ from hpctrain.cli.common import (
     plural,
     table,
 )
-from hpctrain.cli.targets import TARGET_HELP, Target, resolve, state_of, states_of
+from hpctrain.cli.targets import LOCAL, TARGET_HELP, Target, local_states, resolve, state_of, states_of
 from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
 from hpctrain.slurm import commands
@@ -128,7 +128,7 @@ def _status_sweep(target: Target) -> int:
     assert sweep is not None and target.sweep_dir is not None
     code = EXIT_OK
     try:
-        states = states_of([m.job_id for m in sweep.members])
+        states = sweep_states(sweep)
     except JobsError as err:
         print(f"hpctrain status: {err}", file=sys.stderr)
         states, code = {}, EXIT_FAILED
@@ -138,7 +138,7 @@ def _status_sweep(target: Target) -> int:
         counts[word] = counts.get(word, 0) + 1
     tally = ", ".join(f"{n} {word}" for word, n in counts.items())
     n = plural(len(sweep.members), "member")
-    print(f"sweep {target.sweep_dir}: array job {sweep.array_job_id} on {sweep.cluster}, {n} ({tally})")
+    print(f"sweep {target.sweep_dir}: {_where(sweep)}, {n} ({tally})")
     common, own = split_overrides(sweep.members)
     if common:
         print(f"common overrides: {' '.join(common)}")
@@ -213,6 +213,17 @@ def _scancel(job_ids: list[str]) -> None:
 # ---------------------------------------------------------------------------------------------- summary
 
 
+def _where(sweep: SweepRecord) -> str:
+    return "run here" if sweep.cluster == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
+
+
+def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
+    """Slurm's word for every member of an array, or what a local sweep's run directories say."""
+    if sweep.cluster == LOCAL:
+        return local_states(sweep)
+    return states_of([m.job_id for m in sweep.members])
+
+
 def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[str], list[dict[str, Any]]]:
     """One dict per member (CSV-ready values; None for what is unknown), and the columns in use."""
     rows = []
@@ -250,14 +261,14 @@ def summary(target: Target, csv_path: Path | None) -> int:
     if sweep is None or target.sweep_dir is None:
         raise JobsError(f"{target.text}: not a sweep directory (no {SWEEP_RECORD})")
     try:
-        states = states_of([m.job_id for m in sweep.members])
+        states = sweep_states(sweep)
     except JobsError as err:  # the metrics are still worth showing (e.g. a copied sweep dir, no Slurm here)
         print(f"hpctrain summary: states unknown: {err}", file=sys.stderr)
         states = {}
     columns, rows = summary_rows(sweep, states)
     common, own = split_overrides(sweep.members)
     n = plural(len(sweep.members), "member")
-    print(f"sweep {target.sweep_dir}: array job {sweep.array_job_id} on {sweep.cluster}, {n}")
+    print(f"sweep {target.sweep_dir}: {_where(sweep)}, {n}")
     if common:
         print(f"common overrides: {' '.join(common)}")
     shown = [c for c in columns if c != "run_dir"]

@@ -2,7 +2,9 @@
 
 Takes the overrides a training command would (``hpctrain plan model=gpt2_350m parallel=fsdp
 cluster=a100x32``), starts nothing. Exit status: 0 when the run fits (or there is no GPU to judge: CPU
-profiles report host memory only), 1 when it does not fit, 2 for a bad config. Torch-free.
+profiles report host memory only), 1 when it does not fit, 2 for a bad config. Torch-free for the built-in
+models; a model without declared shapes (a user's ``_target_``) is measured first (:func:`measured_for`),
+which imports torch.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import argparse
 import sys
 import textwrap
 
+from hpctrain.cli.measured import activation_line, human_bytes, measured_for, measured_model_line
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import global_batch_size, samples_per_pass
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import MeasuredModel
 from hpctrain.models.spec import model_spec
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
@@ -34,6 +38,8 @@ WHAT_WIDTH = 62  # the description column of the memory table
 
 
 def _model_line(cfg: Config, est: Estimate) -> str:
+    if est.measured is not None:
+        return measured_model_line(est)
     return f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
 
 
@@ -91,8 +97,10 @@ def _batch_line(cfg: Config, est: Estimate) -> str:
     pieces = f"{passes} × {lay.degrees.dp} data-parallel × micro-batch {lay.micro_batch}"
     if lay.degrees.pp > 1:
         pieces += f" × {lay.microbatches} pipeline micro-batches"
-    tokens = global_batch_size(cfg) * lay.tokens
-    return f"{global_batch_size(cfg)} samples per step ({tokens:,} tokens) = {pieces} (a pass: {per_pass})"
+    tokens = f" ({global_batch_size(cfg) * lay.tokens:,} tokens)"
+    if est.measured is not None and est.measured.input_kind != "tokens":
+        tokens = ""
+    return f"{global_batch_size(cfg)} samples per step{tokens} = {pieces} (a pass: {per_pass})"
 
 
 def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
@@ -100,7 +108,14 @@ def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
     return ", ".join(shown)
 
 
-ACTIVATION_PARTS = ("blocks", "stage outputs", "input", "head and loss", "pipeline outputs")
+ACTIVATION_PARTS = (
+    "blocks",
+    "stage outputs",
+    "input",
+    "head and loss",
+    "pipeline outputs",
+    "saved for backward",
+)
 
 
 def memory_table(cfg: Config, est: Estimate) -> list[str]:
@@ -113,6 +128,10 @@ def memory_table(cfg: Config, est: Estimate) -> list[str]:
     shard = "sharded" if est.layout.sharded else "local"
     device = "host (offloaded)" if mem.host else f"fp32, {shard}"
     flying = f"{mem.blocks} blocks, {mem.in_flight} micro-batch{'es' * (mem.in_flight > 1)} in flight"
+    if est.measured is not None:
+        flying = (
+            f"measured, micro-batch {est.layout.micro_batch}" if not est.measured.note else "not measured"
+        )
     buffer_names = tuple(k for k in mem.parts if k not in ACTIVATION_PARTS)
     # GiB, or MiB for the small models of a CPU run.
     unit, scale = ("GiB", GIB) if max(mem.total, v.capacity) >= GIB else ("MiB", MIB)
@@ -214,6 +233,7 @@ def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
         f"batch     {_batch_line(cfg, est)}",
         "",
         *memory_table(cfg, est),
+        *[line for line in [activation_line(est)] if line],
         verdict_line(cfg, est),
         "",
         *time_table(cfg, est),
@@ -246,13 +266,19 @@ def summary(cfg: Config, est: Estimate) -> str:
         cost = f", ${t.cost:,.2f}" if t.cost is not None else ""
         text += f"; ~{t.step_s:.3g} s per step, {t.gpu_hours:.3g} GPU-hours{cost}"
         text += f" for {cfg.trainer.max_steps} steps"
+    if est.measured is not None:  # a user's model: how its numbers were found
+        acts = est.measured.activations_in(est.layout.regime)
+        how = est.measured.note
+        if acts is not None:
+            how = f"measured on CPU ({human_bytes(acts.saved.per_sample)} per sample)"
+        text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"
     return text
 
 
-def check_fits(cfg: Config) -> Estimate:
+def check_fits(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
     """The check before a submission to GPUs: the estimate, or a one-line ConfigError with its numbers and
-    the fastest layout that fits."""
-    est = estimate(cfg)
+    the fastest layout that fits. ``measured``: the facts of a model without declared shapes."""
+    est = estimate(cfg, measured)
     v = est.verdict
     if v.kind != "gpu" or v.fits:
         return est
@@ -265,7 +291,7 @@ def check_fits(cfg: Config) -> Estimate:
         f"{gib(v.reserve):.1f} GiB reserve "
         f"for the CUDA context and fragmentation"
     )
-    alts = alternatives(cfg, limit=1)
+    alts = alternatives(cfg, limit=1, measured=measured)
     if alts:
         best = alts[0]
         step = f", ~{best.estimate.time.step_s:.2g} s per step" if best.estimate.time is not None else ""
@@ -292,13 +318,13 @@ def machine_memory_bytes() -> int | None:
     return None
 
 
-def check_fits_here(cfg: Config) -> Estimate | None:
+def check_fits_here(cfg: Config, measured: MeasuredModel | None = None) -> Estimate | None:
     """The check before a run of CPU processes on this machine: every process holds its model state and
     activations in this machine's memory; a run that cannot fit in all of it is a one-line ConfigError."""
     total = machine_memory_bytes()
     if total is None:
         return None
-    est = estimate(cfg)
+    est = estimate(cfg, measured)
     per_rank = est.largest.total + est.largest.host
     need = per_rank * est.world
     if need <= total:
@@ -333,10 +359,14 @@ def run(name: str, argv: list[str]) -> int:
     try:
         cfg = to_typed(compose(args.overrides, user_config_dirs(args.config_dir)))
         check_run(cfg)
-        est = estimate(cfg)
+        measured = measured_for(cfg)
+        est = estimate(cfg, measured)
     except ConfigError as err:
+        user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
+        if user_traceback:
+            print(user_traceback, file=sys.stderr, end="")
         print(f"hpctrain: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    alts = alternatives(cfg, limit=args.top) if args.top > 0 else []
+    alts = alternatives(cfg, limit=args.top, measured=measured) if args.top > 0 else []
     print(report(cfg, est, alts))
     return EXIT_DOES_NOT_FIT if not est.verdict.fits else 0

@@ -60,11 +60,63 @@ def _resolve_dir(text: str, path: Path) -> Target:
         raise JobsError(f"{text}: unreadable record ({err})") from None
     if job is not None:
         return Target(text, run_dir=path, job=job)
+    if RunDir(path).multirun.is_file() or _numbered_runs(path):
+        return Target(text, sweep=local_sweep(path), sweep_dir=path)
     if RunDir(path).config.is_file() or RunDir(path).metrics.is_file():
         return Target(text, run_dir=path)  # a local run
     raise JobsError(
         f"{text}: not a run or sweep directory (no {JOB_RECORD}, {SWEEP_RECORD} or {METRICS_FILE})"
     )
+
+
+LOCAL = "local"  # the "array job id" and cluster of a sweep run here
+
+
+def _numbered_runs(path: Path) -> list[Path]:
+    """The member run directories of a sweep run here: numbered folders holding a run's config (Hydra's
+    basic sweeper writes multirun.yaml beside them, the Optuna sweeper optimization_results.yaml)."""
+    found = [p for p in path.iterdir() if p.is_dir() and p.name.isdigit() and RunDir(p).config.is_file()]
+    return sorted(found, key=lambda p: int(p.name))
+
+
+def local_sweep(path: Path) -> SweepRecord:
+    """A sweep run here (``-m`` with cluster=local): its members are the numbered run directories Hydra made,
+    their overrides those Hydra recorded in each member's .hydra/overrides.yaml."""
+    from omegaconf import OmegaConf
+
+    members = []
+    for folder in sorted(
+        (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    ):
+        recorded = folder / ".hydra" / "overrides.yaml"
+        overrides = [str(o) for o in OmegaConf.load(recorded)] if recorded.is_file() else []
+        members.append(SweepMember(int(folder.name), overrides, str(folder), f"{LOCAL}:{folder.name}"))
+    return SweepRecord(array_job_id=LOCAL, cluster=LOCAL, members=members)
+
+
+def local_states(sweep: SweepRecord) -> dict[str, JobState]:
+    """What a local sweep's members are doing, from their run directories: RUNNING while a process holds the
+    directory's lock, FAILED when a rank left its error, COMPLETED at trainer.max_steps, else STOPPED."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.rundir import RunLock
+
+    states = {}
+    for member in sweep.members:
+        run = RunDir(Path(member.run_dir))
+        records = run.read_metrics(64 * 1024)
+        step = records[-1].get("step", 0) if records else 0
+        max_steps = OmegaConf.load(run.config).trainer.max_steps if run.config.is_file() else None
+        if RunLock(run.path).is_held():
+            word = "RUNNING"
+        elif run.error_files():
+            word = "FAILED"
+        elif max_steps is not None and step >= max_steps:
+            word = "COMPLETED"
+        else:
+            word = "STOPPED"
+        states[member.job_id] = JobState(member.job_id, word, "", "localhost", "")
+    return states
 
 
 def _resolve_job_id(job_id: str) -> Target:

@@ -45,28 +45,79 @@ def train(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    nesting = [o for o in overrides if o.lstrip("+~").startswith("hydra/launcher=submitit")]
+    if nesting:  # each member would be a job that submits a job of its own
+        print(
+            f"hpctrain: {nesting[0].lstrip('+~')}: hydra-submitit-launcher would submit jobs that submit "
+            "jobs again (valid: leave hydra/launcher out: -m with a Slurm cluster profile is one job "
+            "array, dry_run included)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     record_project_dir()
     if not informational:
         try:
             first, composed = precheck(overrides, multirun=args.multirun, config_dirs=config_dirs)
         except ConfigError as err:
+            if args.cfg:  # --cfg: the config as composed, even when it is invalid, then what is wrong
+                _print_composed(overrides, config_dirs, args.cfg)
             user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
             if user_traceback:
                 print(user_traceback, file=sys.stderr, end="")
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
-            if first.dry_run and model_spec(first.model).transformer:
+            if first.dry_run:
+                from hpctrain.cli.measured import measured_for
                 from hpctrain.cli.plan import summary
                 from hpctrain.plan.estimate import estimate
 
-                print(summary(first, estimate(first)), flush=True)  # the memory and time plan, one line
+                try:  # a user's model: measured by the precheck already (cached), else now
+                    est = estimate(first, measured_for(first))
+                except ConfigError as err:
+                    print(f"hpctrain: {err}", file=sys.stderr)
+                    return EXIT_BAD_CONFIG
+                print(summary(first, est), flush=True)  # the memory and time plan, one line
+                return _dry_run(first, composed)
             return _run_single(composed, config_dirs)
+        if args.multirun and first.dry_run and not args.cfg:
+            from hpctrain.config.redact import secret_env
+
+            members = sweep_members(overrides)
+            if len(members) > 0 and not _interval_sweep(overrides):  # a grid: listed without Hydra's run
+                where = "a job array" if first.cluster.kind == "slurm" else "one after another here"
+                sweep_dir = Path(composed.hydra.sweep.dir).absolute()
+                print(f"Dry run: nothing started. {len(members)} members would run ({where}) in {sweep_dir}:")
+                secrets = secret_env(first.cluster.env)
+                for i, member in enumerate(members):
+                    line = " ".join(member)
+                    for value in secrets.values():  # a secret cluster.env value is never printed
+                        line = line.replace(value, "***")
+                    print(f"  {i}  {line}")
+                return 0
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")
     flags = [a for a in argv if a not in args.overrides]
     return _run_hydra([*flags, *overrides])
+
+
+def _print_composed(overrides: list[str], config_dirs: list[Path], which: str) -> None:
+    """``--cfg job|hydra|all`` for a config that composes but does not validate (nothing when it cannot
+    even be composed: the error line says why)."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.compose import compose
+
+    try:
+        cfg = compose(overrides, config_dirs)
+    except ConfigError:
+        return
+    job = OmegaConf.create({k: cfg[k] for k in cfg if k != "hydra"})
+    hydra = OmegaConf.create({"hydra": cfg.hydra})
+    parts = {"job": [job], "hydra": [hydra], "all": [hydra, job]}[which]
+    for part in parts:
+        print(OmegaConf.to_yaml(part, resolve=False), end="", flush=True)
 
 
 def precheck(
@@ -94,22 +145,16 @@ def precheck(
             return precheck(overrides, multirun, config_dirs)
         check_run(typed)
         _probe_once(typed, probed)
-        planned = model_spec(typed.model).transformer  # the memory estimate covers declared models
-        if not planned:
-            if typed.plan_check and typed.cluster.gpus_per_node > 0 and not checked:
-                note = (
-                    f"hpctrain: note: no memory estimate for model {typed.model.target} (the planner reads "
-                    "the built-in models' declared shapes); submitting without the check"
-                )
-                print(note, file=sys.stderr)
-        elif typed.plan_check and typed.cluster.gpus_per_node > 0:
-            from hpctrain.cli.plan import check_fits
+        if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
+            # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
+            from hpctrain.cli.measured import measured_for
+            from hpctrain.cli.plan import check_fits, check_fits_here
 
-            check_fits(typed)  # the memory per GPU must fit
-        elif typed.plan_check and typed.cluster.kind == "local":
-            from hpctrain.cli.plan import check_fits_here
-
-            check_fits_here(typed)  # the processes must fit in this machine's memory
+            measured = measured_for(typed)
+            if typed.cluster.gpus_per_node > 0:
+                check_fits(typed, measured)  # the memory per GPU must fit
+            else:
+                check_fits_here(typed, measured)  # the processes must fit in this machine's memory
         checked.append((typed, cfg))
         for path in shadowed_choices(cfg, config_dirs or []):
             if path not in warned:  # Hydra finds hpctrain's conf/ first
@@ -161,6 +206,14 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
+def _interval_sweep(overrides: list[str]) -> bool:
+    """Whether a sweeper chooses the members as it goes (``interval(...)``: Optuna and the like)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    return any(parser.parse_override(o).is_interval_sweep() for o in overrides)
+
+
 def _probe_once(cfg: Config, probed: set[str]) -> None:
     """Try the user's model, data and loss on the meta device (hpctrain.train.probe), once per distinct
     combination of a sweep. Imports torch, but only for runs that bring their own code."""
@@ -203,6 +256,20 @@ def _run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
     return 0
 
 
+def _dry_run(typed: Config, cfg: DictConfig) -> int:
+    """Print the plan and the rendered submission; create no directory and no file (Hydra's ``run_job``
+    would make the run directory and its .hydra/ files)."""
+    import logging
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.launch import get_launcher
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # no log file either
+    HydraConfig.instance().set_config(cfg)  # what the launchers read of Hydra's node; nothing written
+    return int(get_launcher(typed).launch(typed, Path(cfg.hydra.run.dir).absolute()) or 0)
+
+
 def _run_hydra(argv: list[str]) -> int:
     import hydra
 
@@ -216,7 +283,7 @@ def _run_hydra(argv: list[str]) -> int:
     return 0
 
 
-def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
+def _task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.compose import to_typed
@@ -245,3 +312,8 @@ def _task(cfg) -> None:  # type: ignore[no-untyped-def]  # Hydra passes a DictCo
             lock.release()
     if status:
         raise SystemExit(status)
+    if typed.cluster.kind == "local":  # a sweeper that chooses trials from results (Optuna) reads it
+        from hpctrain.launch.array import final_objective
+
+        return final_objective(run_dir)
+    return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,14 @@ def schema_of(group: str, option: str | None, config_dirs: Sequence[Path] = ()) 
         if isinstance(entry, str) and entry.startswith(f"/schema/{group}/"):
             return schemas.get(entry.split("/")[3].split("@")[0])
     return None
+
+
+def nearest(key: str, names: Sequence[str] | set[str]) -> str:
+    """``; did you mean NAME?`` for the closest of ``names`` to a misspelt ``key``, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(names), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def field_names(schema: type) -> list[str]:
@@ -142,7 +151,7 @@ def to_typed(cfg: DictConfig) -> Config:
                 raise ConfigError(
                     f"{group}.{key}",
                     node._get_node(key)._value(),
-                    "unknown key",
+                    "unknown key" + nearest(str(key), known),
                     valid=", ".join(sorted(known)),
                 )
     run_keys = {key: cfg[key] for key in cfg if key != "hydra"}
@@ -198,14 +207,26 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
         if group in GROUPS and rest:
             schema = schema_of(group, _choice(group, parsed), dirs)
             valid = ", ".join(field_names(schema)) if schema else None
+            hint = nearest(rest, field_names(schema)) if schema else ""
             if group in TARGET_GROUPS:
                 own = ", ".join(k for k in DATA_KEYS if k != "_target_") if group == "data" else ""
                 valid = f"{own + '; ' if own else ''}the option's own keys, or add one with +{full_key}=VALUE"
-            return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}", valid=valid)
+            return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}{hint}", valid=valid)
         return ConfigError(
             full_key, parsed.get(full_key), "unknown config group or key", valid="groups " + ", ".join(GROUPS)
         )
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = str(err)
+    found = re.search(r"In '([^']+)'.*?Key '([^']+)' not in .*?full_key: (\S+)", text, re.S)
+    if found:  # a key of an option file (a cluster profile of the user's) that its group's schema lacks
+        source, key, full_key = found.groups()
+        group = full_key.split(".", 1)[0]
+        schema = schema_of(group, source.split("/")[-1], dirs) if group in GROUPS else None
+        names = field_names(schema) if schema else []
+        path = option_file(group, source.split("/")[-1], dirs)
+        value = OmegaConf.load(path).get(key) if path is not None else None
+        reason = f"unknown key in {path or source}{nearest(key, names)}"
+        return ConfigError(full_key, value, reason, valid=", ".join(names) or None)
+    first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return ConfigError("", None, first_line)
 
 

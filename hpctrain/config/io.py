@@ -26,5 +26,7 @@ def load_run_config(path: Path) -> Config:
     raw = OmegaConf.load(path)
     typed_raw = {key: raw[key] for key in raw}
     for group, schemas in GROUP_SCHEMAS.items():
-        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), raw[group])
+        # A group the file lacks (written before the group existed, e.g. task) takes the schema's defaults.
+        given = raw.get(group, {})
+        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), given)
     return to_config(typed_raw)

@@ -26,6 +26,15 @@ class ModelConfig:
 
     target: str = MISSING
     args: dict[str, Any] = field(default_factory=dict)
+    # Start from these weights (a new run: fresh optimizer, step 0): a safetensors file or folder, a torch
+    # state dict, a transformers save_pretrained folder, an hpctrain checkpoint or run directory
+    # (hpctrain.checkpoint.io). Ignored once the run directory holds a checkpoint of its own.
+    init_from: str | None = None
+    init_strict: bool = True  # false: load the names that fit, report the rest
+
+
+# The model group's own keys (in every composed config: model.init_from=... needs no +).
+MODEL_KEYS: dict[str, Any] = {"init_from": None, "init_strict": True}
 
 
 @dataclass
@@ -164,6 +173,16 @@ class ClusterConfig:
     mem: str | None = None  # per node, Slurm syntax (e.g. 480G; 0 = all of it)
     constraint: str | None = None
     exclude: str | None = None
+    exclusive: bool = False  # whole nodes: no other job shares them
+    gres: str | None = None  # generic resources, e.g. gpu:a100:4 (instead of gpus_per_node)
+    gpus_per_task: int | None = None
+    reservation: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None  # e.g. END,FAIL (hpctrain.slurm.spec.MAIL_TYPES)
+    dependency: str | None = None  # e.g. afterok:1234 or singleton
+    # Any other sbatch option, {long-option-name: value} (true: a flag). Checked like the keys above; the
+    # options hpctrain sets itself are refused here (they have keys of their own).
+    additional: dict[str, Any] = field(default_factory=dict)
     job_name: str = "hpctrain"
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
@@ -245,11 +264,23 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     progress_bar: bool = True
+    tensorboard: bool = False  # event files in <run>/tensorboard (tensorboard --logdir <run>), traces beside
     wandb: bool = False
     wandb_project: str = "hpctrain"
     wandb_entity: str | None = None
     wandb_mode: str = "offline"  # offline | online | disabled
     wandb_tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TaskConfig:
+    """What each rank runs: hpctrain's trainer (``train``), or the user's own script (``script``) with
+    hpctrain's launch, rendezvous environment and pre-emption handling (hpctrain.resilience.script)."""
+
+    name: str = "train"  # train | script
+    path: str | None = None  # script: the file, relative to the folder the command is typed in
+    args: list[str] = field(default_factory=list)  # script: its command-line arguments
+    signal: str = "TERM"  # script: what the pre-emption warning (cluster.signal) is forwarded as
 
 
 @dataclass
@@ -261,7 +292,7 @@ class Config:
     plan_check: bool = True
     # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
     # them into ModelConfig / DataConfig / LossConfig.
-    model: Any = MISSING
+    model: Any = field(default_factory=lambda: dict(MODEL_KEYS))
     data: Any = field(default_factory=lambda: dict(DATA_KEYS))
     loss: Any = MISSING
     parallel: ParallelConfig = MISSING
@@ -269,6 +300,7 @@ class Config:
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
     logger: LoggerConfig = MISSING
+    task: TaskConfig = field(default_factory=TaskConfig)  # a run directory written before tasks: train
     # Test-only fault injection (hpctrain.faults); the default group `none` injects nothing.
     faults: FaultsConfig = MISSING
 
@@ -283,13 +315,14 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "trainer": {"trainer": TrainerConfig},
     "logger": {"logger": LoggerConfig},
     "faults": {"faults": FaultsConfig},
+    "task": {"task": TaskConfig},
 }
 
 SLURM_ARRAY_LAUNCHER = "hpctrain_slurm"
 
 
 # Mappings of a group given whole on the command line, without ``+`` for each key.
-OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split")}
+OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split"), "cluster": ("additional",)}
 
 
 def register_configs() -> None:

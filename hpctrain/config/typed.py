@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from hpctrain.config.schema import DATA_KEYS, Config, DataConfig, LossConfig, ModelConfig
+from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, Config, DataConfig, LossConfig, ModelConfig
 from hpctrain.errors import ConfigError
 
 T = TypeVar("T")
@@ -60,8 +60,13 @@ def _target(value: Any, group: str) -> str:
 
 def _model(node: Any) -> ModelConfig:
     raw = _container(node, "model")
+    own = {k: raw.pop(k) for k in list(raw) if k in MODEL_KEYS}
     target = _target(raw.pop(TARGET, None), "model")
-    return ModelConfig(target=target, args=raw)
+    if own.get("init_from") is not None and not isinstance(own["init_from"], str):
+        raise ConfigError("model.init_from", own["init_from"], "not a path", valid="a file or directory")
+    if not isinstance(own.get("init_strict", True), bool):
+        raise ConfigError("model.init_strict", own["init_strict"], "expected true or false")
+    return ModelConfig(target=target, args=raw, **own)
 
 
 def _loss(plain: dict[str, Any]) -> LossConfig:
@@ -92,6 +97,9 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
     """``schema`` filled with ``values``, each checked against its field's type (a ConfigError naming
     ``group.key`` otherwise); the caller has checked that every key is a field."""
     fields = {f.name: f.type for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    plain = _plain_values(fields, values)
+    if plain is not None:  # the planner's search builds thousands of specs: skip OmegaConf when it can
+        return schema(**plain)
     node = OmegaConf.structured(schema)
     for key, value in values.items():
         try:
@@ -100,6 +108,27 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
             raise ConfigError(f"{group}.{key}", value, f"expected {fields[key]}") from None
     out = OmegaConf.to_object(node)
     assert isinstance(out, schema)
+    return out
+
+
+_PLAIN = {"int": (int,), "float": (float, int), "bool": (bool,), "str": (str,)}
+
+
+def _plain_values(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, Any] | None:
+    """``values`` as the fields' types when each is already one of them (an int for a float field becomes
+    a float, as OmegaConf would make it), else None: OmegaConf checks and converts the rest."""
+    out = {}
+    for key, value in values.items():
+        annotation = str(fields[key])
+        optional = annotation.endswith(" | None")
+        kinds = _PLAIN.get(annotation.removesuffix(" | None"))
+        if kinds is None or (value is None and not optional):
+            return None
+        if value is not None and (
+            not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+        ):
+            return None
+        out[key] = float(value) if kinds[0] is float and value is not None else value
     return out
 
 

@@ -34,11 +34,16 @@ from hpctrain.errors import ConfigError
 from hpctrain.faults import check_faults
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.slurm.spec import (
+    DEPENDENCY,
     ENV_NAME,
+    MAIL_TYPES,
+    MAIL_USER,
+    RESERVED_SBATCH,
     SAFE_CONSTRAINT,
     SAFE_CONTAINER,
     SAFE_MOUNT,
     SAFE_SLURM_TOKEN,
+    SBATCH_OPTION,
     TIME_FORMATS_HELP,
     parse_time_limit,
 )
@@ -61,6 +66,8 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_no_control_characters(cfg)
     check_finite(cfg)
     check_data(cfg.data)
+    _check_init_from(cfg.model.init_from)
+    _check_task(cfg)
     _check_cluster(cfg)
     _check_parallel(cfg)
     _check_optim(cfg)
@@ -81,6 +88,45 @@ def _one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(key, value, f"must be ≥ {low}")
+
+
+TASKS = ("train", "script")
+SCRIPT_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2")
+
+
+def _check_task(cfg: Config) -> None:
+    """``task=script``: a file that exists here (the job runs a snapshot of it), and a signal to forward."""
+    t = cfg.task
+    _one_of("task", t.name, TASKS)
+    if t.name != "script":
+        return
+    if not t.path or not t.path.strip():
+        raise ConfigError(
+            "task.path", t.path, "missing or empty", valid="your training script, e.g. train.py"
+        )
+    path = Path(t.path).expanduser()
+    if not path.is_file():
+        raise ConfigError("task.path", t.path, "no such file", valid="a path relative to this folder")
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError("task.path", t.path, "not inside this folder (the job runs a snapshot of it)",
+                          valid="a relative path without ..")  # fmt: skip
+    _one_of("task.signal", t.signal, SCRIPT_SIGNALS)
+    if cfg.cluster.kind == "slurm" and t.signal == cfg.cluster.signal:
+        raise ConfigError("task.signal", t.signal, "is cluster.signal itself: the script would get it twice",
+                          valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal))  # fmt: skip
+
+
+def _check_init_from(path: str | None) -> None:
+    """``model.init_from``: weights that exist (what they hold is read when the run starts)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ConfigError("model.init_from", path, "empty", valid="a weights file or directory, or null")
+    if not Path(path).expanduser().exists():
+        raise ConfigError(
+            "model.init_from", path, "no such file or directory",
+            valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
+        )  # fmt: skip
 
 
 def check_data(data: DataConfig) -> None:
@@ -174,6 +220,7 @@ def _check_cluster(cfg: Config) -> None:
                 "contains characters a shell or sbatch would act on",
                 valid="letters, digits and _ . , : @ % + = [ ] -",
             )
+    _check_sbatch_options(c)
     if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
         raise ConfigError(
             "cluster.constraint",
@@ -262,6 +309,39 @@ def _check_parallel(cfg: Config) -> None:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+def _check_sbatch_options(c: Any) -> None:
+    """The sbatch options of their own keys and ``cluster.additional`` (any other one, by its long name)."""
+    for key in ("gres", "reservation"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
+            raise ConfigError(f"cluster.{key}", value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+    if c.gpus_per_task is not None:
+        _at_least("cluster.gpus_per_task", c.gpus_per_task, 1)
+    if c.mail_user is not None and not MAIL_USER.fullmatch(c.mail_user):
+        raise ConfigError("cluster.mail_user", c.mail_user, "not an e-mail address", valid="user@host")
+    if c.mail_type is not None:
+        for kind in c.mail_type.split(","):
+            _one_of("cluster.mail_type", kind, MAIL_TYPES)
+    if c.dependency is not None and not DEPENDENCY.fullmatch(c.dependency):
+        raise ConfigError("cluster.dependency", c.dependency, "not a Slurm dependency",
+                          valid="e.g. afterok:1234, afterany:12:13, singleton")  # fmt: skip
+    for name, value in c.additional.items():
+        key = f"cluster.additional.{name}"
+        if not SBATCH_OPTION.fullmatch(str(name)):
+            raise ConfigError(
+                key, value, "not an sbatch long option name", valid="e.g. comment, nice, licenses"
+            )
+        if str(name).replace("_", "-") in RESERVED_SBATCH:
+            raise ConfigError(key, value, "hpctrain sets this option itself",
+                              valid="its own key, e.g. cluster.exclusive, cluster.mail_type")  # fmt: skip
+        if isinstance(value, bool) or value is None:
+            continue  # a flag (true), or left out
+        if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
+            raise ConfigError(key, value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
 
 
 def _check_pp_split(split: dict[str, Any]) -> None:

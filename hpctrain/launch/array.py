@@ -130,11 +130,12 @@ def wait_for_objectives(job_ids: list[str], run_dirs: list[Path]) -> dict[str, f
         time.sleep(POLL_S)
     results: dict[str, float | None] = {}
     for job_id, run_dir in zip(job_ids, run_dirs, strict=True):
-        results[job_id] = _final_objective(run_dir) if states[job_id].state == "COMPLETED" else None
+        results[job_id] = final_objective(run_dir) if states[job_id].state == "COMPLETED" else None
     return results
 
 
-def _final_objective(run_dir: Path) -> float | None:
+def final_objective(run_dir: Path) -> float | None:
+    """A run's final val_loss (else loss): what a sweeper such as Optuna minimises."""
     records = RunDir(run_dir).read_metrics()  # a torn last line (a crash mid-write) is skipped
     if not records:
         return None

@@ -2,8 +2,8 @@
 
 The script is ``<run dir>/job.sbatch``, rendered from ``hpctrain/sbatch_templates/<cluster.sbatch_template>
 .sbatch.j2``: ``srun`` (one Slurm task per rank) or ``torchrun`` (one task per node, torchrun starts the
-ranks). It is a plain file a person can read, edit and submit again. ``dry_run=true`` writes and prints it
-and submits nothing. No torch import on this path: it runs on login nodes.
+ranks). It is a plain file a person can read, edit and submit again. ``dry_run=true`` prints it
+and writes and submits nothing. No torch import on this path: it runs on login nodes.
 
 Every config value that reaches the script was validated (:func:`hpctrain.config.validate._check_cluster`)
 or is quoted here or in the template (the ``quote`` filter is :func:`shlex.quote`).
@@ -19,7 +19,7 @@ from pathlib import Path
 import jinja2
 
 from hpctrain.config.redact import export_secrets
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
@@ -97,7 +97,24 @@ def render_script(cfg: Config, run_dir: Path) -> str:
         ),
         srun_args=container_srun_args(c),
         python=python,
+        extra_options=_extra_options(c),
     )
+
+
+def _extra_options(c: ClusterConfig) -> list[str]:
+    """``--name=value`` / ``--flag`` for the sbatch options beyond the template's fixed lines (validated)."""
+    from hpctrain.launch.slurm import sbatch_extras
+
+    options = {
+        "exclusive": True if c.exclusive else None, "gres": c.gres, "gpus-per-task": c.gpus_per_task,
+        "mail-user": c.mail_user, "mail-type": c.mail_type, "dependency": c.dependency,
+    }  # fmt: skip
+    extras = {k: v for k, v in sbatch_extras(c).items() if k not in ("requeue", "signal")}
+    return [
+        f"--{name}" if value is True else f"--{name}={value}"
+        for name, value in {**options, **extras}.items()
+        if value is not None
+    ]
 
 
 class SbatchLauncher:
@@ -109,13 +126,13 @@ class SbatchLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         path = run_dir / SCRIPT
+        if cfg.dry_run:  # printed, not written: a dry run leaves nothing behind
+            print_dry_run(cfg, run_dir, script)
+            log.info("Without dry_run it is written to %s and submitted", path)
+            return 0
         path.touch(mode=0o700)
         path.chmod(0o700)  # the job script is the user's alone
         path.write_text(script)
-        if cfg.dry_run:
-            print_dry_run(cfg, run_dir, script)
-            log.info("Written to %s; submit it with: sbatch %s", path, shlex.quote(str(path)))
-            return 0
         check_client()
         try:
             take_snapshot(cfg.cluster, run_dir)

@@ -61,16 +61,41 @@ def submitit_parameters(
         "srun_args": container_srun_args(cluster) or None,
         "array_parallelism": cluster.array_parallelism,
         "stderr_to_stdout": True,
-        # Requeueable even where JobRequeue=0: on pre-emption the job requeues itself (hpctrain.resilience).
-        "additional_parameters": {"requeue": True},
+        "exclusive": True if cluster.exclusive else None,
+        "gres": cluster.gres,
+        "gpus_per_task": cluster.gpus_per_task,
+        "mail_user": cluster.mail_user,
+        "mail_type": cluster.mail_type,
+        "dependency": cluster.dependency,
+        "additional_parameters": sbatch_extras(cluster),
     }
     return {k: v for k, v in params.items() if v is not None}
+
+
+def sbatch_extras(cluster: ClusterConfig) -> dict[str, Any]:
+    """The sbatch options without a submitit parameter of their own: requeue, the warning signal (submitit
+    writes USR2 otherwise), the reservation and ``cluster.additional`` (a flag when true, left out when
+    false)."""
+    extras: dict[str, Any] = {
+        # Requeueable even where JobRequeue=0: on pre-emption the job requeues itself (hpctrain.resilience).
+        "requeue": True,
+        "signal": f"{cluster.signal}@{cluster.signal_lead_s}",
+    }
+    if cluster.reservation is not None:
+        extras["reservation"] = cluster.reservation
+    for name, value in cluster.additional.items():
+        if value is not None and value is not False:
+            extras[str(name).replace("_", "-")] = value
+    return extras
 
 
 def _executor(cluster: ClusterConfig, folder: Path, root: Path, plan: ProjectSnapshot | None) -> Any:
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=folder / "%j")
+    # In a container the image's python runs the job (the login node's venv is not inside it).
+    executor = submitit.SlurmExecutor(
+        folder=folder / "%j", python="python3" if cluster.container_image else None
+    )
     params = submitit_parameters(cluster, root / SNAPSHOT_DIR, project_path_entry(plan, root), project_dir())
     executor.update_parameters(**params)
     return executor

@@ -1,4 +1,5 @@
-"""Rank 0's outputs: the console (a progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B.
+"""Rank 0's outputs: the console (a progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B,
+TensorBoard (the same numbers as metrics.jsonl, at the same steps).
 
 metrics.jsonl holds one JSON object per logged step. After a resume from step S, records past S (written
 before a crash, and about to be produced again) are dropped first, so every step appears once.
@@ -55,6 +56,8 @@ class Observer:
         self._progress: Progress | None = None
         self._task: Any = None
         self._wandb: Any = None
+        self._tensorboard: Any = None
+        self._val_loss: float | None = None
 
     def start(self, start_step: int, total_steps: int, wandb_run_id: str | None) -> str | None:
         """Begin at ``start_step``; return the W&B run id to store in checkpoints (None without W&B)."""
@@ -71,6 +74,13 @@ class Observer:
             )
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
             self._progress.start()
+        if self.cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: events past the resumed step (written before a crash) go, as in metrics.jsonl
+            self._tensorboard = SummaryWriter(
+                str(RunDir(self.run_dir).tensorboard), purge_step=start_step + 1, flush_secs=10
+            )
         if self.cfg.wandb and self.cfg.wandb_mode != "disabled":
             wandb_run_id = self._start_wandb(wandb_run_id)
         return wandb_run_id
@@ -97,17 +107,26 @@ class Observer:
     def advance(self, step: int, loss: float | None = None) -> None:
         if self._progress is not None:
             info = f"loss {loss:.4f}" if loss is not None else ""
-            self._progress.update(self._task, completed=step, info=info)
+            if self._val_loss is not None:
+                info += f" val_loss {self._val_loss:.4f}"
+            self._progress.update(self._task, completed=step, info=info.strip())
 
     def log(self, record: dict[str, Any]) -> None:
         record = {**record, "time": round(time.time(), 3)}
         self.metrics.write(record)
+        # W&B and TensorBoard chart numbers; names (the straggler's host) stay in metrics.jsonl.
+        numbers = {
+            k: v
+            for k, v in record.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")
+        }
+        if record.get("val_loss") is not None:
+            self._val_loss = float(record["val_loss"])
         if self._wandb is not None:
-            # W&B charts numbers; names (the straggler's host) stay in metrics.jsonl.
-            numbers = {
-                k: v for k, v in record.items() if isinstance(v, (int, float)) and k not in ("step", "time")
-            }
             self._wandb.log(numbers, step=record["step"])
+        if self._tensorboard is not None:
+            for key, value in numbers.items():
+                self._tensorboard.add_scalar(key, value, record["step"])
         if self._progress is None:
             log.info(format_record(record))
         else:
@@ -117,6 +136,8 @@ class Observer:
         if self._progress is not None:
             self._progress.stop()
         self.metrics.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
 

@@ -1,6 +1,8 @@
 """Memory per GPU and time per step of a run, computed from its typed config alone.
 
 Must not import torch: ``hpctrain plan`` and the check before every submission run on login nodes.
+A model that declares no shapes (a user's ``_target_``) is counted by :mod:`hpctrain.plan.user` from the
+facts its caller measured; everything below is about the built-in transformers.
 
 Memory is counted per rank, for the model as ``hpctrain.parallel.apply.parallelize`` lays it out:
 
@@ -47,6 +49,7 @@ from hpctrain.config.shape import (
     world_size,
 )
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import MeasuredModel
 from hpctrain.models.spec import ParamSpec, model_spec
 from hpctrain.plan.layout import (
     CUDA_CONTEXT_GIB,
@@ -69,6 +72,7 @@ from hpctrain.plan.memory import (
     rank_memory,
 )
 from hpctrain.plan.time import StepTime, pipeline_bubble, step_time
+from hpctrain.plan.user import user_rank_memory, user_step_time
 
 
 # --------------------------------------------------------------------------------------------- verdict
@@ -139,6 +143,7 @@ class Estimate:
     largest: RankMemory
     verdict: Verdict
     time: StepTime | None
+    measured: MeasuredModel | None = None  # a model without declared shapes: what was measured of it
 
 
 def check_plan_inputs(cfg: Config) -> None:
@@ -154,9 +159,26 @@ def check_plan_inputs(cfg: Config) -> None:
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")
 
 
-def estimate(cfg: Config) -> Estimate:
-    """The plan of a validated config (``hpctrain.config.validate.validate``)."""
+def estimate(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
+    """The plan of a validated config (``hpctrain.config.validate.validate``). A model that declares no
+    shapes (a user's) is planned from ``measured``, its facts (:mod:`hpctrain.plan.user`); without them it
+    is a ConfigError."""
     check_plan_inputs(cfg)
+    if measured is not None:
+        lay = layout_of(cfg, tokens=measured.tokens_per_sample)
+        user_ranks = tuple(user_rank_memory(cfg, lay, measured, r) for r in range(lay.degrees.pp))
+        mem = max(user_ranks, key=lambda m: (m.total, m.model_state))
+        return Estimate(
+            model=model_spec(cfg.model).name,
+            n_params=measured.n_params,
+            world=world_size(cfg),
+            layout=lay,
+            ranks=user_ranks,
+            largest=mem,
+            verdict=verdict(cfg, mem),
+            time=user_step_time(cfg, lay, measured),
+            measured=measured,
+        )
     lay = layout_of(cfg)
     ranks = tuple(rank_memory(cfg, lay, r) for r in range(lay.degrees.pp))
     largest = max(ranks, key=lambda m: (m.total, m.model_state))

@@ -100,7 +100,8 @@ class Layout:
         return self.micro_batch * self.tokens
 
 
-def layout_of(cfg: Config) -> Layout:
+def layout_of(cfg: Config, tokens: int | None = None) -> Layout:
+    """``tokens``: per sample, for a model without declared shapes (measured: hpctrain.plan.user)."""
     d = degrees(cfg)
     p, t = cfg.parallel, cfg.trainer
     sharded = d.dp_shard > 1
@@ -118,7 +119,7 @@ def layout_of(cfg: Config) -> Layout:
         microbatches=microbatches,
         passes=passes,
         micro_batch=t.micro_batch_size,
-        tokens=planned_model(cfg).tokens_per_sample,
+        tokens=planned_model(cfg).tokens_per_sample if tokens is None else tokens,
         seq_shards=d.tp if d.tp > 1 and p.sequence_parallel else 1,
         ac=p.activation_checkpointing,
     )

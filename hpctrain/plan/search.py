@@ -24,6 +24,7 @@ from hpctrain.config.shape import (
     world_size,
 )
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import MeasuredModel
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
 from hpctrain.plan.layout import planned_model
@@ -65,8 +66,13 @@ def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
             yield "3d", {"pp": pp, "dp_shard": world // (pp * tp), "tp": tp}
 
 
-def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int) -> bool:
-    """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first."""
+def _splits_model(
+    cfg: Config, tp: int, pp: int, per_rank: int, measured: MeasuredModel | None = None
+) -> bool:
+    """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first. A
+    measured model (a user's: no declared shapes) splits over data-parallel ranks only."""
+    if measured is not None:
+        return tp == 1 and pp == 1
     model = planned_model(cfg)
     if tp > 1:
         if model.n_heads % tp or (model.d_model * model.mlp_ratio) % tp:
@@ -78,8 +84,10 @@ def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int) -> bool:
     return not (pp > 1 and model.n_layers % (pp * per_rank))
 
 
-def _candidates(cfg: Config) -> Iterator[Config]:
+def _candidates(cfg: Config, measured: MeasuredModel | None = None) -> Iterator[Config]:
     p, t = cfg.parallel, cfg.trainer
+    # A measured model: full checkpointing where blocks were found to wrap (selective is not measured).
+    ac_modes = AC_MODES if measured is None else ("none", "full")[: 1 + bool(measured.blocks)]
     world = world_size(cfg)
     batch = global_batch_size(cfg)
     # Keep the user's schedule when it pipelines already; otherwise 1F1B, which needs one stage per rank.
@@ -88,7 +96,7 @@ def _candidates(cfg: Config) -> Iterator[Config]:
     for name, dims in _layouts(world):
         pp, tp = dims.get("pp", 1), dims.get("tp", 1)
         dp = dims.get("dp_replicate", 1) * dims.get("dp_shard", 1)
-        if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1):
+        if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1, measured):
             continue
         sharded = dims.get("dp_shard", 1) > 1
         degrees = {
@@ -98,7 +106,7 @@ def _candidates(cfg: Config) -> Iterator[Config]:
         if name in ("ddp", "fsdp", "tp", "pp"):
             degrees = dict.fromkeys(degrees, 0)
         reshards = (True, False) if name == "fsdp" else (p.reshard_after_forward,)
-        for ac in AC_MODES:
+        for ac in ac_modes:
             for reshard in reshards:
                 for factor in MICROBATCH_FACTORS if pp > 1 else (1,):
                     m = pp * factor if pp > 1 else p.microbatches
@@ -152,19 +160,20 @@ def _rank_key(est: Estimate) -> tuple[float, int]:
     return step, est.largest.total
 
 
-def alternatives(cfg: Config, limit: int = 3) -> list[Alternative]:
+def alternatives(cfg: Config, limit: int = 3, measured: MeasuredModel | None = None) -> list[Alternative]:
     """Up to ``limit`` layouts that fit, fastest first (least memory first when the step time is unknown):
     for each split of the ranks (strategy and degrees) its fastest variant (checkpointing, pipeline
-    micro-batches, the largest micro-batch size that fits)."""
+    micro-batches, the largest micro-batch size that fits). ``measured``: the facts of a model without
+    declared shapes (see ``estimate``)."""
     found: dict[tuple[str, ...], Estimate] = {}
     configs: dict[tuple[str, ...], Config] = {}
     settled: set[tuple[str, ...]] = set()  # layouts whose best micro-batch size is known
     current = overrides_for(cfg, cfg)
-    for candidate in _candidates(cfg):
+    for candidate in _candidates(cfg, measured):
         layout = overrides_for(cfg, dataclasses.replace(candidate, trainer=cfg.trainer))
         if layout in settled:
             continue
-        est = estimate(candidate)
+        est = estimate(candidate, measured)
         if not est.verdict.fits:
             continue
         settled.add(layout)  # smaller micro-batches of it are no faster

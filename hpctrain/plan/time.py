@@ -4,6 +4,7 @@ Torch-free; the method and its sources are in :mod:`hpctrain.plan.estimate`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
@@ -87,13 +88,43 @@ def _comm(cfg: Config, name: str, volume: float, size: int, stride: int, hidden_
 def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -> list[Comm]:
     """What one rank sends per step, by strategy (ring collectives: all-reduce 2(n−1)/n × size, all-gather
     and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles)."""
-    p, model, d = cfg.parallel, planned_model(cfg), lay.degrees
+    model, d = planned_model(cfg), lay.degrees
     dt = dtypes(lay.regime)
-    comms: list[Comm] = []
     whole = unsharded_numel(cfg, lay, mem.pp_rank)
     forward_passes = lay.passes * lay.microbatches
-    tp_stride, shard_stride = 1, d.tp
-    replicate_stride, pp_stride = d.tp * d.dp_shard, d.tp * d.dp
+    tp_stride, pp_stride = 1, d.tp * d.dp
+    comms = data_parallel_comms(cfg, lay, whole, compute_s, 2 * cfg.parallel.powersgd_rank / model.d_model)
+    if d.tp > 1:
+        n, width = lay.n_tokens, model.d_model
+        # Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the
+        # same bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's.
+        per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
+        all_reduces = mem.blocks * per_block
+        volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
+        if model.input_kind == "tokens":
+            # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
+            volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
+            volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
+        comms.append(_comm(cfg, "TP collectives", volume * forward_passes, d.tp, tp_stride, 0.0))
+    if d.pp > 1:
+        stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
+        boundaries = sum(1 for s in mem.stages if s != lay.n_stages - 1) + sum(
+            1 for s in mem.stages if s != 0
+        )
+        volume = forward_passes * boundaries * stream  # activations forward, their gradients backward
+        comms.append(_comm(cfg, "PP send/receive", volume, d.pp, pp_stride, 0.0))
+    return comms
+
+
+def data_parallel_comms(
+    cfg: Config, lay: Layout, whole: int, compute_s: float, powersgd_factor: float
+) -> list[Comm]:
+    """DDP's, FSDP's and HSDP's communication for ``whole`` parameter elements per rank (before FSDP's
+    sharding); ``powersgd_factor``: the share of the gradient bytes PowerSGD sends."""
+    p, d = cfg.parallel, lay.degrees
+    comms: list[Comm] = []
+    forward_passes = lay.passes * lay.microbatches
+    shard_stride, replicate_stride = d.tp, d.tp * d.dp_shard
     if d.dp_replicate > 1 and not lay.sharded:
         n = d.dp_replicate
         grad_bytes = whole * FP32
@@ -102,7 +133,7 @@ def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -
         # P (a × r) and Q (b × r) for each a × b matrix: r(a + b)/(ab), about 2r/d for square blocks.
         factor = {"fp16": 0.5, "bf16": 0.5, "topk": 1.5 * p.topk_ratio * n}.get(p.compression, 1.0)
         if p.compression == "powersgd":
-            factor = 2 * p.powersgd_rank / model.d_model
+            factor = powersgd_factor
         volume = 2 * (n - 1) / n * grad_bytes * factor
         # DDP all-reduces each bucket as soon as its gradients are ready: it overlaps the backward.
         comms.append(_comm(cfg, "DDP all-reduce", volume, n, replicate_stride, BACKWARD_SHARE * compute_s))
@@ -129,25 +160,6 @@ def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -
             volume = lay.passes * 2 * (r - 1) / r * whole / n * FP32
             window = max(0.0, compute_s - (fsdp.seconds or 0.0))
             comms.append(_comm(cfg, "HSDP all-reduce", volume, r, replicate_stride, window))
-    if d.tp > 1:
-        n, width = lay.n_tokens, model.d_model
-        # Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the
-        # same bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's.
-        per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
-        all_reduces = mem.blocks * per_block
-        volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-        if model.input_kind == "tokens":
-            # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
-            volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-            volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
-        comms.append(_comm(cfg, "TP collectives", volume * forward_passes, d.tp, tp_stride, 0.0))
-    if d.pp > 1:
-        stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
-        boundaries = sum(1 for s in mem.stages if s != lay.n_stages - 1) + sum(
-            1 for s in mem.stages if s != 0
-        )
-        volume = forward_passes * boundaries * stream  # activations forward, their gradients backward
-        comms.append(_comm(cfg, "PP send/receive", volume, d.pp, pp_stride, 0.0))
     return comms
 
 
@@ -165,17 +177,27 @@ def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
     c = cfg.cluster
     if not c.peak_flops:
         return None
+    model_flops = planned_model(cfg).flops_per_token() * global_batch_size(cfg) * lay.tokens
+    return timed_step(cfg, lay, model_flops, lay.ac, lambda seconds: communication(cfg, lay, mem, seconds))
+
+
+def timed_step(
+    cfg: Config, lay: Layout, model_flops: float, ac: str, comms_of: Callable[[float], list[Comm]]
+) -> StepTime:
+    """The step of ``model_flops`` (forward and backward, all ranks) under checkpointing ``ac`` (as
+    applied: "none" where it applies to nothing), its communication ``comms_of(compute seconds)``."""
+    c = cfg.cluster
+    assert c.peak_flops
     samples = global_batch_size(cfg)
     tokens = samples * lay.tokens
-    model_flops = planned_model(cfg).flops_per_token() * tokens
     # Full checkpointing runs each block's forward again in the backward: one third more (the forward is 2
     # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
-    executed = model_flops * (4 / 3 if lay.ac == "full" else 1.0)
+    executed = model_flops * (4 / 3 if ac == "full" else 1.0)
     ranks = world_size(cfg)
     compute_s = executed / ranks / (c.peak_flops * c.achievable_mfu)
-    if lay.ac == "selective":
+    if ac == "selective":
         compute_s *= 1 + SELECTIVE_RECOMPUTE
-    comms = communication(cfg, lay, mem, compute_s)
+    comms = comms_of(compute_s)
     blocking = sum(x.exposed_s or 0.0 for x in comms if x.name.startswith(("TP", "PP")))
     hidden = sum(x.exposed_s or 0.0 for x in comms if not x.name.startswith(("TP", "PP")))
     bubble = pipeline_bubble(cfg.parallel.schedule, lay.degrees.pp, lay.microbatches, lay.per_rank)

@@ -52,22 +52,20 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
     """Requeue ``job_id`` (rank 0 asks), or raise RequeueCapReached on every rank when the cap is reached.
     A job that was cancelled is left to end."""
     if commands.was_cancelled(job_id):
-        log.info(
-            "Stopped by %s at step %d (checkpoint saved): the job was cancelled, not requeueing", reason, step
-        )
+        log.info("Stopped by %s %s: the job was cancelled, not requeueing", reason, _saved(step))
         return
     done = restart_count()
     if done >= max_requeues:
         raise RequeueCapReached(
-            f"stopped by {reason} at step {step} (checkpoint saved), but the job was already requeued {done} "
+            f"stopped by {reason} {_saved(step)}, but the job was already requeued {done} "
             f"time{'s' * (done != 1)} and cluster.max_requeues={max_requeues}: not requeueing. "
             "Resubmit with trainer.resume=auto to continue."
         )
     if is_main:
         log.info(
-            "Stopped by %s at step %d; requeueing job %s (requeue %d of at most %d)",
+            "Stopped by %s %s; requeueing job %s (requeue %d of at most %d)",
             reason,
-            step,
+            _saved(step),
             job_id,
             done + 1,
             max_requeues,
@@ -78,18 +76,22 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
             state = commands.job_fields(job_id).get("JobState", "")
             if state not in BEING_REQUEUED:
                 raise RequeueFailed(
-                    f"stopped by {reason} at step {step} (checkpoint saved), but scontrol requeue {job_id} "
+                    f"stopped by {reason} {_saved(step)}, but scontrol requeue {job_id} "
                     f"failed: {why}. Resubmit with trainer.resume=auto to continue."
                 )
             # A pre-empting partition with PreemptMode=REQUEUE requeues the job itself: then this is a no-op.
             log.warning(
-                "scontrol requeue %s failed (%s) while Slurm requeues the job itself (%s); the checkpoint of "
-                "step %d is saved either way",
+                "scontrol requeue %s failed (%s) while Slurm requeues the job itself (%s); %s either way",
                 job_id,
                 why,
                 state,
-                step,
+                _saved(step),
             )
+
+
+def _saved(step: int) -> str:
+    """What was kept: hpctrain's checkpoint of ``step``, or (step < 0) whatever the user's script saved."""
+    return f"at step {step} (checkpoint saved)" if step >= 0 else "(the script saved its own state)"
 
 
 def respond_to_fault(

@@ -9,7 +9,8 @@
     <run>/logs/rank<R>.log            each rank's log; rank<R>.error.json: the error it died of
     <run>/heartbeats/rank<R>.json     the hang watchdog's heartbeats
     <run>/checkpoints/step_<N>/       committed checkpoints (hpctrain.rundir.checkpoints)
-    <run>/profile/                    torch.profiler traces
+    <run>/profile/                    torch.profiler traces (logger.tensorboard: tensorboard/plugins/profile/)
+    <run>/tensorboard/                TensorBoard event files (logger.tensorboard)
     <run>/plots/                      hpctrain report's PNGs
     <run>/.lock                       the exclusive lock of the run using it (hpctrain.rundir.lock)
 
@@ -98,6 +99,11 @@ class RunDir:
     @property
     def profile(self) -> Path:
         return self.path / "profile"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's log directory: event files, and profiler traces under plugins/profile/."""
+        return self.path / "tensorboard"
 
     @property
     def plots(self) -> Path:

@@ -56,6 +56,20 @@ class RunLock:
         self._fd = fd
         return self
 
+    def is_held(self) -> bool:
+        """Whether a live process holds the lock (a shared probe: nothing is written, nothing kept)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):

@@ -18,6 +18,24 @@ SAFE_SLURM_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=\[\]\-]+$")
 # Constraints may combine features with & and | inside an #SBATCH line (not a shell): allow those too.
 SAFE_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:@%+=\[\]\-&|*()]+$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# sbatch --mail-type values (sbatch(1)).
+MAIL_TYPES = (
+    "NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+    "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
+)  # fmt: skip
+MAIL_USER = re.compile(r"^[A-Za-z0-9_.+\-]+@[A-Za-z0-9_.\-]+$")
+# --dependency: type[:job_id[:job_id...]] joined by , (all) or ? (any); job ids may carry +time or _task.
+DEPENDENCY = re.compile(
+    r"^(singleton|[a-z]+(:[0-9]+([_+][0-9]+)?)+)([,?](singleton|[a-z]+(:[0-9]+([_+][0-9]+)?)+))*$"
+)
+SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9]*([-_][a-z0-9]+)*$")
+# Options hpctrain writes itself (each has a key of its own or is the job's machinery): not in additional.
+RESERVED_SBATCH = (
+    "job-name", "partition", "account", "qos", "time", "nodes", "ntasks-per-node", "ntasks", "cpus-per-task",
+    "gpus-per-node", "mem", "constraint", "exclude", "exclusive", "gres", "gpus-per-task", "reservation",
+    "mail-user", "mail-type", "dependency", "signal", "requeue", "no-requeue", "output", "error", "array",
+    "open-mode", "wrap", "chdir", "export",
+)  # fmt: skip
 # Container image references (docker://, registry/image:tag, squashfs paths) and mount specs src:dst[:flags].
 SAFE_CONTAINER = re.compile(r"^[A-Za-z0-9_./:@+#\-]+$")
 SAFE_MOUNT = re.compile(r"^[A-Za-z0-9_./\-]+:[A-Za-z0-9_./\-]+(:[a-z,]+)?$")

@@ -47,43 +47,16 @@ def probe(cfg: Config) -> None:
     """Build the model on the meta device and run it and the loss on one collated batch; raise a
     ConfigError for a mismatch, let the user's own exceptions through."""
     import torch
-    from torch import nn
 
-    from hpctrain.data import build_datasets
-    from hpctrain.data.user import build_user_datasets
-    from hpctrain.models.spec import model_spec
     from hpctrain.train.loss import build_objective, to_device
 
-    factory = locate("model._target_", cfg.model.target)
-    check_arguments("model._target_", factory, cfg.model.target, _top_level(cfg.model.args))
-    locate("loss._target_", cfg.loss.target)
-    if cfg.data.target is not None:
-        check_arguments("data._target_", locate("data._target_", cfg.data.target), cfg.data.target,
-                        _top_level(cfg.data.args), extra=("split",))  # fmt: skip
-    from hydra.utils import instantiate
-
-    with torch.device("meta"):
-        model = user_call(
-            "model._target_", cfg.model.target,
-            lambda: instantiate({"_target_": cfg.model.target, **cfg.model.args}, _convert_="all"),
-        )  # fmt: skip
-    if not isinstance(model, nn.Module):
-        raise ConfigError(
-            "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
-        )
+    model = build_model(cfg, "meta")
     split = check_splits(cfg, model)
     if cfg.parallel.block_classes:  # names that match nothing: one line now, not a traceback on every rank
         from hpctrain.parallel.blocks import find_blocks
 
         find_blocks(model, cfg.parallel.block_classes)
-    if cfg.data.target is not None:
-        train_set, _ = user_call(
-            "data._target_", cfg.data.target,
-            lambda: build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate),
-        )  # fmt: skip
-    else:
-        train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
-    batch = train_set.get_batch([0, 1 % len(train_set)])
+    batch = first_batches(cfg, [2])[0]
     objective = build_objective(cfg.loss, cfg.data)
     batch = to_device(batch, torch.device("meta"))
     try:
@@ -118,6 +91,49 @@ def probe(cfg: Config) -> None:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
+
+
+def build_model(cfg: Config, device: str) -> Any:
+    """The run's model built on ``device`` ("meta": shapes and dtypes only, no memory, no initialisation),
+    its arguments checked first; a ConfigError for anything but an ``nn.Module``, a UserCodeError (with the
+    user's traceback) for an exception of the user's code."""
+    import torch
+    from hydra.utils import instantiate
+    from torch import nn
+
+    factory = locate("model._target_", cfg.model.target)
+    check_arguments("model._target_", factory, cfg.model.target, _top_level(cfg.model.args))
+    locate("loss._target_", cfg.loss.target)
+    if cfg.data.target is not None:
+        check_arguments("data._target_", locate("data._target_", cfg.data.target), cfg.data.target,
+                        _top_level(cfg.data.args), extra=("split",))  # fmt: skip
+    with torch.device(device):
+        model = user_call(
+            "model._target_", cfg.model.target,
+            lambda: instantiate({"_target_": cfg.model.target, **cfg.model.args}, _convert_="all"),
+        )  # fmt: skip
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
+        )
+    return model
+
+
+def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
+    """For each of ``sizes``, that many first items of the training set, collated as the trainer collates
+    them (on the CPU; the dataset is built once)."""
+    from hpctrain.data import build_datasets
+    from hpctrain.data.user import build_user_datasets
+    from hpctrain.models.spec import model_spec
+
+    if cfg.data.target is not None:
+        train_set, _ = user_call(
+            "data._target_", cfg.data.target,
+            lambda: build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate),
+        )  # fmt: skip
+    else:
+        train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
+    return [train_set.get_batch([i % len(train_set) for i in range(n)]) for n in sizes]
 
 
 def check_splits(cfg: Config, model: Any) -> Any:

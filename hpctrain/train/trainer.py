@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain.checkpoint.io import init_from
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
@@ -34,6 +35,7 @@ from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.spec import model_spec
 from hpctrain.observe.loggers import Observer
+from hpctrain.observe.profile import profile_dir, start_profiler
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
@@ -100,7 +102,10 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
-    par = parallelize(build_model(cfg.model), cfg, device, shape)
+    model = build_model(cfg.model)
+    if cfg.model.init_from is not None:
+        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank)
+    par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
     scaler = _grad_scaler(par, device, t.precision)
@@ -193,7 +198,7 @@ def fit(
         watchdog.enter(state.step + 1, "data")
         run.faults.at("step", state.step + 1)
         if state.step + 1 == profile_first:
-            profiler = _start_profiler(run_dir, env.rank, device)
+            profiler = start_profiler(profile_dir(cfg, run_dir), env.rank, device)
         data_start = time.perf_counter()
         run.faults.at("data", state.step + 1)
         passes = run.batches.next_step()
@@ -364,21 +369,6 @@ def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContex
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=dtype)
-
-
-def _start_profiler(run_dir: Path, rank: int, device: torch.device) -> torch.profiler.profile:
-    """A torch.profiler trace of the coming steps, written as RUN_DIR/profile/rank<R>.*.pt.trace.json
-    (Chrome trace format: TensorBoard's profiler plugin and ui.perfetto.dev read it)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(
-        activities=activities,
-        record_shapes=True,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(RunDir(run_dir).profile), f"rank{rank}"),
-    )
-    profiler.start()
-    return profiler
 
 
 def _grad_scaler(par: Parallelized, device: torch.device, precision: str) -> torch.amp.GradScaler:

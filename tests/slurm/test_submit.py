@@ -42,9 +42,11 @@ def queued_jobs() -> list[str]:
 
 
 def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
+    """Also: sbatch options as people know them reach the job (cluster.additional, cluster.exclusive)."""
     run = tmp_path / "run"
     started = time.monotonic()
-    result = hpctrain(*SMALL, f"hydra.run.dir={run}")
+    extra = ["cluster.additional.comment=hpctrain-test", "cluster.exclusive=true"]
+    result = hpctrain(*SMALL, *extra, f"hydra.run.dir={run}")
     submit_s = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     record = read_job(run)
@@ -55,6 +57,10 @@ def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
 
     state = wait_final([record.job_id])[record.job_id]
     assert state.state == "COMPLETED", (state, (run / "logs" / "rank0.log").read_text()[-2000:])
+    shown = subprocess.run(
+        ["scontrol", "show", "job", record.job_id], capture_output=True, text=True, check=True
+    ).stdout
+    assert "Comment=hpctrain-test" in shown and "OverSubscribe=NO" in shown, shown
     ranks = json.loads((run / "ranks.json").read_text())
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert {r["host"] for r in ranks} == {"node1", "node2"}

@@ -1,0 +1,201 @@
+"""Weights in and out of hpctrain: read a model's weights from what a user has, write them where others read.
+
+Reading (``model.init_from``, ``hpctrain export``, ``hpctrain generate``), never unpickling anything but
+tensors:
+
+- an hpctrain checkpoint (``checkpoints/step_N``) or a run directory (its latest committed checkpoint): the
+  model's tensors of the DCP checkpoint, consolidated in this process through the safe reader
+  (:mod:`hpctrain.checkpoint.safe`), whatever layout saved it;
+- a safetensors file, or a folder of them (transformers' ``save_pretrained`` shards with their index);
+- a torch state dict (``.pt`` / ``.bin``), loaded with ``weights_only=True``; a dict holding it under
+  ``state_dict`` or ``model`` is unwrapped.
+
+Keys are matched to the model's by name; common wrappers' prefixes (``module.`` of DDP, ``_orig_mod.`` of
+``torch.compile``, transformers' ``model.``) are mapped when that makes more of them match.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpctrain.config.schema import ModelConfig
+from hpctrain.errors import ConfigError
+from hpctrain.rundir import checkpoints as layout
+
+log = logging.getLogger(__name__)
+WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")
+# Where a checkpoint holds the model (hpctrain.train.trainer's "model_optim" Stateful, its "model" part).
+CHECKPOINT_MODEL = "model_optim.model."
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def read_weights(path: Path, key: str = "model.init_from") -> dict[str, torch.Tensor]:
+    """Every tensor of the weights at ``path`` by name (see the module docstring), or a one-line
+    ConfigError for ``key`` naming why they cannot be read."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(key, str(path), "no such file or directory")
+    try:
+        if path.is_dir():
+            return _read_dir(path, key)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        return _torch_state_dict(path, key)
+    except ConfigError:
+        raise
+    except Exception as err:  # a damaged or foreign file: its reader's own words, in one line
+        text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise ConfigError(key, str(path), f"cannot be read as weights: {text}") from None
+
+
+def _read_dir(path: Path, key: str) -> dict[str, torch.Tensor]:
+    if (path / ".metadata").is_file():
+        return read_checkpoint_model(path, key)
+    if (path / "checkpoints").is_dir() or path.name == "checkpoints":
+        root = path if path.name == "checkpoints" else path / "checkpoints"
+        committed = layout.committed(root)
+        if not committed:
+            raise ConfigError(key, str(path), "holds no committed checkpoint")
+        return read_checkpoint_model(committed[0], key)
+    shards = sorted(path.glob("*.safetensors"))
+    index = path / SAFETENSORS_INDEX
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = [path / name for name in files]
+    if shards:
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            weights.update(load_file(str(shard)))
+        return weights
+    for name in ("pytorch_model.bin", "model.pt", "weights.pt"):
+        if (path / name).is_file():
+            return _torch_state_dict(path / name, key)
+    raise ConfigError(
+        key,
+        str(path),
+        "holds no weights",
+        valid="a checkpoint, a run directory, *.safetensors or a .pt/.bin file",
+    )
+
+
+def _torch_state_dict(path: Path, key: str) -> dict[str, torch.Tensor]:
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    for wrapper in ("state_dict", "model"):
+        if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
+            loaded = loaded[wrapper]
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise ConfigError(key, str(path), "is not a state dict (a mapping of names to tensors)")
+    return dict(loaded)
+
+
+def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict[str, torch.Tensor]:
+    """The model's tensors of a committed hpctrain checkpoint, whole (however many ranks saved them), read in
+    this process with the safe reader: nothing but tensors is unpickled."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
+
+    problem = layout.problem_with(directory)
+    if problem:
+        raise ConfigError(key, str(directory), problem)
+    metadata = SafeFileSystemReader(directory).read_metadata()
+    model: dict[str, torch.Tensor] = {}
+    for name, meta in metadata.state_dict_metadata.items():
+        if name.startswith(CHECKPOINT_MODEL) and isinstance(meta, TensorStorageMetadata):
+            model[name.removeprefix(CHECKPOINT_MODEL)] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    if not model:
+        raise ConfigError(key, str(directory), "holds no model tensors")
+    state = {"model_optim": {"model": model}}
+    with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        reader = SafeFileSystemReader(directory)
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+    return model
+
+
+def init_from(model: nn.Module, model_cfg: ModelConfig, resume: str, checkpoints: Path, rank: int) -> None:
+    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
+    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
+    rank fills its whole model before the layout splits it."""
+    path = model_cfg.init_from
+    own = [] if resume == "never" else layout.committed(checkpoints)
+    if resume not in ("auto", "never") or own:
+        if rank == 0:
+            which = resume if resume not in ("auto", "never") else own[0]
+            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
+        return
+    problems = load_into(model, Path(str(path)), model_cfg.init_strict)
+    if rank == 0:
+        log.info("Initialised the model from %s%s", path, f" ({'; '.join(problems)})" if problems else "")
+
+
+def wanted_names(model: nn.Module) -> list[str]:
+    """The names a model's weights are saved under: its state dict's, each tied parameter once (its first
+    name: GPT's ``tok_emb.weight``, not the LM head's alias)."""
+    from hpctrain.parallel.shared import tied_parameters
+
+    aliases = {name for names in tied_parameters(model) for name in names[1:]}
+    return [name for name in model.state_dict() if name not in aliases]
+
+
+def match_names(wanted: list[str], given: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``given`` renamed to the model's names where a wrapper prefix differs: the mapping (strip or add one of
+    :data:`WRAPPER_PREFIXES`) under which the most names match; names nothing maps stay as they are."""
+    want = set(wanted)
+
+    def renamed(rename: Any) -> dict[str, torch.Tensor]:
+        return {rename(k): v for k, v in given.items()}
+
+    candidates = [renamed(lambda k: k)]
+    for prefix in WRAPPER_PREFIXES:
+        candidates.append(renamed(lambda k, p=prefix: k.removeprefix(p)))
+        candidates.append(renamed(lambda k, p=prefix: p + k))
+    return max(candidates, key=lambda c: len(want & set(c)))
+
+
+def load_into(model: nn.Module, path: Path, strict: bool = True, key: str = "model.init_from") -> list[str]:
+    """Fill ``model``'s weights from ``path``. Missing or unexpected names, or a shape that differs, are one
+    ConfigError line when ``strict``; otherwise what matches is loaded and the rest returned as warnings."""
+    wanted = wanted_names(model)
+    weights = match_names(wanted, read_weights(path, key))
+    own = model.state_dict()
+    missing = [name for name in wanted if name not in weights]
+    unexpected = [name for name in weights if name not in own]
+    wrong = [
+        f"{name} {tuple(weights[name].shape)} ≠ {tuple(own[name].shape)}"
+        for name in wanted
+        if name in weights and weights[name].shape != own[name].shape
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing ({_few(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
+    if wrong:
+        problems.append(f"{len(wrong)} of another shape ({_few(wrong)})")
+    if problems and strict:
+        raise ConfigError(
+            key, str(path), "does not fit the model: " + "; ".join(problems),
+            valid="weights of this model, or model.init_strict=false to load what fits",
+        )  # fmt: skip
+    usable = {n: t for n, t in weights.items() if n in own and t.shape == own[n].shape}
+    with torch.no_grad():
+        for name, tensor in usable.items():
+            own[name].copy_(tensor.to(own[name].dtype))
+    return problems
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f", … {len(names) - shown} more" if len(names) > shown else "")
