@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import hpctrain, metrics
+from conftest import REPO, hpctrain, metrics
 
 from hpctrain.cli.prepare import run as run_prepare
 from hpctrain.config.catalog import read_token_header
@@ -216,3 +221,30 @@ def test_a_bad_input_through_the_real_command_has_no_traceback(tmp_path: Path) -
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.startswith("hpctrain: ") and len(result.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stopped_prepare_with_workers_leaves_nothing(trained: Path, tmp_path: Path, sig: int) -> None:
+    """Ctrl-C (to the whole process group) or SIGTERM while 2 workers encode: one line, no temporary file."""
+    text = b"".join(p.read_bytes() for p in sorted(STDLIB.glob("*.py")))
+    big = tmp_path / "big.txt"
+    big.write_bytes(text * max(1, 8_000_000 // len(text)))  # seconds of BPE encoding
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "hpctrain", "prepare", str(big), "--out", str(out / "x.bin"),
+           "--tokenizer", str(trained.with_suffix(".tokenizer.json")), "--workers", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.is_dir() and any(out.iterdir())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the workers are encoding
+        assert proc.poll() is None, "finished before it could be stopped"
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip().splitlines() == [
+        "hpctrain: prepare interrupted; nothing was written"
+    ], err
+    assert not out.exists()

@@ -7,8 +7,10 @@ refuses, 1 otherwise), and nothing is left half-written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from hpctrain.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError
 from hpctrain.data.tokenfile import header_path, tokenizer_path
@@ -54,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM (scancel, kill) unwinds like Ctrl-C: the temporary file is removed
+
+
 def run(name: str, argv: list[str]) -> int:
     from hpctrain.data.prepare import prepare_tokens  # numpy: only when it runs
 
@@ -65,6 +71,7 @@ def run(name: str, argv: list[str]) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     out = Path(args.out)
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         header = prepare_tokens(
             [Path(p) for p in args.inputs],
@@ -81,6 +88,8 @@ def run(name: str, argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("hpctrain: prepare interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     tok = header["tokenizer"]
     saved = f", tokenizer {tokenizer_path(out)}" if tok and tok["kind"] == "tokenizers" else ""
     print(
