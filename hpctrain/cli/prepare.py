@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: the unwinding is not interrupted
     raise KeyboardInterrupt  # SIGTERM (scancel, kill) unwinds like Ctrl-C: the temporary file is removed
 
 

@@ -17,6 +17,8 @@ import os
 import signal
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +33,25 @@ _worker_tok: Any = None  # this process's tokenizers.Tokenizer, or None for byte
 _SERIAL = "TOKENIZERS_PARALLELISM"  # "false": tokenizers encodes a batch on this thread only
 
 
-def _init_worker(json_text: str | None, pool: bool = False) -> None:
+def _init_worker(json_text: str | None) -> None:
     global _worker_tok
-    if pool:  # Ctrl-C reaches the whole process group: the parent stops the pool and removes the file
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tok = None
     if json_text is not None:
         import tokenizers
 
         os.environ[_SERIAL] = "false"  # one worker, one core: --workers says how many are used
         _worker_tok = tokenizers.Tokenizer.from_str(json_text)
+
+
+def _submit(pool: ProcessPoolExecutor, batch: list[bytes]) -> Future[np.ndarray]:
+    """``pool.submit(_encode, batch)`` with SIGINT blocked: a worker it starts keeps it blocked for life, so
+    Ctrl-C (sent to the whole process group) reaches only this process, which stops the work (no worker
+    prints a traceback); a Ctrl-C while blocked here is delivered when it returns."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(_encode, batch)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _encode(batch: list[bytes]) -> np.ndarray:
@@ -68,15 +79,21 @@ def _encoded(batches: Iterator[list[bytes]], json_text: str | None, workers: int
             else:
                 os.environ[_SERIAL] = serial
         return
-    # spawn: the workers never inherit a tokenizers thread pool (training uses one) through fork.
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (json_text, True)) as pool:
-        pending: deque[Any] = deque()
+    # spawn: the workers never inherit a tokenizers thread pool (training uses one) through fork. A worker
+    # killed (SIGTERM to the group) breaks the pool, which then fails every pending task instead of hanging.
+    pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _init_worker, (json_text,))
+    try:
+        pending: deque[Future[np.ndarray]] = deque()
         for batch in batches:
-            pending.append(pool.apply_async(_encode, (batch,)))
+            pending.append(_submit(pool, batch))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        raise OSError("a tokenizing worker process died (killed, or out of memory?)") from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_outputs(out: Path, inputs: list[Path]) -> None:
