@@ -105,6 +105,17 @@ def test_data_tokens_trains_on_it(trained: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert max(m.get("step", 0) for m in metrics(run)) == 3
+    # The tokenizer travels: an export carries a copy, and generate speaks the run's BPE from either.
+    exported = hpctrain("export", str(run), "--to", str(tmp_path / "export"))
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "export" / "tokenizer.json").read_bytes() == tokenfile.tokenizer_path(
+        trained
+    ).read_bytes()
+    args = ["--prompt", "def decode(self", "--max-new-tokens", "8", "--seed", "1"]
+    from_run = hpctrain("generate", str(run), *args)
+    from_export = hpctrain("generate", str(tmp_path / "export"), *args)
+    assert from_run.returncode == 0, from_run.stderr
+    assert from_run.stdout == from_export.stdout and from_run.stdout.startswith("def decode(self")
 
 
 def test_streaming_cuts_pieces_at_newlines_and_characters(tmp_path: Path) -> None:

@@ -136,11 +136,15 @@ def export(
             torch.save(weights, partial / "model.pt")
         else:
             _save_safetensors(weights, partial, int(max_shard_gb * 2**30))
+        from hpctrain.data.codec import copy_tokenizer
+
+        data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
+        tokenizer = copy_tokenizer(data, partial)  # generate and people find it with the weights
         meta = {
             "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": layout.step_of(checkpoint),
             "source": str(checkpoint), "weights": fmt, "dtype": dtype,
             "model": {"_target_": cfg.model.target, **cfg.model.args},
-            "data": {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)},
+            "data": data, "tokenizer": tokenizer,
         }  # fmt: skip
         (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
         if to.exists():

@@ -97,7 +97,7 @@ def generate(
     if not source.exists():
         raise ConfigError("SOURCE", str(source), "no such file or directory")
     model, model_cfg, data = load_model(source, step)
-    tokenizer = tokenizer_for_data(data)
+    tokenizer = tokenizer_for_data(data, source if (source / "hpctrain.json").is_file() else None)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ConfigError("--prompt", prompt, "gives no tokens")

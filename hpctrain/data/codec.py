@@ -6,7 +6,10 @@ file names its tokenizer in its header when it was made with one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
+
+EXPORT_TOKENIZER = "tokenizer.json"  # an export's copy of the run's tokenizer
 
 
 class Tokenizer(Protocol):
@@ -27,14 +30,37 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-def tokenizer_for_data(data: dict[str, Any]) -> Tokenizer:
-    """The tokenizer of a run's data (``{"name": ..., "path": ...}``): a token file's own when its header
-    names one, else bytes."""
+def tokenizer_for_data(data: dict[str, Any], export: Path | None = None) -> Tokenizer:
+    """The tokenizer of a run's data (``{"name": ..., "path": ...}``): an export's own copy
+    (``tokenizer.json``), else a token file's as its header records it, else bytes."""
+    from hpctrain.errors import ConfigError
+
+    if export is not None and (export / EXPORT_TOKENIZER).is_file():
+        from hpctrain.data.tokenizer import load_file
+
+        return load_file(export / EXPORT_TOKENIZER)
     path = data.get("path")
     if data.get("name") == "tokens" and path:
-        from hpctrain.data import tokenfile
+        from hpctrain.data.tokenfile import tokenizer_for
 
-        found = getattr(tokenfile, "tokenizer_for", None)
-        if found is not None:
-            return found(path)
+        try:
+            return tokenizer_for(path)
+        except (ValueError, OSError) as err:
+            raise ConfigError("data.path", path, str(err).splitlines()[0]) from None
     return ByteTokenizer()
+
+
+def copy_tokenizer(data: dict[str, Any], folder: Path) -> str:
+    """Put the run's tokenizer beside exported weights (``tokenizer.json``); what it is: a file or bytes."""
+    import shutil
+
+    path = data.get("path")
+    if data.get("name") != "tokens" or not path:
+        return "bytes"
+    from hpctrain.data.tokenfile import tokenizer_path
+
+    source = tokenizer_path(path)
+    if not source.is_file():
+        return "bytes"
+    shutil.copyfile(source, folder / EXPORT_TOKENIZER)
+    return EXPORT_TOKENIZER
