@@ -214,12 +214,12 @@ def _scancel(job_ids: list[str]) -> None:
 
 
 def _where(sweep: SweepRecord) -> str:
-    return "run here" if sweep.cluster == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
+    return "run here" if sweep.array_job_id == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
 
 
 def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
     """Slurm's word for every member of an array, or what a local sweep's run directories say."""
-    if sweep.cluster == LOCAL:
+    if sweep.array_job_id == LOCAL:  # a sweep run here (hpctrain.cli.targets.local_sweep)
         return local_states(sweep)
     return states_of([m.job_id for m in sweep.members])
 

@@ -58,7 +58,8 @@ class StragglerMonitor:
         )
         self._data.clear()
         everyone = torch.empty(dist.get_world_size() * 2, dtype=torch.float64, device=self.device)
-        dist.all_gather_into_tensor(everyone, mine)
+        # torch 2.13 renamed all_gather_into_tensor to all_gather_single; the old name warns on every call.
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(everyone, mine)
         times = everyone.view(-1, 2).cpu().tolist()
         worst: tuple[float, int, str, float] = (0.0, 0, "", 0.0)
         for column, phase in enumerate(("data", "compute")):
