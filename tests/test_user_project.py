@@ -61,8 +61,10 @@ def test_config_dir_reaches_the_run(tmp_path: Path):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert "Plan: 1 local process" in result.stdout + result.stderr
-    assert "name: mine" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "Plan: 1 local process" in result.stdout + result.stderr  # mine.yaml's nproc
+    assert not run_dir.exists(), "a dry run writes nothing"
+    shown = hpctrain("--config-dir", "conf", "cluster=mine", "--cfg", "job", cwd=project, timeout=60)
+    assert shown.returncode == 0 and "name: mine" in shown.stdout, shown.stderr
 
 
 def test_searchpath_override_works_too(tmp_path: Path):
