@@ -15,23 +15,12 @@ from pathlib import Path
 
 import pytest
 from conftest import hpctrain, metrics
+from test_parallel import MODEL
 
-from hpctrain.verify.layouts import LAYOUTS, MODELS
+from hpctrain.verify.layouts import LAYOUTS
 
-TIED = [*MODELS["gpt"], "model.tie_embeddings=true"]  # 4 layers, d_model 64, seq 32
-COMMON = [
-    *TIED,
-    "data=synthetic",
-    "data.num_samples=512",
-    "trainer.global_batch_size=8",
-    "trainer.log_every=1",
-    "trainer.eval_every=0",
-    "trainer.eval_batches=1",
-    "trainer.ckpt_every=3",
-    "trainer.max_steps=5",
-    "optim.warmup_steps=2",
-    "logger=jsonl",
-]
+# test_parallel's run (4 layers, d_model 64, seq 32, 5 steps, a checkpoint at step 3), its embedding tied.
+COMMON = [*MODEL, "model.tie_embeddings=true"]
 MB2 = "trainer.micro_batch_size=2"
 ONE = [*LAYOUTS["none"].args(), "trainer.micro_batch_size=4"]  # 2 passes of 4
 PP_1F1B = [*LAYOUTS["pp 1f1b"].args(), MB2]  # 4 micro-batches of 2

@@ -168,7 +168,6 @@ def test_header_versions(tmp_path: Path) -> None:
     )
     assert read_token_file(tmp_path / "t.bin")[0].tolist() == [0, 1, 2, 3]  # version 1 still reads
     assert isinstance(tokenizer_for(tmp_path / "t.bin"), ByteTokenizer)  # what version 1 wrote from text
-    assert isinstance(tokenfile.tokenizer_for(tmp_path / "t.bin"), ByteTokenizer)  # for hpctrain generate
     v1 = json.loads((tmp_path / "t.json").read_text())
     (tmp_path / "t.json").write_text(json.dumps(v1 | {"vocab_size": 1000}))
     with pytest.raises(ValueError, match=r"version 1\) records no tokenizer"):

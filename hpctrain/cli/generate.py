@@ -91,13 +91,14 @@ def generate(
 ) -> str:  # fmt: skip
     import torch
 
+    from hpctrain.cli.export import EXPORT_META
     from hpctrain.data.codec import tokenizer_for_data
     from hpctrain.train.loss import logits_of
 
     if not source.exists():
         raise ConfigError("SOURCE", str(source), "no such file or directory")
     model, model_cfg, data = load_model(source, step)
-    tokenizer = tokenizer_for_data(data, source if (source / "hpctrain.json").is_file() else None)
+    tokenizer = tokenizer_for_data(data, source if (source / EXPORT_META).is_file() else None)
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ConfigError("--prompt", prompt, "gives no tokens")

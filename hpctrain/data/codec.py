@@ -7,27 +7,11 @@ file names its tokenizer in its header when it was made with one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+from hpctrain.data.tokenizer import ByteTokenizer, Tokenizer
 
 EXPORT_TOKENIZER = "tokenizer.json"  # an export's copy of the run's tokenizer
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255; bytes that do not decode are shown as U+FFFD."""
-
-    vocab_size = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 def tokenizer_for_data(data: dict[str, Any], export: Path | None = None) -> Tokenizer:
@@ -41,7 +25,7 @@ def tokenizer_for_data(data: dict[str, Any], export: Path | None = None) -> Toke
         return load_file(export / EXPORT_TOKENIZER)
     path = data.get("path")
     if data.get("name") == "tokens" and path:
-        from hpctrain.data.tokenfile import tokenizer_for
+        from hpctrain.data.tokenizer import tokenizer_for
 
         try:
             return tokenizer_for(path)

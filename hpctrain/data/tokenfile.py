@@ -138,13 +138,6 @@ def write_token_file(
         return writer.commit(tokenizer)
 
 
-def tokenizer_for(path: str | Path) -> Any:
-    """The tokenizer token file ``path`` was written with: :func:`hpctrain.data.tokenizer.tokenizer_for`."""
-    from hpctrain.data.tokenizer import tokenizer_for as found
-
-    return found(path)
-
-
 def read_token_file(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     """Memory-map token file ``path`` read-only; returns ``(tokens, header)``."""
     header = read_header(path)

@@ -50,7 +50,8 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+        # Ids past the bytes (a model whose vocabulary is larger than its data's) have no text: left out.
+        return bytes(i for i in ids if 0 <= i < TEXT_VOCAB).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:

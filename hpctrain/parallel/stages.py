@@ -97,9 +97,8 @@ def require_split(model: nn.Module, configured: dict[str, Any] | None, n_stages:
 def check_split_runs(model: nn.Module, split: PipelineSplit, example: Any) -> None:
     """On the meta device: the stages run in order give the shape of the model's own output, else the
     model is not embed → blocks → head in that order (one line)."""
-    whole = _stage(model, split, 0, 1, copy_model=False)
     try:
-        ours = whole(example)
+        ours = _run_in_order(model, split, example, first=True, last=True)
     except Exception as err:  # the model's pieces do not run one after the other
         raise _other_shape(
             model, split, f"running them in order fails: {str(err).splitlines()[0][:200]}"
@@ -123,7 +122,24 @@ def sequential_stage(model: nn.Module, split: PipelineSplit, stage: int, n_stage
     """A copy of ``model`` that runs stage ``stage`` of ``n_stages``: its share of the blocks (earlier
     stages take one more when they do not divide evenly), the input modules on the first stage, the
     output modules on the last."""
-    return _stage(model, split, stage, n_stages, copy_model=True)
+    first, last = stage == 0, stage == n_stages - 1
+    part = copy.deepcopy(model)
+    owner, _, attr = split.blocks.rpartition(".")
+    # A ModuleDict keyed by the blocks' own indices: parameter names stay the whole model's when the other
+    # stages' blocks go.
+    keyed = nn.ModuleDict(dict(part.get_submodule(split.blocks).named_children()))
+    setattr(part.get_submodule(owner) if owner else part, attr, keyed)
+    for path in sequential_dropped(model, split, stage, n_stages):
+        holder, _, leaf = path.rpartition(".")
+        parent = part.get_submodule(holder) if holder else part
+        if holder == split.blocks:
+            del parent[leaf]
+        else:
+            setattr(parent, leaf, None)
+    part.forward = types.MethodType(  # type: ignore[method-assign]
+        lambda self, x: _run_in_order(self, split, x, first, last), part
+    )
+    return part
 
 
 def _mine(keys: list[str], stage: int, n_stages: int) -> list[str]:
@@ -145,47 +161,20 @@ def sequential_dropped(model: nn.Module, split: PipelineSplit, stage: int, n_sta
     return dropped
 
 
-def _stage(model: nn.Module, split: PipelineSplit, stage: int, n_stages: int, copy_model: bool) -> nn.Module:
-    first, last = stage == 0, stage == n_stages - 1
-    if copy_model:
-        dropped = sequential_dropped(model, split, stage, n_stages)
-        part = copy.deepcopy(model)
-        owner, _, attr = split.blocks.rpartition(".")
-        # A ModuleDict keyed by the blocks' own indices: parameter names stay the whole model's when the
-        # other stages' blocks go.
-        container = part.get_submodule(split.blocks)
-        keyed = nn.ModuleDict(dict(container.named_children()))
-        setattr(part.get_submodule(owner) if owner else part, attr, keyed)
-        for path in dropped:
-            holder, _, leaf = path.rpartition(".")
-            parent = part.get_submodule(holder) if holder else part
-            if holder == split.blocks:
-                del parent[leaf]
-            else:
-                setattr(parent, leaf, None)
-    else:
-        part = model
-
-    def forward(self: nn.Module, x: Any) -> Any:
-        if first:
-            for name in split.input:
-                x = self.get_submodule(name)(x)
-        kwargs = split.block_kwargs(self, x) if split.block_kwargs is not None else {}
-        # Looked up on every call: activation checkpointing and compile replace the blocks in place.
-        for block in self.get_submodule(split.blocks).children():
-            x = block(x, **kwargs)
-            x = x[0] if isinstance(x, tuple) else x
-        if last:
-            for name in split.output:
-                x = self.get_submodule(name)(x)
-        return x
-
-    if not copy_model:  # a throwaway view of the whole model, for check_split_runs
-        holder = nn.Module()
-        holder.forward = types.MethodType(lambda _self, x: forward(model, x), holder)  # type: ignore[method-assign]
-        return holder
-    part.forward = types.MethodType(forward, part)  # type: ignore[method-assign]
-    return part
+def _run_in_order(module: nn.Module, split: PipelineSplit, x: Any, first: bool, last: bool) -> Any:
+    """Input modules (first stage only), the blocks ``module`` holds, output modules (last stage only)."""
+    if first:
+        for name in split.input:
+            x = module.get_submodule(name)(x)
+    kwargs = split.block_kwargs(module, x) if split.block_kwargs is not None else {}
+    # Looked up on every call: activation checkpointing and compile replace the blocks in place.
+    for block in module.get_submodule(split.blocks).children():
+        x = block(x, **kwargs)
+        x = x[0] if isinstance(x, tuple) else x
+    if last:
+        for name in split.output:
+            x = module.get_submodule(name)(x)
+    return x
 
 
 def merge_stages(parts: list[nn.Module]) -> nn.Module:

@@ -166,31 +166,23 @@ def estimate(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
     check_plan_inputs(cfg)
     if measured is not None:
         lay = layout_of(cfg, tokens=measured.tokens_per_sample)
-        user_ranks = tuple(user_rank_memory(cfg, lay, measured, r) for r in range(lay.degrees.pp))
-        mem = max(user_ranks, key=lambda m: (m.total, m.model_state))
-        return Estimate(
-            model=model_spec(cfg.model).name,
-            n_params=measured.n_params,
-            world=world_size(cfg),
-            layout=lay,
-            ranks=user_ranks,
-            largest=mem,
-            verdict=verdict(cfg, mem),
-            time=user_step_time(cfg, lay, measured),
-            measured=measured,
-        )
-    lay = layout_of(cfg)
-    ranks = tuple(rank_memory(cfg, lay, r) for r in range(lay.degrees.pp))
+        ranks = tuple(user_rank_memory(cfg, lay, measured, r) for r in range(lay.degrees.pp))
+        n_params = measured.n_params
+    else:
+        lay = layout_of(cfg)
+        ranks = tuple(rank_memory(cfg, lay, r) for r in range(lay.degrees.pp))
+        n_params = planned_model(cfg).param_count()
     largest = max(ranks, key=lambda m: (m.total, m.model_state))
     return Estimate(
         model=model_spec(cfg.model).name,
-        n_params=planned_model(cfg).param_count(),
+        n_params=n_params,
         world=world_size(cfg),
         layout=lay,
         ranks=ranks,
         largest=largest,
         verdict=verdict(cfg, largest),
-        time=step_time(cfg, lay, largest),
+        time=step_time(cfg, lay, largest) if measured is None else user_step_time(cfg, lay, measured),
+        measured=measured,
     )
 
 

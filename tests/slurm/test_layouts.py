@@ -5,23 +5,13 @@ the ViT, splits its 17 tokens over tp=2 with sequence parallelism, and trains to
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from conftest import hpctrain, metrics
 
 from hpctrain.rundir.records import read_job
-from hpctrain.slurm.commands import JobState, job_states
 
-
-def wait_final(job_id: str, timeout: float) -> JobState:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = job_states([job_id]).get(job_id)
-        if state is not None and state.final:
-            return state
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job_states([job_id])}")
+from .test_submit import wait_final
 
 
 def test_vit_3d_as_typed_trains_on_two_nodes(slurm_cluster, tmp_path: Path):
@@ -34,7 +24,7 @@ def test_vit_3d_as_typed_trains_on_two_nodes(slurm_cluster, tmp_path: Path):
     assert "data=digits (model ViT takes images" in result.stderr + result.stdout
     record = read_job(run)
     assert record is not None and record.nodes == 2 and record.tasks_per_node == 4
-    state = wait_final(record.job_id, timeout=400)
+    state = wait_final([record.job_id], timeout=400)[record.job_id]
     assert state.state == "COMPLETED", (state, (run / "logs" / "rank0.log").read_text()[-3000:])
     ranks = json.loads((run / "ranks.json").read_text())
     assert sorted(r["host"] for r in ranks) == ["node1"] * 4 + ["node2"] * 4

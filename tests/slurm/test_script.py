@@ -6,30 +6,14 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from conftest import REPO, hpctrain
 
 from hpctrain.rundir.records import read_job
-from hpctrain.slurm.commands import JobState, job_states
 
-
-def wait_for(condition, what: str, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
-def final_state(job_id: str, timeout: float = 240) -> JobState:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = job_states([job_id]).get(job_id)
-        if state is not None and state.final:
-            return state
-        time.sleep(1)
-    raise AssertionError(f"job {job_id} did not finish: {job_states([job_id])}")
+from .test_preemption import wait_until
+from .test_submit import wait_final
 
 
 def test_users_script_is_preempted_requeued_and_resumes(slurm_cluster, tmp_path: Path):
@@ -45,9 +29,9 @@ def test_users_script_is_preempted_requeued_and_resumes(slurm_cluster, tmp_path:
     record = read_job(run)
     assert record is not None and record.nodes == 2
     log = run / "logs" / "rank0.log"
-    wait_for(lambda: log.is_file() and "step 5 loss" in log.read_text(), "the script to train")
+    wait_until(lambda: log.is_file() and "step 5 loss" in log.read_text(), "the script to train")
     subprocess.run(["scancel", "--signal=USR2", record.job_id], check=True)
-    state = final_state(record.job_id)
+    state = wait_final([record.job_id], timeout=240)[record.job_id]
     text = log.read_text()
     assert state.state == "COMPLETED", (state, text[-3000:])
     assert "forwarding it to the script as SIGTERM" in text and f"requeueing job {record.job_id}" in text
