@@ -8,6 +8,8 @@ ZeRO; Zhao et al. 2023, PyTorch FSDP).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -39,3 +41,9 @@ def apply_fsdp(
     for block in find_blocks(model, parallel.block_classes):
         fully_shard(block.module, **options)
     fully_shard(model, **options)
+    # torch ≥ 2.13 warns whenever an FSDP unit returns a view, because an in-place op on it would drop the
+    # unit's pre-backward hook. A model whose last layer is a Linear over (batch, tokens, features) always
+    # returns one (the matmul's output reshaped), and avoiding it means copying the logits. hpctrain's losses
+    # read the output out of place; only a user's loss that wrote into the logits would meet the case torch
+    # warns of, and for every other run the line (once per rank per FSDP run) would be noise.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
