@@ -94,9 +94,9 @@ def run_facts(spec: ModelSpec, model: nn.Module, sample_input: Any) -> RunFacts:
 
 
 class Throughput:
-    """Step times since the last report → step time, samples/s or tokens/s (in all and per device), MFU
-    (hpctrain.train.metrics: 6N + 12·L·H·Q·T FLOPs per token against the device's peak), and this rank's
-    peak memory."""
+    """Step times since the last report → step time, the part of it spent waiting for the batch (on this
+    rank), samples/s or tokens/s (in all and per device), MFU (hpctrain.train.metrics: 6N + 12·L·H·Q·T
+    FLOPs per token against the device's peak), and this rank's peak memory."""
 
     def __init__(self, cfg: Config, shape: RunShape, device: torch.device, facts: RunFacts) -> None:
         self.samples_per_step = shape.global_batch_size
@@ -107,16 +107,22 @@ class Throughput:
         self.world_size = shape.world_size
         self.device = device
         self._times: list[float] = []
+        self._waits: list[float] = []
 
-    def step_done(self, seconds: float) -> None:
+    def step_done(self, seconds: float, data_wait: float = 0.0) -> None:
         self._times.append(seconds)
+        self._waits.append(data_wait)
 
     def report(self) -> dict[str, float | None]:
         step_time = sum(self._times) / max(1, len(self._times))
+        data_wait = sum(self._waits) / max(1, len(self._waits))
         self._times.clear()
+        self._waits.clear()
         samples_per_s = self.samples_per_step / step_time if step_time > 0 else 0.0
         tokens_per_s = samples_per_s * self.tokens_per_sample
-        out: dict[str, float | None] = {"step_time_s": step_time}
+        # data_wait_s: the mean time a step spent getting its batch (from the DataLoader workers' queue, or
+        # built on the training thread without workers); a share near 0 means the input pipeline keeps up.
+        out: dict[str, float | None] = {"step_time_s": step_time, "data_wait_s": data_wait}
         out["tokens_per_s" if self.is_tokens else "samples_per_s"] = (
             tokens_per_s if self.is_tokens else samples_per_s
         )

@@ -202,7 +202,8 @@ def fit(
         data_start = time.perf_counter()
         run.faults.at("data", state.step + 1)
         passes = run.batches.next_step()
-        stragglers.data_done(time.perf_counter() - data_start)
+        data_s = time.perf_counter() - data_start
+        stragglers.data_done(data_s)
         watchdog.enter(state.step + 1, "compute")
         result = train_step(
             run.par,
@@ -218,7 +219,7 @@ def fit(
         run.scheduler.step()
         state.step += 1
         step_s = time.perf_counter() - step_start
-        speed.step_done(step_s)
+        speed.step_done(step_s, data_s)
         watchdog.step_done(step_s)
         watchdog.enter(state.step, "report")  # evaluation and logging are not timed as the step
 
