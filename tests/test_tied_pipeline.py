@@ -57,8 +57,8 @@ def _reference(runs: dict[str, Path]) -> dict[int, dict]:
 
 def test_tied_pipeline_matches_one_process(runs: dict[str, Path]):
     """pp 2 (1F1B): losses, gradient norms (the weight counted once) and the final validation loss equal
-    one process's. (The parity table, tests/test_parallel.py, also runs tied interleaved, V-schedule and 3d
-    layouts against one process.)"""
+    one process's. (The parity table, tests/test_parallel.py, also runs the tied V-schedule and 3d layouts
+    against one process.)"""
     reference, records = _reference(runs), metrics(runs["pp"])
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert _gap(records, reference) <= 1e-5

@@ -22,25 +22,18 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-    ScheduleZBVZeroBubble,
-)
-from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
 from hpctrain.errors import ConfigError
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
-SCHEDULES: dict[str, type] = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved_1f1b": ScheduleInterleaved1F1B,
-    "interleaved_zero_bubble": ScheduleInterleavedZeroBubble,
-    "zbv_zero_bubble": ScheduleZBVZeroBubble,
+# parallel.schedule → torch.distributed.pipelining's class name. The module is imported only when a pipeline
+# is built: it imports torch._dynamo, about a second of every rank's start-up on a CPU (a quarter of it).
+SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved_1f1b": "ScheduleInterleaved1F1B",
+    "interleaved_zero_bubble": "ScheduleInterleavedZeroBubble",
+    "zbv_zero_bubble": "ScheduleZBVZeroBubble",
 }
 
 
@@ -128,8 +121,13 @@ class Pipeline:
         self.n_microbatches = n_microbatches
         self._loss_fn: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
         self._unscaled: dict[int, torch.Tensor] = {}
-        stages = [PipelineStage(part, i, n_stages, device, group=group) for i, part in parts.items()]
-        cls = SCHEDULES[schedule]
+        from torch.distributed import pipelining
+        from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
+
+        stages = [
+            pipelining.PipelineStage(part, i, n_stages, device, group=group) for i, part in parts.items()
+        ]
+        cls = getattr(pipelining, SCHEDULES[schedule])
         # scale_grads=False: the loss function already divides by the micro-batch count (and the number of
         # accumulated pipeline steps), as a non-pipelined step does.
         options = {"n_microbatches": n_microbatches, "loss_fn": self._loss, "scale_grads": False}
