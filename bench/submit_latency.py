@@ -3,14 +3,19 @@
     SLURM_CONF=... python bench/submit_latency.py [--runs 5]     # against a running cluster
     python bench/submit_latency.py                                # starts the test cluster itself (root)
 
-Median of ``--runs`` invocations each of: the submission (until the command returns with the job queued),
-``python -c pass`` and ``python -c "import torch"``, measured in this run on this machine. Target: the
-submission ≤ 1.5 s and well under an import of torch. Submitted jobs are cancelled at the end.
+Median of ``--runs`` invocations each of: a submission (until the command returns with the job queued), a
+sweep of 2 members (one job array), ``python -c pass`` and ``python -c "import torch"``, measured in this
+run on this machine, alternating. Then one submission again under ``python -X importtime``: the total time
+spent importing, the largest top-level imports, and whether torch (or another heavy library) was imported;
+and the number of ``sbatch`` calls each kind of submission made (a wrapper on PATH counts them). Target:
+a submission ≤ 0.6 s, one sbatch call per job or array, no torch. Submitted jobs are cancelled at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -23,11 +28,47 @@ sys.path.insert(0, str(REPO))
 
 from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
 
+HEAVY = ("torch", "numpy", "transformers", "wandb", "tensorboard", "safetensors", "pandas", "scipy")
+TARGET_S = 0.6
+
 
 def timed(cmd: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True)
     return time.perf_counter() - started
+
+
+def counting_sbatch(work: Path, env: dict[str, str]) -> tuple[dict[str, str], Path]:
+    """An environment whose ``sbatch`` appends a line to a log, then runs the real one."""
+    real = shutil.which("sbatch", path=env.get("PATH"))
+    if real is None:
+        sys.exit("no sbatch on PATH")
+    shim_dir, log = work / "shim", work / "sbatch-calls.log"
+    shim_dir.mkdir()
+    shim = shim_dir / "sbatch"
+    shim.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    shim.chmod(0o755)
+    return {**env, "PATH": f"{shim_dir}{os.pathsep}{env.get('PATH', '')}"}, log
+
+
+def import_profile(cmd: list[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]], list[str]]:
+    """Total import seconds, the largest top-level imports, and the heavy libraries imported."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", *cmd[1:]], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    top: list[tuple[float, str]] = []
+    names = set()
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        _, cumulative, name = line.split("|", 2)
+        if not cumulative.strip().isdigit():
+            continue  # the header line
+        names.add(name.strip().split(".")[0])
+        if name.startswith(" ") and not name.startswith("  "):  # a top-level import
+            top.append((int(cumulative) / 1e6, name.strip()))
+    top.sort(reverse=True)
+    return sum(s for s, _ in top), top[:6], sorted(n for n in HEAVY if n in names)
 
 
 def main() -> None:
@@ -36,37 +77,46 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=5)
     opts = parser.parse_args()
-    with environment_for_benchmarks() as env, tempfile.TemporaryDirectory() as tmp:
-        submit, bare, torch_import = [], [], []
+    with (
+        environment_for_benchmarks() as cluster_env,
+        tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp,
+    ):
+        env, calls = counting_sbatch(Path(tmp), cluster_env)
+        single = [sys.executable, "-m", "hpctrain", "cluster=slurm_test", "trainer.max_steps=1"]
+        sweep = [sys.executable, "-m", "hpctrain", "-m", "cluster=slurm_test", "trainer.max_steps=1"]
+        times: dict[str, list[float]] = {"submit": [], "sweep": [], "pass": [], "torch": []}
+        sbatch_calls: dict[str, list[int]] = {"submit": [], "sweep": []}
         for i in range(opts.runs):
-            submit.append(
-                timed(
-                    [
-                        sys.executable,
-                        "-m",
-                        "hpctrain",
-                        "cluster=slurm_test",
-                        "trainer.max_steps=1",
-                        f"hydra.run.dir={tmp}/run{i}",
-                    ],
-                    env,
-                )
-            )
-            bare.append(timed([sys.executable, "-c", "pass"], env))
-            torch_import.append(timed([sys.executable, "-c", "import torch"], env))
+            for kind, cmd in (
+                ("submit", [*single, f"hydra.run.dir={tmp}/run{i}"]),
+                ("sweep", [*sweep, "optim.lr=1e-3,3e-4", f"hydra.sweep.dir={tmp}/sweep{i}"]),
+            ):
+                before = len(calls.read_text().splitlines()) if calls.exists() else 0
+                times[kind].append(timed(cmd, env))
+                sbatch_calls[kind].append(len(calls.read_text().splitlines()) - before)
+            times["pass"].append(timed([sys.executable, "-c", "pass"], env))
+            times["torch"].append(timed([sys.executable, "-c", "import torch"], env))
+        imports, top, heavy = import_profile([*single, f"hydra.run.dir={tmp}/profiled"], env)
         subprocess.run(["scancel", "--name=hpctrain"], env=env, check=False)
+
     rows = [
-        ("python -m hpctrain ... cluster=slurm_test", submit),
-        ("python -c pass", bare),
-        ('python -c "import torch"', torch_import),
+        ("python -m hpctrain ... cluster=slurm_test", "submit"),
+        ("python -m hpctrain -m ... (2 members, 1 array)", "sweep"),
+        ("python -c pass", "pass"),
+        ('python -c "import torch"', "torch"),
     ]
-    for name, times in rows:
-        print(
-            f"{name:45s} median {statistics.median(times):6.3f} s",
-            f"(runs: {', '.join(f'{t:.3f}' for t in times)})",
-        )
-    ratio = statistics.median(submit) / statistics.median(torch_import)
-    print(f"submission / torch import = {ratio:.2f}   (target: submission ≤ 1.5 s)")
+    for name, key in rows:
+        runs = ", ".join(f"{t:.3f}" for t in times[key])
+        print(f"{name:48s} median {statistics.median(times[key]):6.3f} s (runs: {runs})")
+    submit, torch_import = statistics.median(times["submit"]), statistics.median(times["torch"])
+    print(f"submission / torch import = {submit / torch_import:.2f}")
+    print(f"sbatch calls per submission: {sorted(set(sbatch_calls['submit']))}, per sweep: "
+          f"{sorted(set(sbatch_calls['sweep']))} (target: 1)")  # fmt: skip
+    print(f"imports of one submission (-X importtime): {imports:.3f} s in all; largest: "
+          + ", ".join(f"{name} {s:.3f}" for s, name in top))  # fmt: skip
+    print(f"heavy libraries imported: {', '.join(heavy) or 'none'}")
+    verdict = "met" if submit <= TARGET_S else "MISSED"
+    print(f"target: a submission ≤ {TARGET_S} s: {verdict} ({submit:.3f} s)")
 
 
 if __name__ == "__main__":
