@@ -4,13 +4,15 @@ Save: every rank writes its shards into ``.tmp-step_N``; rank 0 writes ``manifes
 directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A crash at any point leaves
 either the previous committed checkpoints untouched or the new one complete.
 
-Asynchronous save (``blocking=False``): ``save`` returns once every tensor has been copied off the live
-state (staging; the copy buffers are kept and reused by the next save), and a background thread writes the
-shards with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default
-group for its own collectives). The write is committed (manifest, rename, prune; rank 0) by the next
-``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after every rank has reported
-its shards written, so rank 0's completion means every rank's shards are on disk. Until then it is only a
-``.tmp-`` directory, so a crash mid-write leaves the committed checkpoints as they were.
+Asynchronous save (``blocking=False``): ``save`` returns once every tensor has been copied off the live state
+(staging; the copy buffers are kept and reused by the next save), and a background thread writes the shards
+with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default group for
+its own collectives), at low CPU priority, past the page cache, checksumming as it writes
+(``hpctrain.checkpoint.direct``): committing reads nothing back. The write is committed (manifest, rename,
+prune; rank 0) by the next ``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after
+every rank has reported its shards written, so rank 0's completion means every rank's shards are on disk.
+Until then it is only a ``.tmp-`` directory, so a crash mid-write leaves the committed checkpoints as they
+were.
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
 (and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
@@ -49,6 +51,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
+from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
@@ -101,12 +104,13 @@ class CheckpointManager:
         _barrier()
         if blocking:
             # Returns once every rank's shards and .metadata are written.
-            dcp.save(dict(state), checkpoint_id=tmp)
+            dcp.save(dict(state), storage_writer=DirectWriter(tmp))
             self._commit(step, tmp, final)
             _barrier()
         else:
+            writer = DirectWriter(tmp, background=True)
             future = dcp.async_save(
-                dict(state), checkpoint_id=tmp, process_group=group, async_stager=self._stager
+                dict(state), storage_writer=writer, process_group=group, async_stager=self._stager
             )
             assert isinstance(future, Future), type(future)  # synchronous staging: a plain upload future
             self._pending = _PendingSave(step, tmp, final, future)

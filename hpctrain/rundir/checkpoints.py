@@ -4,10 +4,12 @@
     <run>/checkpoints/.tmp-step_00000025/   being written (or abandoned by a crash): never loaded
 
 A checkpoint is committed by renaming its temporary directory once every rank has written its shards and
-``manifest.json`` (each file's size and CRC-32) is on disk. A directory whose files do not match its
-manifest (a truncated shard, a lost file, a flipped bit) is damaged and skipped. Manifests of hpctrain
-before checksums (sizes only) are still checked by size. A checkpoint directory that is a symbolic link is
-not one of this run's: auto-resume never follows it out of the run directory.
+``manifest.json`` (each file's size and CRC-32) is on disk. A shard's CRC-32 is computed by its writer from
+the bytes it wrote (``hpctrain.checkpoint.direct``) and left beside it as ``<shard>.crc32`` until the manifest
+takes it, so committing does not read the checkpoint back; a file without one is read to checksum it. A
+directory whose files do not match its manifest (a truncated shard, a lost file, a flipped bit) is damaged and
+skipped. Manifests of hpctrain before checksums (sizes only) are still checked by size. A checkpoint directory
+that is a symbolic link is not one of this run's: auto-resume never follows it out of the run directory.
 
 The manifest also records the checkpoint's lineage: the id of the run history that wrote it (a fresh run
 starts one; a resumed run continues the one it loaded). A run prunes only checkpoints of its own lineage and
@@ -26,6 +28,7 @@ from hpctrain.rundir.files import atomic_json
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
+CHECKSUM_SUFFIX = ".crc32"  # beside a shard being committed: {"size": …, "crc32": …} of its bytes
 
 
 def checkpoint_name(step: int) -> str:
@@ -60,14 +63,36 @@ def crc32(path: Path) -> int:
     return value
 
 
+def write_checksum(path: Path, size: int, checksum: int) -> None:
+    """Record the size and CRC-32 of the bytes just written to ``path`` for :func:`write_manifest`."""
+    atomic_json(path.with_name(path.name + CHECKSUM_SUFFIX), {"size": size, "crc32": checksum})
+
+
+def _recorded(path: Path) -> int | None:
+    """The CRC-32 recorded by the file's writer, if one was and the file still has the size it recorded."""
+    try:
+        entry = json.loads(path.with_name(path.name + CHECKSUM_SUFFIX).read_text())
+        size, checksum = _expected(entry)
+    except (OSError, ValueError):
+        return None
+    return checksum if size == path.stat().st_size else None
+
+
 def write_manifest(directory: Path, step: int, **info: Any) -> None:
     """``info``: further facts of the checkpoint (``lineage``: the id of the run history that wrote it;
-    ``global_batch_size``), read back by :func:`read_manifest`."""
-    files = {
-        str(p.relative_to(directory)): {"size": p.stat().st_size, "crc32": crc32(p)}
-        for p in sorted(directory.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
-    }
+    ``global_batch_size``), read back by :func:`read_manifest`. Checksums recorded by the writers are taken
+    (and their files removed); other files are read to checksum them."""
+    records = {p for p in directory.rglob(f"*{CHECKSUM_SUFFIX}") if p.is_file()}
+    files = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and p.name != MANIFEST and p not in records:
+            recorded = _recorded(p)
+            files[str(p.relative_to(directory))] = {
+                "size": p.stat().st_size,
+                "crc32": crc32(p) if recorded is None else recorded,
+            }
+    for record in records:
+        record.unlink()
     manifest = {"format": "hpctrain-checkpoint", "version": 2, "step": step, **info, "files": files}
     atomic_json(directory / MANIFEST, manifest)
 
