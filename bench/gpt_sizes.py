@@ -17,10 +17,12 @@ SIZES: dict[str, tuple[int, int, int]] = {
 DEFAULT = ["10M", "40M", "120M"]
 
 
-def model_overrides(size: str, seq_len: int) -> list[str]:
+def model_overrides(size: str, seq_len: int, group: bool = True) -> list[str]:
+    """The overrides of the GPT of ``size``; ``group=False`` leaves out ``model=gpt`` (for a caller that
+    chose the group already: Hydra refuses a group chosen twice)."""
     layers, width, heads = SIZES[size]
     return [
-        "model=gpt",
+        *(["model=gpt"] if group else []),
         f"model.n_layers={layers}",
         f"model.d_model={width}",
         f"model.n_heads={heads}",
