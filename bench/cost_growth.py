@@ -29,6 +29,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -58,12 +59,12 @@ def probe(env: DistEnv, device: torch.device, out: str) -> None:
     n = 4096 if device.type == "cuda" else 1024  # large enough to reach the BLAS's peak
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
 
-    def timed(fn: object, repeats: int) -> float:
+    def timed(fn: Callable[[], object], repeats: int) -> float:
         times = []
         for _ in range(repeats + 1):  # the first is a warm-up
             dist.barrier()
             start = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - start)

@@ -6,14 +6,13 @@ throughput vs this disk's read bandwidth, at three sizes of the built-in GPT.
 Per size (``bench/gpt_sizes.py``; ``--sizes 1M`` for a smoke run), with ``--nproc`` local ranks (DDP, fp32,
 AdamW, one sample per rank per step, synthetic tokens), all under ``--dir``:
 
-1. A first run trains one step and saves its checkpoint (model + AdamW moments: ~12 bytes per parameter);
-   not timed (it also brings Python and torch into the page cache for the timed runs).
-2. Disk: a file as large as the checkpoint is written, fsynced, dropped from the page cache
-   (``posix_fadvise(POSIX_FADV_DONTNEED)``) and read in 8 MiB blocks (cold), then read again (warm).
-3. ``--rounds`` times: a fresh run of two steps, then the checkpoint's files are dropped from the page cache
-   the same way and a run resumed from it (``trainer.resume=<step_1>``) trains two more. Both are timed from
-   just before ``python -m hpctrain`` is started to the ``time`` of its first metrics.jsonl record
-   (``trainer.log_every=1``; that step is not the last, so no evaluation is in it).
+``--rounds`` times: a fresh run of two steps, then the checkpoint's files are dropped from the page cache
+(fsync, ``posix_fadvise(POSIX_FADV_DONTNEED)``) and a run resumed from the checkpoint the first fresh run
+saved at its end (``trainer.resume=<step_2>``: model + AdamW moments, ~12 bytes per parameter) trains two
+more. Both are timed from just before ``python -m hpctrain`` is started to the ``time`` of its first
+metrics.jsonl record (``trainer.log_every=1``; that step is not the last, so no evaluation is in it). After
+the first fresh run, the disk: a file as large as the checkpoint is written, fsynced, dropped from the page
+cache the same way and read in 8 MiB blocks (cold), then read again (warm).
 
 The resumed run's extra time is split with rank 0's log (logs/rank0.log, millisecond stamps): "Resumed
 from ... files checked in X s, state loaded in Y s" gives the manifest check (size and CRC-32 of every file,
@@ -169,28 +168,36 @@ def filesystem(directory: Path) -> str:
     return kind
 
 
+def in_process(start: Start) -> float:
+    """From rank 0 up to the first record: the part of the start the launch's noise does not reach."""
+    return start.build + start.check + start.load + start.first_step
+
+
 def median_start(starts: list[Start]) -> Start:
     fields = Start.__dataclass_fields__
     return Start(**{k: statistics.median(getattr(s, k) for s in starts) for k in fields})
 
 
 def measure(size: str, nproc: int, rounds: int, root: Path) -> dict[str, float | Start]:
-    origin = root / "origin"
-    hpctrain(run_args(size, nproc, origin, "trainer.max_steps=1"))
-    checkpoint = origin / "checkpoints" / checkpoint_name(1)
-    files = [p for p in checkpoint.rglob("*") if p.is_file()]
-    nbytes = sum(p.stat().st_size for p in files)
-    cold_bw, warm_bw = disk_read(root, nbytes)
     fresh, resumed = [], []
+    checkpoint: Path | None = None
+    files: list[Path] = []
+    nbytes, cold_bw, warm_bw = 0, 0.0, 0.0
     for round_ in range(rounds):
         run = root / f"fresh{round_}"
         launched = hpctrain(run_args(size, nproc, run, "trainer.max_steps=2"))
         fresh.append(timed_start(run, launched))
-        shutil.rmtree(run)
+        if checkpoint is None:  # the first fresh run's final checkpoint is the one every round resumes
+            checkpoint = run / "checkpoints" / checkpoint_name(2)
+            files = [p for p in checkpoint.rglob("*") if p.is_file()]
+            nbytes = sum(p.stat().st_size for p in files)
+            cold_bw, warm_bw = disk_read(root, nbytes)
+        else:
+            shutil.rmtree(run)
         for path in files:
             drop_from_cache(path)
         run = root / f"resumed{round_}"
-        launched = hpctrain(run_args(size, nproc, run, "trainer.max_steps=3", f"trainer.resume={checkpoint}"))
+        launched = hpctrain(run_args(size, nproc, run, "trainer.max_steps=4", f"trainer.resume={checkpoint}"))
         resumed.append(timed_start(run, launched))
         shutil.rmtree(run)
         print(
@@ -198,7 +205,6 @@ def measure(size: str, nproc: int, rounds: int, root: Path) -> dict[str, float |
             f"(check {resumed[-1].check:.2f} s, load {resumed[-1].load:.2f} s)",
             flush=True,
         )
-    shutil.rmtree(origin)
     return {
         "bytes": nbytes,
         "disk_cold": cold_bw,
@@ -229,17 +235,24 @@ def main() -> None:
             results[size] = measure(size, opts.nproc, opts.rounds, Path(tmp))
 
     params = {s: param_count(to_typed(compose(model_overrides(s, 64))).model) for s in opts.sizes}
-    print("\nprocess start -> first step (s), median")
+    print("\nprocess start -> first step (s; each column its own median over the rounds)")
     print(
-        f"{'size':>5} {'params':>11} {'ckpt MiB':>9} {'fresh':>7} {'resumed':>8} {'extra':>7} {'× fresh':>8}"
-        f" | resumed: {'launch':>6} {'build':>6} {'check':>6} {'load':>6} {'step':>6}"
+        f"{'size':>5} {'params':>11} {'ckpt MiB':>9} {'run':>8} {'total':>7} | {'launch':>6} {'build':>6} "
+        f"{'check':>6} {'load':>6} {'step':>6} | {'in-process':>10}"
     )
     for size, r in results.items():
         f, s = r["fresh"], r["resumed"]
+        first = f"{size:>5} {params[size]:>11,} {r['bytes'] / 2**20:>9.1f}"
+        for name, run in (("fresh", f), ("resumed", s)):
+            print(
+                f"{first if name == 'fresh' else '':>27} {name:>8} {run.total:>7.2f} | {run.launch:>6.2f} "
+                f"{run.build:>6.2f} {run.check:>6.2f} {run.load:>6.2f} {run.first_step:>6.2f} | "
+                f"{in_process(run):>10.2f}"
+            )
         print(
-            f"{size:>5} {params[size]:>11,} {r['bytes'] / 2**20:>9.1f} {f.total:>7.2f} {s.total:>8.2f} "
-            f"{s.total - f.total:>7.2f} {s.total / f.total:>8.2f} | {'':>8} {s.launch:>6.2f} {s.build:>6.2f} "
-            f"{s.check:>6.2f} {s.load:>6.2f} {s.first_step:>6.2f}"
+            f"{'':>27} {'extra':>8} {s.total - f.total:>7.2f} | {s.launch - f.launch:>6.2f} "
+            f"{s.build - f.build:>6.2f} {s.check:>6.2f} {s.load:>6.2f} {s.first_step - f.first_step:>6.2f} | "
+            f"{in_process(s) - in_process(f):>10.2f}   (× fresh {s.total / f.total:.2f})"
         )
     print("\ncheckpoint read vs this disk (GiB/s; cold: dropped from the page cache first)")
     print(
@@ -261,14 +274,16 @@ def main() -> None:
         gib = [r["bytes"] / GIB for r in results.values()]
         for name, values in (
             ("fresh start", [r["fresh"].total for r in results.values()]),
-            ("resume extra", [r["resumed"].total - r["fresh"].total for r in results.values()]),
+            ("resume extra", [in_process(r["resumed"]) - in_process(r["fresh"]) for r in results.values()]),
             ("check + load", [r["resumed"].check + r["resumed"].load for r in results.values()]),
         ):
             slope, intercept = statistics.linear_regression(gib, values)
             print(f"growth of {name:<12}: {intercept:6.2f} s + {slope:6.2f} s per GiB of checkpoint")
+        print("  (resume extra: in-process, so that the launch's noise stays out of it)")
     print(
-        "launch: start -> 'rank 0/N on'; build: -> 'Training from step' less check and load; "
-        "step: the first step and its record"
+        "launch: start -> 'rank 0/N on' (interpreter, imports, config, spawn, rendezvous); build: -> "
+        "'Training from step' less check and load; step: the first step and its record; in-process: "
+        "build + check + load + step"
     )
     print(f"wall time {time.perf_counter() - started:.0f} s")
 
