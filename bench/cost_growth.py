@@ -1,6 +1,6 @@
 """How step time and memory per rank grow with model size under FSDP and DDP, beside the planner's prediction.
 
-    python bench/cost_growth.py [--sizes 10M 40M 120M] [--steps 3] [--warmup 2] [--batch 4] [--mfu 0.45]
+    python bench/cost_growth.py [--sizes 10M 40M 120M] [--steps 3] [--warmup 2] [--batch 2] [--mfu 0.45]
 
 Two local processes (gloo on CPU, one thread each; NCCL on 2 GPUs) train the built-in GPT at each size
 (``bench/gpt_sizes.py``; ``--sizes 1M`` for a smoke run; seq_len 64, untied embeddings, fp32, AdamW) under
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=DEFAULT, choices=list(SIZES))
     parser.add_argument("--steps", type=int, default=3, help="timed steps per row")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (≥ 1)")
-    parser.add_argument("--batch", type=int, default=4, help="global batch (samples of 64 tokens)")
+    parser.add_argument("--batch", type=int, default=2, help="global batch (samples of 64 tokens)")
     parser.add_argument("--mfu", type=float, help="cluster.achievable_mfu for the planner (default: its own)")
     args = parser.parse_args()
     if args.warmup < 1 or args.steps < 1:
@@ -153,7 +153,7 @@ def main() -> None:
     predicted = {name: estimate(cfg) for name, cfg in configs.items()}
     print(
         f"\n{'size':>5} {'params':>11} {'strategy':>8} | {'step s':>7} {'pred s':>7} {'ratio':>6} "
-        f"{'MFU':>6} | {'peak MiB':>9} {'pred MiB':>9} {'ratio':>6}"
+        f"{'MFU':>6} {'comm s':>7} | {'peak MiB':>9} {'pred MiB':>9} {'ratio':>6}"
     )
     for row in rows:
         size, strategy = row.name.split()[1], row.name.split()[0]
@@ -167,9 +167,10 @@ def main() -> None:
         pred_mem = est.largest.total
         model_flops = est.time.flops_per_step if est.time is not None else None
         achieved = f"{model_flops / (step * WORLD * flops):.1%}" if model_flops else "-"
+        comm = sum(c.seconds or 0.0 for c in est.time.comms) if est.time is not None else None
         print(
             f"{size:>5} {n_params:>11,} {strategy:>8} | {step:>7.3f} {number(pred_step, 1, 3):>7} "
-            f"{ratio(step, pred_step):>6} {achieved:>6} | {number(peak, MIB, 1):>9} "
+            f"{ratio(step, pred_step):>6} {achieved:>6} {number(comm, 1, 3):>7} | {number(peak, MIB, 1):>9} "
             f"{pred_mem / MIB:>9.1f} {ratio(peak, pred_mem):>6}"
         )
     print("\nfsdp / ddp       step measured  predicted | peak measured  predicted")
@@ -188,7 +189,8 @@ def main() -> None:
         )
     print(
         "step s: slowest rank, median; pred s: planner (compute at peak × MFU + exposed communication); "
-        "MFU: model FLOPs / (step × ranks × measured peak)"
+        "MFU: model FLOPs / (step × ranks × measured peak); comm s: the planner's communication time, "
+        "before what it hides behind compute"
     )
     if torch.cuda.is_available():
         print("peak MiB: growth of max_memory_allocated, largest rank; pred MiB: the planner's largest rank")

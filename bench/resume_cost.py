@@ -1,7 +1,7 @@
 """What resuming costs: process start → first step of a resumed run vs a fresh one, and the checkpoint's load
 throughput vs this disk's read bandwidth, at three sizes of the built-in GPT.
 
-    python bench/resume_cost.py [--sizes 10M 40M 120M] [--rounds 2] [--nproc 2] [--dir /tmp]
+    python bench/resume_cost.py [--sizes 10M 40M 120M] [--rounds 1] [--nproc 2] [--dir /tmp]
 
 Per size (``bench/gpt_sizes.py``; ``--sizes 1M`` for a smoke run), with ``--nproc`` local ranks (DDP, fp32,
 AdamW, one sample per rank per step, synthetic tokens), all under ``--dir``:
@@ -218,7 +218,7 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--sizes", nargs="+", default=DEFAULT, choices=list(SIZES))
-    parser.add_argument("--rounds", type=int, default=2, help="fresh + resumed runs per size")
+    parser.add_argument("--rounds", type=int, default=1, help="fresh + resumed runs per size (median)")
     parser.add_argument("--nproc", type=int, default=2, help="local ranks (cluster.nproc)")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()), help="where runs go")
     opts = parser.parse_args()
