@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hpctrain.models.builtin import GPTSpec
-from hpctrain.models.layers import BLOCK_TP_PLAN, Block, init_gpt2_
+from hpctrain.models.layers import BLOCK_TP_PLAN, Block, dropout_module, init_gpt2_
 
 
 class GPT(nn.Module):
@@ -39,7 +39,7 @@ class GPT(nn.Module):
         d = cfg.d_model
         self.tok_emb = nn.Embedding(cfg.vocab_size, d)
         self.pos_emb = nn.Embedding(cfg.seq_len, d)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_module(cfg.dropout)
         # Layers keyed "0".."L-1" rather than an nn.Sequential/ModuleList index so parameter names stay stable
         # when a pipeline stage deletes the layers it does not own (checkpoints reshard by name).
         self.layers = nn.ModuleDict(

@@ -34,6 +34,13 @@ BLOCK_TP_PLAN = {
 }
 
 
+def dropout_module(p: float) -> nn.Module:
+    """``nn.Dropout(p)``, or ``nn.Identity`` at p = 0: torch's dropout returns its input unchanged there and
+    draws no random numbers, so the output is the same, without a module call per use (~3 µs each on a CPU,
+    9 a pass in a 4-layer GPT). A TP plan's hooks on the module work on either."""
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
 class Attention(nn.Module):
     """Multi-head self-attention via ``F.scaled_dot_product_attention`` (flash / memory-efficient kernels)."""
 
@@ -48,7 +55,7 @@ class Attention(nn.Module):
         self.k = nn.Linear(d_model, d_model)
         self.v = nn.Linear(d_model, d_model)
         self.o = nn.Linear(d_model, d_model)
-        self.resid_dropout = nn.Dropout(dropout)
+        self.resid_dropout = dropout_module(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -72,7 +79,7 @@ class MLP(nn.Module):
         self.fc_in = nn.Linear(d_model, mlp_ratio * d_model)
         self.act = nn.GELU(approximate="tanh")
         self.fc_out = nn.Linear(mlp_ratio * d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = dropout_module(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.fc_out(self.act(self.fc_in(x))))

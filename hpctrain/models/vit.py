@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from hpctrain.models.builtin import ViTSpec
-from hpctrain.models.layers import BLOCK_TP_PLAN, INIT_STD, Block, init_gpt2_
+from hpctrain.models.layers import BLOCK_TP_PLAN, INIT_STD, Block, dropout_module, init_gpt2_
 
 
 class ViT(nn.Module):
@@ -38,7 +38,7 @@ class ViT(nn.Module):
         self.patch_emb = nn.Conv2d(cfg.in_channels, d, kernel_size=cfg.patch_size, stride=cfg.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_emb = nn.Parameter(torch.zeros(1, self.n_patches + 1, d))
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = dropout_module(cfg.dropout)
         self.layers = nn.ModuleDict(
             {
                 str(i): Block(d, cfg.n_heads, cfg.mlp_ratio, cfg.dropout, causal=False)
