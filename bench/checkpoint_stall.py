@@ -7,7 +7,8 @@ One process, a GPT-2-small-sized model (~124M parameters, fp32) with AdamW state
 
 - ``--steps`` training steps with no checkpoint (the reference);
 - the same number of steps with one asynchronous save after the first: its stall is the time ``save``
-  blocks (staging: the copy of every tensor); the write runs beside the remaining steps and ``wait()`` at
+  blocks (as in hpctrain's trainer, the weights and optimizer state are copied beside the next step, whose
+  ``optimizer.step()`` waits for the copy); the write runs beside the remaining steps and ``wait()`` at
   their end commits it. **Time lost** = the wall time of these steps, the save and the wait included, minus
   the reference's: the stall, the slowdown of the steps the write ran beside, and any wait at the end;
 - a synchronous save (write, fsync, checksum, commit) of the same state: the figure the loss is a share of
@@ -115,6 +116,7 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="checkpoint_stall-", dir=args.dir))
     manager = CheckpointManager(root / "checkpoints", keep_last=1, rank=0)
+    manager.overlap_staging([optimizer])  # as hpctrain's trainer does: weights copied beside the next step
     keys = ("plain", "with", "lost", "stall", "wait", "write", "sync")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     try:

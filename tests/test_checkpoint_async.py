@@ -8,15 +8,18 @@ state at the step that was saved.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hpctrain.checkpoint.manager import BufferStager, CheckpointManager
+from hpctrain.checkpoint.manager import CheckpointManager
+from hpctrain.checkpoint.staging import BufferStager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState
 from hpctrain.rundir import checkpoints as layout
 
@@ -58,7 +61,7 @@ def assert_bitwise(actual: dict[str, torch.Tensor], expected: dict[str, torch.Te
     assert not unequal, f"{len(unequal)} tensors differ, e.g. {unequal[:3]}"
 
 
-def worker(rank: int, root: str, store: str) -> None:
+def worker(rank: int, root: str, store: str, overlap: bool) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD_SIZE)
@@ -68,6 +71,8 @@ def worker(rank: int, root: str, store: str) -> None:
         mo, train_state = ModelOptimizerState(model, optimizer), TrainState()
         state = {"model_optim": mo, "train": train_state, f"rng_rank{rank}": RNGState()}
         manager = CheckpointManager(checkpoints_dir, keep_last=3, rank=rank)
+        if overlap:  # parameters and moments copied beside the next step, whose optimizer.step() waits
+            manager.overlap_staging([optimizer])
 
         train(model, optimizer, 2, rank)
         train_state.step = 2
@@ -113,8 +118,10 @@ def worker(rank: int, root: str, store: str) -> None:
         dist.destroy_process_group()
 
 
-def test_async_save_is_staged_before_returning_and_resumes_bitwise(tmp_path: Path):
-    mp.spawn(worker, args=(str(tmp_path / "checkpoints"), str(tmp_path / "store")), nprocs=WORLD_SIZE)
+@pytest.mark.parametrize("overlap", [False, True], ids=["staged-in-save", "staged-beside-next-step"])
+def test_async_save_is_staged_before_returning_and_resumes_bitwise(tmp_path: Path, overlap: bool):
+    args = (str(tmp_path / "checkpoints"), str(tmp_path / "store"), overlap)
+    mp.spawn(worker, args=args, nprocs=WORLD_SIZE)
 
 
 def test_staging_copies_into_buffers_reused_from_one_save_to_the_next():
@@ -136,4 +143,26 @@ def test_staging_copies_into_buffers_reused_from_one_save_to_the_next():
     second = stager.stage(state)
     assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr(), "buffer reused"
     assert torch.equal(second["model"]["w"], weight)
+    stager.close()
+
+
+def test_overlapped_staging_copies_the_weights_before_the_optimizer_changes_them():
+    model = nn.BatchNorm1d(4)  # a buffer (running mean) that a forward changes: copied in stage()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    stager = BufferStager()
+    stager.defer_until_step([optimizer])
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    moment = optimizer.state[model.weight]["exp_avg"].clone()
+    staged = stager.stage(state)
+    assert isinstance(staged, Future)  # the weights are copied in the background
+    model(torch.randn(8, 4) + 3).sum().backward()  # the next step's forward changes the running mean
+    optimizer.step()  # waits for the copy before it changes the weights
+    copy = staged.result()
+    assert all(torch.equal(copy["model"][k], before[k]) for k in before)
+    assert torch.equal(copy["optim"]["state"][0]["exp_avg"], moment)
+    assert not torch.equal(model.weight, before["weight"])
+    assert not torch.equal(model.running_mean, before["running_mean"])
     stager.close()

@@ -5,7 +5,9 @@ directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A 
 either the previous committed checkpoints untouched or the new one complete.
 
 Asynchronous save (``blocking=False``): ``save`` returns once every tensor has been copied off the live state
-(staging; the copy buffers are kept and reused by the next save), and a background thread writes the shards
+(staging, ``hpctrain.checkpoint.staging``: the copy buffers are kept and reused by the next save; with
+``overlap_staging`` the parameters and optimizer state are copied beside the next step, whose weight update
+waits for the copy), and a background thread writes the shards
 with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default group for
 its own collectives), at low CPU priority, past the page cache, checksumming as it writes
 (``hpctrain.checkpoint.direct``): committing reads nothing back. The write is committed (manifest, rename,
@@ -33,7 +35,6 @@ ranks that no longer exist are ignored.
 
 from __future__ import annotations
 
-import copy
 import logging
 import re
 import shutil
@@ -48,11 +49,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.staging import AsyncStager
-from torch.distributed.tensor import DTensor
 
 from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
+from hpctrain.checkpoint.staging import BufferStager
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
@@ -109,12 +109,19 @@ class CheckpointManager:
             _barrier()
         else:
             writer = DirectWriter(tmp, background=True)
-            future = dcp.async_save(
+            response = dcp.async_save(
                 dict(state), storage_writer=writer, process_group=group, async_stager=self._stager
             )
-            assert isinstance(future, Future), type(future)  # synchronous staging: a plain upload future
+            # Staging beside the next step (``overlap_staging``) gives a response of two futures.
+            future = response if isinstance(response, Future) else response.upload_completion
             self._pending = _PendingSave(step, tmp, final, future)
         return final
+
+    def overlap_staging(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Let an asynchronous save copy these optimizers' parameters and state beside the next forward and
+        backward, their ``step()`` waiting for the copy (``hpctrain.checkpoint.staging``). For a loop in which
+        nothing but ``step()`` changes them."""
+        self._stager.defer_until_step(optimizers)
 
     def wait(self) -> None:
         """Finish and commit the pending asynchronous save, if any (collective when one is pending)."""
@@ -297,68 +304,6 @@ def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, A
                 f"checkpoint {directory} does not match the model: {detail}; nothing was loaded or deleted; "
                 f"{START_FRESH}"
             )
-
-
-class BufferStager(AsyncStager):
-    """Stages a state dict for ``dcp.async_save``: every tensor is copied into a CPU buffer (pinned with CUDA)
-    that is kept, per key, for the next save, so staging costs one memcpy of the state and no allocation
-    (fresh buffers page-fault on first touch: many times slower). DCP's own stager caches by storage weak
-    reference, which is lost whenever the storage's Python wrapper is collected.
-
-    A buffer is reused only once the write that read it has finished: ``CheckpointManager`` waits for a
-    pending save before staging the next. Tensors that share memory (tied weights) are staged once; DTensors
-    are staged by their local shard; other tensor subclasses and unknown objects are deep-copied."""
-
-    _synchronize_after_execute = False  # staging is complete when stage() returns
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        used: dict[str, torch.Tensor] = {}
-        staged = self._copy(state_dict, "", used, {})
-        self._buffers = used  # buffers of keys that are gone are freed
-        return staged
-
-    def close(self) -> None:
-        self._buffers = {}
-
-    @torch.no_grad()
-    def _copy(self, obj: Any, path: str, used: dict[str, torch.Tensor], memo: dict[Any, Any]) -> Any:
-        if isinstance(obj, dict):
-            return {k: self._copy(v, f"{path}/{k}", used, memo) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-            return type(obj)(self._copy(v, f"{path}/{i}", used, memo) for i, v in enumerate(obj))
-        if isinstance(obj, DTensor):
-            local = self._copy(obj.to_local(), path, used, memo)
-            return DTensor.from_local(
-                local, obj.device_mesh, obj.placements, run_check=False, shape=obj.size(), stride=obj.stride()
-            )
-        if type(obj) is torch.Tensor:
-            view = (
-                obj.untyped_storage().data_ptr(),
-                obj.storage_offset(),
-                obj.shape,
-                obj.stride(),
-                obj.dtype,
-            )
-            if obj.untyped_storage().data_ptr() != 0 and view in memo:
-                return memo[view]
-            buffer = self._buffers.get(path)
-            if (
-                buffer is None
-                or buffer.shape != obj.shape
-                or buffer.dtype != obj.dtype
-                or (buffer.stride() != obj.stride())
-            ):
-                pin = obj.device.type == "cuda"
-                buffer = torch.empty_strided(obj.shape, obj.stride(), dtype=obj.dtype, pin_memory=pin)
-            buffer.copy_(obj)
-            used[path] = memo[view] = buffer
-            return buffer
-        if obj is None or isinstance(obj, (int, float, bool, str, bytes)):
-            return obj
-        return copy.deepcopy(obj)
 
 
 @dataclass

@@ -141,6 +141,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults
     )
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
+    checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
     resumed = checkpoints.resume(
         resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
     )
