@@ -1,6 +1,6 @@
 """Training time an asynchronous checkpoint costs, against a synchronous save of the same state, same run.
 
-    python bench/checkpoint_stall.py [--layers 12] [--d-model 768] [--steps 12] [--rounds 3] [--dir /tmp]
+    python bench/checkpoint_stall.py [--layers 12] [--d-model 768] [--steps 24] [--rounds 2] [--dir /tmp]
 
 One process, a GPT-2-small-sized model (~124M parameters, fp32) with AdamW state (model + 2 moments,
 1.4 GiB in all), saved by ``CheckpointManager`` under ``--dir``. Per round, alternating:
@@ -85,8 +85,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=768)
     parser.add_argument("--vocab", type=int, default=50304)
-    parser.add_argument("--steps", type=int, default=12, help="steps per window (the write must fit in them)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=24, help="steps per window (the write must fit in them)")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dir", default="/tmp")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")

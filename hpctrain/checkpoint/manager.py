@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -84,6 +85,7 @@ class CheckpointManager:
         self._pending: _PendingSave | None = None
         self._group: dist.ProcessGroup | None = None
         self._stager = BufferStager()
+        self._deleting: list[threading.Thread] = []  # pruned checkpoints being deleted
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
@@ -144,9 +146,12 @@ class CheckpointManager:
         return self._pending is not None
 
     def close(self) -> None:
-        """Finish any pending save and free the staging buffers (they hold a copy of the whole state)."""
+        """Finish any pending save and pruning, and free the staging buffers (a copy of the whole state)."""
         self.wait()
         self._stager.close()
+        for deleting in self._deleting:
+            deleting.join()
+        self._deleting = []
 
     def _commit(self, step: int, tmp: Path, final: Path) -> None:
         if self.rank != 0:
@@ -261,14 +266,24 @@ class CheckpointManager:
         return None
 
     def _prune(self) -> None:
+        """Delete this lineage's checkpoints beyond ``keep_last``: renamed out of the committed ones at once,
+        deleted by a thread (unlinking a 1.4 GiB shard took 0.27 s here, on the training thread otherwise).
+        A crash mid-delete leaves a ``.tmp-`` directory, which the next run's resume removes."""
         own = [c for c in layout.committed(self.root) if layout.lineage_of(c) in self._own_lineages]
         for old in own[self.keep_last :]:
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = old.with_name(layout.PRUNED_PREFIX + old.name)
+            shutil.rmtree(doomed, ignore_errors=True)  # a leftover of an earlier crash: same name
+            old.rename(doomed)
+            deleting = threading.Thread(target=shutil.rmtree, args=(doomed,), kwargs={"ignore_errors": True})
+            deleting.start()
+            self._deleting.append(deleting)
+        self._deleting = [t for t in self._deleting if t.is_alive()]
 
     def _discard_uncommitted(self) -> None:
         if self.rank == 0 and self.root.is_dir():
             for tmp in self.root.glob(f"{layout.TMP_PREFIX}*"):
-                log.info("Removing %s: a checkpoint that was never committed", tmp.name)
+                if not tmp.name.startswith(layout.PRUNED_PREFIX):
+                    log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
 

@@ -28,6 +28,7 @@ from hpctrain.rundir.files import atomic_json
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
+PRUNED_PREFIX = TMP_PREFIX + "pruned-"  # a pruned checkpoint being deleted (in the background)
 CHECKSUM_SUFFIX = ".crc32"  # beside a shard being committed: {"size": …, "crc32": …} of its bytes
 
 
