@@ -4,10 +4,11 @@ measured in the same run.
     python bench/mfu.py [--steps 60] [--window 10] [--dtype auto] [--nproc N]
     python bench/mfu.py --steps 6 --window 2            # smoke run
 
-MFU = model FLOPs per second ÷ peak FLOP/s (Chowdhery et al. 2022, "PaLM", appendix B; Hoffmann et al. 2022,
-"Chinchilla", appendix F, counts the same), with model FLOPs per token 6·N + 12·L·H·Q·T: N non-embedding
-parameters, L layers, H heads, Q head dimension, T sequence length (hpctrain/models/spec.py; the bench's model
-counts its own N). Recomputation and padding are not model FLOPs.
+MFU = model FLOPs per second ÷ peak FLOP/s (Chowdhery et al. 2022, "PaLM", appendix B; Hoffmann et al.
+2022, "Chinchilla", appendix F, adds the smaller terms: embeddings, softmax), with model FLOPs per token
+6·N + 12·L·H·Q·T: N the parameters in matmuls (embedding lookups out, a tied LM head in), L layers, H heads,
+Q head dimension, T sequence length (hpctrain/models/spec.py for the built-in; race_model.matmul_params for
+the bench's). Recomputation is not a model FLOP.
 
 The peak is measured first: ``--nproc`` processes (as many as training ranks), each with a rank's torch
 thread count (cores // ranks, as hpctrain's launcher sets), multiply square matrices of ``--dtype`` on the
@@ -15,9 +16,9 @@ ranks' device at the same time, so they share the cores, caches and memory bandw
 keeps its best rate over ~2 s. The peak per device is their mean (the sum ÷ ranks), and hpctrain gets it as
 ``cluster.peak_flops`` (it logs ``mfu`` with it). Then the same GPT (4 layers, d_model 256, 8 heads, seq
 128, vocab 512; ``--layers``, ``--d-model``, ... change it) is trained by hpctrain (built-in ``model=gpt``)
-and by the raw torch DDP loop of bench/race_loops.py (race_model.GPT), global batch 32 in micro-batches of
-8, on the same token data; a step time is the wall time of a window of steps (the first and the last
-window dropped) as in bench/race.py.
+and by the raw torch DDP loop of bench/race_loops.py (race_model.GPT), micro-batches of 8, two per rank
+and step (global batch 32 on 2 processes), on the same token data; a step time is the wall time of a
+window of steps (the first and the last window dropped) as in bench/race.py.
 
 Device: CUDA when available (one process per GPU, ``--dtype auto`` is bf16 autocast, the peak a bf16
 matmul), else CPU (``--dtype auto`` is fp32, 2 processes). On a GPU it also prints MFU against the data-sheet
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 from race import measured, run_hpctrain, write_project
 from race_loops import Race, run_raw
-from race_model import GPT, non_embedding_params
+from race_model import GPT, matmul_params
 
 from hpctrain.models.builtin import GPTSpec
 from hpctrain.train.metrics import PEAK_BF16_FLOPS
@@ -129,7 +130,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--global-batch", type=int, default=32)
+    parser.add_argument("--accumulate", type=int, default=2, help="micro-batches per rank and step")
     parser.add_argument("--matmul", type=int, default=8192 if cuda else 1024, help="peak matmul size")
     opts = parser.parse_args()
     if opts.steps % opts.window or opts.steps // opts.window < 3:
@@ -144,7 +145,8 @@ def main() -> None:
     }  # fmt: skip
     race = dataclasses.replace(
         Race(), steps=opts.steps, window=opts.window, nproc=opts.nproc, threads=threads, model=model,
-        global_batch=opts.global_batch, micro_batch=opts.micro_batch, precision=dtype, device=device,
+        global_batch=opts.micro_batch * opts.accumulate * opts.nproc, micro_batch=opts.micro_batch,
+        precision=dtype, device=device,
     )  # fmt: skip
 
     rates = measure_peak(device, dtype, opts.nproc, threads, opts.matmul)
@@ -157,7 +159,7 @@ def main() -> None:
     )
     spec = GPTSpec(**model)
     ours_flops = spec.flops_per_token()
-    n_raw = non_embedding_params(GPT(**model))
+    n_raw = matmul_params(GPT(**model))
     raw_flops = 6 * n_raw + 12 * opts.layers * opts.seq_len * opts.d_model  # 12·L·H·Q·T, H·Q = d_model
     print(
         f"FLOPs per token (6N + 12LHQT): built-in GPT {ours_flops / 1e6:.2f} M "

@@ -80,10 +80,12 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def non_embedding_params(model: nn.Module) -> int:
-    """N of PaLM's 6·N (Chowdhery et al. 2022, appendix B): the parameters used in matmuls, embeddings out."""
-    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+def matmul_params(model: GPT) -> int:
+    """N of PaLM's 6·N (Chowdhery et al. 2022, appendix B): the parameters used in matmuls. The embedding
+    lookups are left out; the LM head counts although tied to the token embedding, since its d·V matmul runs
+    either way (nanoGPT's estimate_mfu, and hpctrain's GPTSpec.param_count)."""
+    lookups = model.tok_emb.weight.numel() + model.pos_emb.weight.numel()
+    return sum(p.numel() for p in model.parameters()) - lookups + model.head.weight.numel()
 
 
 class MarkovTokens(torch.utils.data.Dataset):
