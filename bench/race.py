@@ -19,7 +19,9 @@ checks are counted), for the rivals the same windows timed in their loops, which
 same steps. The first window (warm-up) and the last (hpctrain evaluates there) are dropped. The three runs
 alternate, ``--rounds`` times. Prints each round, the median step time of each, the ratios hpctrain/raw,
 hpctrain/Fabric and Fabric/raw, and the losses logged at every window and the last step: whether they are
-bitwise equal to the raw loop's, else their largest absolute difference.
+bitwise equal to the raw loop's, else their largest absolute difference (Fabric's clip_gradients sums the
+gradient norms in the optimizer's parameter order, not the model's: an ulp apart at some steps, see
+race_loops.fabric_worker).
 
 The default (60 steps, 1 round) takes ~3-4 minutes on 2 quiet cores (a step is ~1 s there); ``--steps 200``
 gives the issue's figure in ~10.
@@ -82,7 +84,10 @@ def run_hpctrain(
     """Train with hpctrain in ``project``; the windows' step times, the logged losses, and every record."""
     args = [*hpctrain_overrides(race, model), *extra, f"hydra.run.dir={run_dir}"]
     cmd = [sys.executable, "-m", "hpctrain", *args]
-    done = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
+    env = dict(os.environ)
+    if race.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # hpctrain takes the GPUs it sees; the rivals would be on CPU
+    done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"hpctrain failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
