@@ -8,6 +8,7 @@ state at the step that was saved.
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -96,8 +97,14 @@ def worker(rank: int, root: str, store: str, overlap: bool) -> None:
         manager.save(9, state, blocking=False)  # commits step 5 first
         assert [p.name for p in layout.committed(checkpoints_dir)][:2] == ["step_00000005", "step_00000002"]
         train(model, optimizer, 2, rank)
-        manager.wait()
+        deadline = time.monotonic() + 120
+        while manager.pending and time.monotonic() < deadline:  # committed once written: no save, no wait()
+            manager.poll()
+            time.sleep(0.01)
         assert not manager.pending
+        if rank == 0:
+            assert layout.committed(checkpoints_dir)[0].name == "step_00000009"
+        manager.wait()  # still collective (every rank meets here), nothing left to commit
         manager.wait()  # nothing pending: a no-op
         names = [p.name for p in layout.committed(checkpoints_dir)]
         assert names == ["step_00000009", "step_00000005", "step_00000002"]

@@ -74,6 +74,27 @@ def test_resume_after_a_crash_is_bitwise_exact(tmp_path: Path):
     }
 
 
+def test_asynchronous_checkpoints_resume_bitwise(tmp_path: Path):
+    # Weights and AdamW moments staged beside the next step (its optimizer.step() waits for the copy), shards
+    # written by a background thread and committed as soon as they are written: resuming the newest is exact.
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+    exact = [*EXACT, "cluster.nproc=2"]
+    a = hpctrain(*exact, f"hydra.run.dir={run_a}")
+    assert a.returncode == 0, a.stderr
+    asynchronous = [*exact, "trainer.async_checkpoint=true"]
+    crashed = hpctrain(*asynchronous, "faults.fail_at=1:14", f"hydra.run.dir={run_b}")
+    assert crashed.returncode == 1
+    newest = layout.committed(run_b / "checkpoints")[0]  # step 10, unless its write outlasted 4 steps
+    assert layout.step_of(newest) in (5, 10)
+    resumed = hpctrain(*asynchronous, f"hydra.run.dir={run_b}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"Resumed from {newest} (step {layout.step_of(newest)})" in resumed.stdout
+    final_a = model_and_optimizer(run_a / "checkpoints" / "step_00000020")
+    final_b = model_and_optimizer(run_b / "checkpoints" / "step_00000020")
+    unequal = [k for k in final_a if not torch.equal(final_a[k], final_b[k])]
+    assert final_a.keys() == final_b.keys() and not unequal, f"{len(unequal)} differ, e.g. {unequal[:3]}"
+
+
 def test_uncommitted_and_truncated_checkpoints_are_never_loaded(tmp_path: Path):
     run = tmp_path / "run"
     args = [

@@ -11,7 +11,8 @@ waits for the copy), and a background thread writes the shards
 with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default group for
 its own collectives), at low CPU priority, past the page cache, checksumming as it writes
 (``hpctrain.checkpoint.direct``): committing reads nothing back. The write is committed (manifest, rename,
-prune; rank 0) by the next ``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after
+prune; rank 0) by ``poll()`` as soon as it has finished (the trainer polls every step), else by the next
+``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after
 every rank has reported its shards written, so rank 0's completion means every rank's shards are on disk.
 Until then it is only a ``.tmp-`` directory, so a crash mid-write leaves the committed checkpoints as they
 were.
@@ -86,6 +87,7 @@ class CheckpointManager:
         self._group: dist.ProcessGroup | None = None
         self._stager = BufferStager()
         self._deleting: list[threading.Thread] = []  # pruned checkpoints being deleted
+        self._async_saves = False  # once true (on every rank alike), wait() is collective
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
@@ -110,6 +112,7 @@ class CheckpointManager:
             self._commit(step, tmp, final)
             _barrier()
         else:
+            self._async_saves = True
             writer = DirectWriter(tmp, background=True)
             response = dcp.async_save(
                 dict(state), storage_writer=writer, process_group=group, async_stager=self._stager
@@ -126,19 +129,34 @@ class CheckpointManager:
         self._stager.defer_until_step(optimizers)
 
     def wait(self) -> None:
-        """Finish and commit the pending asynchronous save, if any (collective when one is pending)."""
+        """Finish and commit the pending asynchronous save, if any. Collective once any save was asynchronous:
+        a rank whose write :meth:`poll` already committed still meets the others here."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
         started = time.perf_counter()
-        pending.future.result()  # re-raises this rank's write failure (DCP fails every rank alike)
+        if pending is not None:
+            pending.future.result()  # re-raises this rank's write failure (DCP fails every rank alike)
+            self._commit(pending.step, pending.tmp, pending.final)
+        if self._async_saves:
+            _barrier()  # every rank returns with the checkpoint committed
+        if pending is not None:
+            log.info(
+                "Committed %s (asynchronous save; waited %.2f s for it)",
+                pending.final.name,
+                time.perf_counter() - started,
+            )
+
+    def poll(self) -> None:
+        """Commit the pending asynchronous save now if its write has finished (not collective: each rank
+        looks at its own write; rank 0's finishes last, after every rank's shards and ``.metadata``). Called
+        every step, it leaves a written checkpoint uncommitted for one step at most: a crash loses none."""
+        pending = self._pending
+        if pending is None or not pending.future.done():
+            return
+        self._pending = None
+        pending.future.result()
         self._commit(pending.step, pending.tmp, pending.final)
-        _barrier()
-        log.info(
-            "Committed %s (asynchronous save; waited %.2f s for it)",
-            pending.final.name,
-            time.perf_counter() - started,
-        )
+        if self.rank == 0:
+            log.info("Committed %s (asynchronous save, written beside training)", pending.final.name)
 
     @property
     def pending(self) -> bool:
