@@ -4,6 +4,8 @@ manifest takes instead of reading the checkpoint back; a record that no longer f
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import zlib
@@ -86,3 +88,24 @@ def test_a_failed_write_records_no_checksum(tmp_path: Path):
         stream.write(b"partial")
         raise RuntimeError("disk full")
     assert not (tmp_path / "__0_0.distcp.crc32").exists()
+
+
+def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path: Path, monkeypatch):
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    real_write, refused = os.write, []
+
+    def write(fd: int, data: object) -> int:  # the first O_DIRECT write is refused, as by a 64 KiB-block FS
+        if not refused and os.get_blocking(fd) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(direct.os, "write", write)
+    data = os.urandom(direct.BUFFER + 1000)
+    stream = _DirectStream(tmp_path / "__0_0.distcp")
+    assert stream.direct
+    stream.write(data)
+    stream.close()
+    assert refused and not stream.direct
+    assert (tmp_path / "__0_0.distcp").read_bytes() == data

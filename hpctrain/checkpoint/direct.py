@@ -24,6 +24,8 @@ The format is DCP's own: a checkpoint written here is read by ``FileSystemReader
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import io
 import mmap
 import os
@@ -134,7 +136,15 @@ class _DirectStream(io.RawIOBase):
     def _drain(self, size: int) -> None:
         written = 0
         while written < size:  # os.write may write less than asked (a signal, a full pipe)
-            written += os.write(self._fd, self._view[written:size])
+            try:
+                written += os.write(self._fd, self._view[written:size])
+            except OSError as err:
+                if not (self.direct and err.errno == errno.EINVAL):
+                    raise
+                # A file system that accepted O_DIRECT at open but not these writes (a larger block size):
+                # the rest goes through the page cache. Linux lets F_SETFL clear O_DIRECT on an open file.
+                fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                self.direct = False
         self._filled = 0
 
     def close(self) -> None:
