@@ -363,7 +363,8 @@ def main() -> None:
         device = f"CPU ({os.cpu_count()} cores), gloo, 1 thread per rank"
     print(
         f"torch {torch.__version__} | {device} | GPT {param_count(model):,} params "
-        f"({model.n_layers} layers, d_model {model.d_model}, seq_len {model.seq_len}) | fp32 | "
+        f"({model.args['n_layers']} layers, d_model {model.args['d_model']}, "
+        f"seq_len {model.args['seq_len']}) | fp32 | "
         f"global batch {args.batch} | median of {args.steps} steps after {args.warmup} warm-up",
         flush=True,
     )

@@ -159,13 +159,13 @@ def preempt(run: Path, job_id: str, n: int, env: dict[str, str], poll: float) ->
     assert first is not None
     lines = log_lines(run)
     stopped = nth(lines, r"^Stopped by SIGUSR2 after step (\d+)", n)
-    requeued = nth(lines, r"^Stopped by SIGUSR2 at step \d+; requeueing job", n)
+    requeued = nth(lines, r"^Stopped by SIGUSR2 at step \d+ \(checkpoint saved\); requeueing job", n)
     resumed = nth(lines, r"^Resumed from \S+ \(step (\d+)\)", n)
     rank_up = nth(lines, r"^rank 0/\d+ on", n + 1)
     started = nth(lines, r"^Training from step", n + 1)
-    assert stopped and requeued and resumed and rank_up and started, (
-        f"rank0.log lacks a line of pre-emption {n + 1}"
-    )
+    found = {"stopped": stopped, "requeued": requeued, "resumed": resumed, "up": rank_up, "started": started}
+    missing = [name for name, line in found.items() if not line]
+    assert not missing, f"rank0.log lacks the {', '.join(missing)} line(s) of pre-emption {n + 1}"
     before = [r["step"] for r in metrics(run) if r["time"] < started[0]]
     if running_again is None:  # the job was back before a poll saw it leave RUNNING
         running_again = rank_up[0]
@@ -235,8 +235,8 @@ def main() -> None:
             subprocess.run(["scancel", job_id], env=env, check=False)
         wait_until(lambda: ended(job_state(job_id, env)), "the cancelled job to end", timeout=120, poll=1)
         steps = [r["step"] for r in metrics(run)]
+        settings = slurm_settings(Path(env["SLURM_CONF"]))  # before the test cluster is gone
 
-    settings = slurm_settings(Path(env["SLURM_CONF"]))
     print(
         f"\njob {job_id}: {record.nodes} nodes x {record.tasks_per_node} tasks, {opts.runs} pre-emptions; "
         f"cold start (submission -> step 1) {cold:.2f} s"
