@@ -48,3 +48,11 @@ def _join_and_run(rank: int, world: int, port: int, fn: Callable[..., None], arg
     env: DistEnv = DistEnv.from_environ()
     device: torch.device = init_distributed(env, timeout_s=120)
     fn(env, device, *args)
+    # Every rank done before any group is torn down, and torn down before the interpreter finalises: gloo's
+    # worker threads still holding work at exit abort the process ("terminate called without an active
+    # exception"; pytorch/pytorch#179291): the plan measurement's rank 0 did so once in CI (2026-11-25).
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -304,7 +304,6 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, list[str]]
         results[name] = gathered
     if env.rank == 0:
         Path(out).write_text(json.dumps(results))
-    dist.destroy_process_group()
 
 
 def run_cases(cases: list[Case], work_dir: Path) -> dict[str, list[dict[str, Any]]]:
