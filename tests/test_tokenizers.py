@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ from conftest import REPO, hpctrain, metrics
 from hpctrain.cli.prepare import run as run_prepare
 from hpctrain.config.catalog import read_token_header
 from hpctrain.data import corpus, tokenfile
-from hpctrain.data.prepare import prepare_tokens
+from hpctrain.data.prepare import _encoded, prepare_tokens
 from hpctrain.data.tokenfile import read_token_file, write_token_file
 from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for
 
@@ -258,3 +259,58 @@ def test_a_stopped_prepare_with_workers_leaves_nothing(trained: Path, tmp_path: 
         "hpctrain: prepare interrupted; nothing was written"
     ], err
     assert not out.exists()
+
+
+def _blocked_sending(pid: int) -> bool:
+    """The process sleeps in a write to a full socket pair (multiprocessing's duplex Pipe) or pipe (Linux's
+    wait channel: sock_alloc_send_pskb, anon_pipe_write or pipe_write)."""
+    wchan = Path(f"/proc/{pid}/wchan").read_text()
+    return wchan.startswith("sock_alloc_send") or "pipe_write" in wchan
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_halfway_through_sending_its_ids_is_one_error_not_a_hang(trained: Path) -> None:
+    """Both workers are stopped (SIGTERM) while their ids are half-way down the pipe: the next batch is the
+    one-line OSError and no worker is left. ProcessPoolExecutor, used before, waited forever here: its manager
+    thread blocked on the half-received result, whose pipe the parent itself held open."""
+    json_text = trained.with_suffix(".tokenizer.json").read_text()
+    text = b"".join(p.read_bytes() for p in sorted(STDLIB.glob("*.py")))[: 3 << 20]
+    pieces = [text[i : i + (1 << 16)] for i in range(0, len(text), 1 << 16)]
+    batches = [pieces, pieces[::-1], pieces[1:], pieces[2:]]  # ids of MiBs each: far more than a pipe holds
+    before = set(multiprocessing.active_children())
+    encoded = _encoded(iter(batches), json_text, 2)
+    first = next(encoded)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(workers) == 2
+    serial = list(_encoded(iter(batches[:1]), json_text, 1))
+    assert np.array_equal(first, serial[0])  # the worker's ids are the in-process ones
+    deadline = time.monotonic() + 90
+    while not all(_blocked_sending(p.pid) for p in workers if p.pid is not None):
+        assert time.monotonic() < deadline, "the workers never blocked sending their ids"
+        time.sleep(0.05)
+    for p in workers:
+        assert p.pid is not None
+        os.kill(p.pid, signal.SIGTERM)
+    with pytest.raises(OSError, match=r"^a tokenizing worker process died \(killed, or out of memory\?\)$"):
+        next(encoded)
+    assert not any(p.is_alive() for p in workers)
+
+
+def test_tokenizing_workers_start_with_ctrl_c_blocked(trained: Path) -> None:
+    """Ctrl-C to the process group must reach only the parent: each worker starts with SIGINT blocked, in a
+    fresh process (where starting multiprocessing's resource tracker would otherwise unblock it first)."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from hpctrain.data.prepare import _end, _start\n"
+        "procs, conns = _start(Path(sys.argv[1]).read_text(), 2)\n"
+        "for p in procs:\n"
+        "    status = Path(f'/proc/{p.pid}/status').read_text().splitlines()\n"
+        "    print(next(line for line in status if line.startswith('SigBlk:')))\n"
+        "_end(procs, conns, kill=False)\n"
+    )
+    tok = str(trained.with_suffix(".tokenizer.json"))
+    result = subprocess.run([sys.executable, "-c", code, tok], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    masks = [int(line.split()[1], 16) for line in result.stdout.splitlines()]
+    assert len(masks) == 2 and all(m & (1 << (signal.SIGINT - 1)) for m in masks), result.stdout
