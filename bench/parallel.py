@@ -279,7 +279,6 @@ def worker(
         if rank == 0:
             # Written after every layout: a rank that dies later (or aborts at exit) loses nothing.
             Path(out).write_text(json.dumps(results))
-    dist.destroy_process_group()
 
 
 def run_rows(rows: list[Row], configs: dict[str, Config], opts: dict[str, int]) -> dict[str, dict[str, Any]]:

@@ -54,6 +54,9 @@ def _encode(batch: list[bytes]) -> np.ndarray:
     return np.concatenate(ids) if ids else np.zeros(0, np.uint32)
 
 
+_DIED = "a tokenizing worker process died (killed, or out of memory?)"
+
+
 def _worker(conn: Connection, json_text: str) -> None:
     """A tokenizing process: a batch in, its ids (uint32 bytes) or an error line out, until the parent
     closes the pipe. It starts with SIGINT and SIGTERM blocked (:func:`_start`); SIGINT stays blocked, so
@@ -65,7 +68,7 @@ def _worker(conn: Connection, json_text: str) -> None:
         while True:
             batch = conn.recv()
             try:
-                conn.send((_encode(batch).astype(np.uint32, copy=False).tobytes(), None))
+                conn.send((_encode(batch).tobytes(), None))  # uint32: a tokenizer's ids
             except Exception as e:  # the parent reports it in one line
                 conn.send((None, f"{type(e).__name__}: {e}"))
     except (EOFError, OSError):  # the parent is done (or gone)
@@ -161,9 +164,6 @@ def _encoded(batches: Iterator[list[bytes]], json_text: str | None, workers: int
         done = True
     finally:
         _end(procs, conns, kill=not done)
-
-
-_DIED = "a tokenizing worker process died (killed, or out of memory?)"
 
 
 def _send(conn: Connection, batch: list[bytes]) -> None:
