@@ -51,9 +51,10 @@ from hpctrain.models import build_model
 from hpctrain.models.flops import param_count
 from hpctrain.models.spec import model_spec
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
+from hpctrain.precision.amp import grad_scaler
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.train.optim import build_optimizer
-from hpctrain.train.trainer import _grad_scaler, loss_of, train_step
+from hpctrain.train.trainer import loss_of, train_step
 from hpctrain.verify.layouts import LAYOUTS, Layout, OnLayout
 from hpctrain.verify.local_group import run_local_group
 
@@ -204,7 +205,7 @@ def measure(cfg: Config, env: DistEnv, device: torch.device, warmup: int, steps:
     seed_everything(t.seed)
     par = parallelize(build_model(cfg.model), cfg, device)
     optimizer = build_optimizer(par.model, cfg.optim)
-    scaler = _grad_scaler(par, device, t.precision)
+    scaler = grad_scaler(device, t.precision, sharded_grads=not par.whole_grads)
     first = [x.to(device) for x in train_set.get_batch([0])]
     prime_ddp_buckets(par.model, lambda model: loss_of(model(first[0]), first[1]))
     seed_everything(t.seed + 1 + env.rank)

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from conftest import hpctrain
 
-from hpctrain.cli.train import precheck, sweep_members
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.models.builtin import GPTSpec as GPTConfig
 from hpctrain.models.builtin import ViTSpec as ViTConfig
 from hpctrain.models.spec import model_spec
+from hpctrain.submit.precheck import precheck
+from hpctrain.submit.sweep import sweep_members
 
 UNTIED = "model.tie_embeddings=false"  # these pipeline cases predate tied pipelines; kept as they were
 # (overrides, words the one-line message must contain)

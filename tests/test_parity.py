@@ -15,9 +15,9 @@ import torch.multiprocessing as mp
 from conftest import FAST, hpctrain
 from reference_ddp import reference_worker
 
-from hpctrain.checkpoint.io import read_checkpoint_model
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.launch.local import free_port
+from hpctrain.weights.load import read_checkpoint_model
 
 STEPS = 12
 OVERRIDES = [

@@ -11,8 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, hpctrain
 
-from hpctrain.cli.plan import check_fits
-from hpctrain.cli.train import precheck
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import Degrees, degrees, world_size
@@ -22,6 +20,8 @@ from hpctrain.models.flops import flops_per_token, param_count
 from hpctrain.models.spec import model_spec
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.search import alternatives
+from hpctrain.submit.fits import check_fits
+from hpctrain.submit.precheck import precheck
 
 GIB = 2**30
 # A 6.4B GPT (LLaMA-7B's depth and width; the tiny default vocabulary of 256 bytes and sequence of 64 are

@@ -1,5 +1,5 @@
 """The planner on users' models (examples/user_project, copied and run from its folder as in test_byo):
-parameters read on the meta device, activations measured on the CPU (hpctrain.train.footprint)."""
+parameters read on the meta device, activations measured on the CPU (hpctrain.submit.footprint)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import torch
 from conftest import REPO, hpctrain
 
 from hpctrain.cli.common import user_config_dirs
-from hpctrain.cli.measured import activation_line
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import estimate
-from hpctrain.train.footprint import _saved_bytes, measure_model
+from hpctrain.plan.text import activation_line
+from hpctrain.submit.footprint import _saved_bytes, measure_model
+from hpctrain.submit.probe import build_model, first_batches
 from hpctrain.train.loss import build_objective
-from hpctrain.train.probe import build_model, first_batches
 
 EXAMPLE = REPO / "examples" / "user_project"
 BAD = """
@@ -164,8 +164,8 @@ def test_measuring_a_built_in_model_agrees_with_its_declared_shapes(args: list[s
 def test_a_model_too_large_to_build_on_cpu_is_planned_without_activations(
     in_project: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    from hpctrain.cli.measured import activation_line
-    from hpctrain.train import footprint
+    from hpctrain.plan.text import activation_line
+    from hpctrain.submit import footprint
 
     monkeypatch.setattr(footprint, "MEASURE_LIMIT", 1000)
     cfg = user_cfg(*CNN)

@@ -86,7 +86,7 @@ def test_generate_is_deterministic_with_a_seed(trained: Path, capsys: pytest.Cap
 def test_transformers_model_exports_a_folder_from_pretrained_loads(project: Path, tmp_path: Path):  # noqa: F811
     from transformers import AutoModelForCausalLM
 
-    from hpctrain.cli.generate import load_model
+    from hpctrain.weights.generate import load_model
 
     run, folder = tmp_path / "run", tmp_path / "hf"
     result = user(project, "model=gpt2_tiny", "data=bytes", "data.max_bytes=60000", *SHORT,
@@ -128,10 +128,10 @@ def test_init_from_a_state_dict_with_a_renamed_key_is_one_line(
         (tmp_path / "other.safetensors", "does not fit the model"),
         (tmp_path / "code.pt", "cannot be read as weights"),
     ]:
-        from hpctrain.checkpoint.io import load_into
         from hpctrain.config.compose import compose, to_typed
         from hpctrain.errors import ConfigError
         from hpctrain.models import build_model
+        from hpctrain.weights.load import load_into
 
         model = build_model(to_typed(compose([])).model)
         with pytest.raises(ConfigError, match=r"^model\.init_from=") as caught:

@@ -13,16 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from hpctrain.jobs.targets import JobsError
 from hpctrain.observe.text import table
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-
-
-class JobsError(Exception):
-    """A target that cannot be found or read: one line on stderr, exit status 1."""
 
 
 class UsageError(Exception):
@@ -77,4 +74,7 @@ def fmt(value: Any, digits: int = 4) -> str:
     return str(value)
 
 
-__all__ = ["table"]  # the plain-text table every subcommand prints (it lives in observe: reports use it too)
+__all__ = [
+    "JobsError",
+    "table",
+]  # the plain-text table every subcommand prints (it lives in observe: reports use it too)

@@ -3,7 +3,7 @@
 A TARGET is a run directory (``job.json``; a local run has none and shows its progress only), a sweep
 directory (``sweep.json``) or a Slurm job id (``123``, or ``123_4`` for one array member), whose run or sweep
 directory is found from the job's output path while slurmctld still knows the job.
-:mod:`hpctrain.cli.targets` resolves it; ``hpctrain logs`` is :mod:`hpctrain.cli.logs`.
+:mod:`hpctrain.jobs.targets` resolves it; ``hpctrain logs`` is :mod:`hpctrain.cli.logs`.
 
     hpctrain status TARGET                   job, Slurm state, nodes, elapsed, step / max_steps, loss, error
     hpctrain cancel TARGET                   scancel the run's job, or every member of a sweep
@@ -16,10 +16,8 @@ query that fails, is one line on stderr and exit status 1. Runs on login nodes: 
 from __future__ import annotations
 
 import csv
-import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
 from hpctrain.cli.common import (
     EXIT_FAILED,
@@ -31,7 +29,8 @@ from hpctrain.cli.common import (
     plural,
     table,
 )
-from hpctrain.cli.targets import LOCAL, TARGET_HELP, Target, local_states, resolve, state_of, states_of
+from hpctrain.jobs.summary import last_with, progress, summary_rows, sweep_states
+from hpctrain.jobs.targets import LOCAL, TARGET_HELP, Target, resolve, state_of, states_of
 from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
 from hpctrain.slurm import commands
@@ -40,16 +39,6 @@ from hpctrain.slurm.commands import JobState, SlurmUnavailable
 TAIL_BYTES = 256 * 1024  # status reads only the end of metrics.jsonl
 
 # ---------------------------------------------------------------------------------------------- metrics
-
-
-def _last(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
-    return next((r for r in reversed(records) if r.get(key) is not None), None)
-
-
-def _progress(run_dir: Path, records: list[dict[str, Any]]) -> str:
-    last = records[-1]["step"] if records else "-"
-    total = RunDir(run_dir).max_steps()
-    return f"{last}/{total}" if total is not None else str(last)
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -96,10 +85,10 @@ def status(target: Target) -> int:
         out.append(("state", "local"))
     if target.run_dir is not None:
         records = RunDir(target.run_dir).read_metrics(TAIL_BYTES)
-        out.append(("step", _progress(target.run_dir, records)))
-        last_loss = _last(records, "loss")
+        out.append(("step", progress(target.run_dir, records)))
+        last_loss = last_with(records, "loss")
         out.append(("loss", fmt(last_loss["loss"]) if last_loss else "-"))
-        last_val = _last(records, "val_loss")
+        last_val = last_with(records, "val_loss")
         if last_val is not None:
             val = f"{fmt(last_val['val_loss'])}"
             if last_val.get("val_acc") is not None:
@@ -146,7 +135,7 @@ def _status_sweep(target: Target) -> int:
     for member, overrides in zip(sweep.members, own, strict=True):
         run_dir = Path(member.run_dir)
         records = RunDir(run_dir).read_metrics(TAIL_BYTES)
-        last_loss = _last(records, "loss")
+        last_loss = last_with(records, "loss")
         state = states.get(member.job_id)
         rows.append(
             [
@@ -154,7 +143,7 @@ def _status_sweep(target: Target) -> int:
                 " ".join(overrides),
                 member.job_id,
                 state.state if state else "UNKNOWN",
-                _progress(run_dir, records),
+                progress(run_dir, records),
                 fmt(last_loss["loss"]) if last_loss else "",
             ]
         )
@@ -215,45 +204,6 @@ def _scancel(job_ids: list[str]) -> None:
 
 def _where(sweep: SweepRecord) -> str:
     return "run here" if sweep.array_job_id == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
-
-
-def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
-    """Slurm's word for every member of an array, or what a local sweep's run directories say."""
-    if sweep.array_job_id == LOCAL:  # a sweep run here (hpctrain.cli.targets.local_sweep)
-        return local_states(sweep)
-    return states_of([m.job_id for m in sweep.members])
-
-
-def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[str], list[dict[str, Any]]]:
-    """One dict per member (CSV-ready values; None for what is unknown), and the columns in use."""
-    rows = []
-    for member in sweep.members:
-        records = RunDir(Path(member.run_dir)).read_metrics()
-        vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
-        accs = [r["val_acc"] for r in records if r.get("val_acc") is not None]
-        last_loss = _last(records, "loss")
-        state = states.get(member.job_id)
-        row: dict[str, Any] = {
-            "index": member.index,
-            "overrides": " ".join(member.overrides),
-            "job_id": member.job_id,
-            "state": state.state if state else None,
-            "step": records[-1]["step"] if records else None,
-            "loss": last_loss["loss"] if last_loss else None,
-            "best_val_loss": min(vals) if vals else None,
-            "last_val_loss": vals[-1] if vals else None,
-            "best_val_acc": max(accs) if accs else None,
-            "last_val_acc": accs[-1] if accs else None,
-        }
-        for key in ("tokens_per_s", "samples_per_s"):
-            # The median over logged steps: the first steps (compilation, warm-up) do not skew it.
-            values = [r[key] for r in records if r.get(key) is not None]
-            row[key] = statistics.median(values) if values else None
-        row["run_dir"] = member.run_dir
-        rows.append(row)
-    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s")
-    columns = [k for k in rows[0] if k not in optional or any(r[k] is not None for r in rows)] if rows else []
-    return columns, rows
 
 
 def summary(target: Target, csv_path: Path | None) -> int:

@@ -1,5 +1,5 @@
 """``hpctrain logs TARGET [-f] [-n N] [--rank R] [--member I]``: the tail of a rank's log, or follow it until
-the job ends. TARGET is resolved by :mod:`hpctrain.cli.targets`. No torch import here."""
+the job ends. TARGET is resolved by :mod:`hpctrain.jobs.targets`. No torch import here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from hpctrain.cli.common import EXIT_OK, JobsError, Parser, UsageError, guarded
-from hpctrain.cli.targets import TARGET_HELP, Target, member_target, resolve, state_of
+from hpctrain.jobs.targets import TARGET_HELP, Target, member_target, resolve, state_of
 from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
 

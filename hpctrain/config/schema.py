@@ -28,7 +28,7 @@ class ModelConfig:
     args: dict[str, Any] = field(default_factory=dict)
     # Start from these weights (a new run: fresh optimizer, step 0): a safetensors file or folder, a torch
     # state dict, a transformers save_pretrained folder, an hpctrain checkpoint or run directory
-    # (hpctrain.checkpoint.io). Ignored once the run directory holds a checkpoint of its own.
+    # (hpctrain.weights.load). Ignored once the run directory holds a checkpoint of its own.
     init_from: str | None = None
     init_strict: bool = True  # false: load the names that fit, report the rest
 
@@ -275,7 +275,7 @@ class LoggerConfig:
 @dataclass
 class TaskConfig:
     """What each rank runs: hpctrain's trainer (``train``), or the user's own script (``script``) with
-    hpctrain's launch, rendezvous environment and pre-emption handling (hpctrain.resilience.script)."""
+    hpctrain's launch, rendezvous environment and pre-emption handling (hpctrain.task.script)."""
 
     name: str = "train"  # train | script
     path: str | None = None  # script: the file, relative to the folder the command is typed in

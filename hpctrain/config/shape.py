@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from hpctrain.config.schema import Config, ParallelConfig
 from hpctrain.errors import ConfigError
+from hpctrain.precision import regime
 
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
@@ -151,6 +152,7 @@ class RunShape:
     microbatches: int
     micro_batch_size: int
     global_batch_size: int
+    regime: str  # the precision regime (hpctrain.precision): fp32 | autocast | fsdp_mixed
 
     @property
     def dp(self) -> int:
@@ -191,4 +193,5 @@ def run_shape(cfg: Config) -> RunShape:
         microbatches=cfg.parallel.microbatches if d.pp > 1 else 1,
         micro_batch_size=cfg.trainer.micro_batch_size,
         global_batch_size=global_batch_size(cfg),
+        regime=regime(cfg.trainer.precision, sharded=d.dp_shard > 1),
     )

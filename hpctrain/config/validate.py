@@ -32,6 +32,7 @@ from hpctrain.config.shape import (
 )
 from hpctrain.errors import ConfigError
 from hpctrain.faults import check_faults
+from hpctrain.precision import PRECISIONS
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.slurm.spec import (
     DEPENDENCY,
@@ -48,7 +49,6 @@ from hpctrain.slurm.spec import (
     parse_time_limit,
 )
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 PARALLEL_STRATEGIES = tuple(STRATEGY_DIMS)
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk")
@@ -141,7 +141,7 @@ def check_data(data: DataConfig) -> None:
             "data.collate", data.collate, "not a callable", valid="null, or a node with _target_ (fn(items))"
         )
     if data.target is not None:
-        return  # the user's dataset: checked on a real item by hpctrain.train.probe
+        return  # the user's dataset: checked on a real item by hpctrain.submit.probe
     from hpctrain.config.catalog import DATASET_KINDS
 
     _one_of("data", data.name, tuple(DATASET_KINDS))

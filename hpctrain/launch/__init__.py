@@ -17,7 +17,7 @@ def get_launcher(cfg: Config) -> Launcher:
         from hpctrain.launch.sbatch import SbatchLauncher
 
         return SbatchLauncher()
-    from hpctrain.launch.slurm import SubmititLauncher
+    from hpctrain.launch.submitit import SubmititLauncher
 
     return SubmititLauncher()
 

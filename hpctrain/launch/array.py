@@ -72,7 +72,7 @@ def launch_array(
         (run_dir / ".hydra").mkdir(exist_ok=True)
         OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
 
-    from hpctrain.launch.slurm import submit_array
+    from hpctrain.launch.submitit import submit_array
 
     record = submit_array(first.cluster, [m[1] for m in members], [m[2] for m in members], sweep_dir)
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest

@@ -23,8 +23,8 @@ from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
-from hpctrain.launch.slurm import SLURM_DIR, print_dry_run, print_submitted, take_snapshot
 from hpctrain.launch.snapshot import SNAPSHOT_DIR, plan_project, project_path_entry
+from hpctrain.launch.submitit import SLURM_DIR, print_dry_run, print_submitted, take_snapshot
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
@@ -103,7 +103,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
 
 def _extra_options(c: ClusterConfig) -> list[str]:
     """``--name=value`` / ``--flag`` for the sbatch options beyond the template's fixed lines (validated)."""
-    from hpctrain.launch.slurm import sbatch_extras
+    from hpctrain.launch.submitit import sbatch_extras
 
     options = {
         "exclusive": True if c.exclusive else None, "gres": c.gres, "gpus-per-task": c.gpus_per_task,

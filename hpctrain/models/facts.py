@@ -1,5 +1,5 @@
 """What the planner learns of a model that declares no shapes (a user's ``_target_``) by building it:
-torch-free records, filled by :mod:`hpctrain.train.footprint` and read by :mod:`hpctrain.plan.user`.
+torch-free records, filled by :mod:`hpctrain.submit.footprint` and read by :mod:`hpctrain.plan.user`.
 
 The parameters are read from the model built on the meta device (names, shapes, dtypes: exact). The
 activations cannot be derived from parameters: they are measured, as the bytes autograd saves for the

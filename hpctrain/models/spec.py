@@ -4,7 +4,7 @@ A run's model is a ``_target_`` and its arguments (:class:`hpctrain.config.schem
 :func:`model_spec` turns it into a spec. The built-in models declare theirs here, beside their code: the
 input they take, the tokens per sample, parameter and FLOP counts, that they carry tensor- and
 pipeline-parallel plans, and the shapes the planner reads. Any other model gets a :class:`ModelSpec` whose
-facts are unknown until the model is built (:mod:`hpctrain.train.probe` builds it on the meta device); the
+facts are unknown until the model is built (:mod:`hpctrain.submit.probe` builds it on the meta device); the
 trainer then derives what it needs from the built module. The core reads these facts; it never asks which
 model it trains.
 """
@@ -94,14 +94,14 @@ class ModelSpec:
 
     def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
         """Raise a one-line ConfigError if this model cannot be split as ``degrees`` (a RunShape's) say. A
-        model of unknown facts is checked when built (:mod:`hpctrain.train.probe`): whether it has a
+        model of unknown facts is checked when built (:mod:`hpctrain.submit.probe`): whether it has a
         tensor-parallel plan and a pipeline split."""
 
     def check_data(
         self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
     ) -> None:
         """Raise a one-line ConfigError if built-in dataset ``name`` (yielding ``gives``) cannot feed this
-        model. A model of unknown input is checked on a real batch instead (hpctrain.train.probe)."""
+        model. A model of unknown input is checked on a real batch instead (hpctrain.submit.probe)."""
         if self.input_kind is not None and gives not in ("any", self.input_kind):
             from hpctrain.config.catalog import DATASET_KINDS
 

@@ -18,11 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config.schema import Config, ParallelConfig
 from hpctrain.config.shape import RunShape, run_shape
-from hpctrain.parallel.checkpointing import apply_activation_checkpointing, apply_compile
+from hpctrain.parallel.compile import apply_compile
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
 from hpctrain.parallel.pipeline import Pipeline, dropped_modules, split_stage, stage_ids, stage_owners
+from hpctrain.parallel.recompute import apply_activation_checkpointing
 from hpctrain.parallel.shared import (
     SharedWeight,
     Tie,
@@ -40,7 +41,7 @@ class Parallelized:
     model: nn.Module  # what this rank runs and trains: parameter names are the whole model's
     dims: ParallelDims
     pipeline: Pipeline | None = None  # set under pipeline parallelism: run steps through it, not `model`
-    fsdp_mixed_precision: bool = False  # FSDP casts parameters itself: no autocast around the model
+    regime: str = "fp32"  # the precision regime (hpctrain.precision): fsdp_mixed means no autocast around it
     compression: CompressionState | None = None  # DDP hook state to checkpoint (per rank)
     parts: list[nn.Module] = field(default_factory=list)  # the stages this rank holds (or the model)
     # Weights that several pipeline stages hold a copy of (a tied embedding and LM head): their gradients
@@ -59,6 +60,12 @@ class Parallelized:
     def uncounted(self) -> list[nn.Parameter]:
         """Copies whose gradient the global norm leaves out: another stage's copy counts the weight."""
         return [p for weight in self.shared for p in weight.uncounted]
+
+    @property
+    def whole_grads(self) -> bool:
+        """Every rank holds whole, identical gradients (one process, or DDP replicas): the local gradient
+        norm is the global one, and an fp16 overflow is seen alike everywhere."""
+        return self.dims.mesh is None or isinstance(self.model, DistributedDataParallel)
 
     @property
     def data_parallel(self) -> tuple[int, int]:
@@ -106,7 +113,7 @@ def parallelize(
         if sharded:
             apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
     first = next(iter(parts.values()))
-    result = Parallelized(first, dims, fsdp_mixed_precision=sharded, parts=list(parts.values()))
+    result = Parallelized(first, dims, regime=shape.regime, parts=list(parts.values()))
     result.saved_names = saved_names(ties, across, parts)
     if dims.has("pp"):
         group = dims.pp_group

@@ -13,12 +13,11 @@ import warnings
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from hpctrain.config.schema import ParallelConfig
 from hpctrain.parallel.blocks import find_blocks
-
-PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from hpctrain.precision.amp import fsdp_policy
 
 
 def apply_fsdp(
@@ -29,7 +28,7 @@ def apply_fsdp(
     Mixed precision is FSDP's own: parameters are all-gathered and used in bf16/fp16 while the sharded
     master copy, the optimizer and the gradient reduction stay fp32.
     """
-    mixed = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES.get(precision), reduce_dtype=torch.float32)
+    mixed = fsdp_policy(precision)  # hpctrain.precision: the fsdp_mixed regime
     # pin_memory needs an accelerator: on a CPU-only machine torch refuses to pin.
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if parallel.cpu_offload else OffloadPolicy()
     options = {

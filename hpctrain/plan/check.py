@@ -3,7 +3,7 @@
 :func:`hpctrain.config.validate.validate` checks each group on its own; here the model's spec
 (:mod:`hpctrain.models.spec`) adds its own rules: its arguments, whether the built-in dataset feeds it, and
 whether it can be split as the layout asks. A model that declares nothing (a user's ``_target_``) is
-checked on the meta device by :mod:`hpctrain.train.probe` instead, where the caller can afford torch.
+checked on the meta device by :mod:`hpctrain.submit.probe` instead, where the caller can afford torch.
 """
 
 from __future__ import annotations

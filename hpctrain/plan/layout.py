@@ -8,13 +8,7 @@ import math
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import (
-    Degrees,
-    degrees,
-    global_batch_size,
-    samples_per_pass,
-    stages_per_rank,
-)
+from hpctrain.config.shape import Degrees, run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.models.spec import ParamSpec, TransformerSpec, model_spec
 
@@ -102,23 +96,18 @@ class Layout:
 
 def layout_of(cfg: Config, tokens: int | None = None) -> Layout:
     """``tokens``: per sample, for a model without declared shapes (measured: hpctrain.plan.user)."""
-    d = degrees(cfg)
-    p, t = cfg.parallel, cfg.trainer
-    sharded = d.dp_shard > 1
-    regime = "fp32" if t.precision == "fp32" else ("fsdp_mixed" if sharded else "autocast")
-    per_rank = stages_per_rank(p) if d.pp > 1 else 1
-    microbatches = p.microbatches if d.pp > 1 else 1
-    passes = max(1, global_batch_size(cfg) // samples_per_pass(cfg))
+    shape = run_shape(cfg)
+    d, p = shape.degrees, cfg.parallel
     return Layout(
         degrees=d,
-        precision=t.precision,
-        regime=regime,
-        sharded=sharded,
-        per_rank=per_rank,
-        n_stages=d.pp * per_rank,
-        microbatches=microbatches,
-        passes=passes,
-        micro_batch=t.micro_batch_size,
+        precision=cfg.trainer.precision,
+        regime=shape.regime,
+        sharded=d.dp_shard > 1,
+        per_rank=shape.stages_per_rank,
+        n_stages=shape.n_stages,
+        microbatches=shape.microbatches,
+        passes=max(1, shape.passes),
+        micro_batch=shape.micro_batch_size,
         tokens=planned_model(cfg).tokens_per_sample if tokens is None else tokens,
         seq_shards=d.tp if d.tp > 1 and p.sequence_parallel else 1,
         ac=p.activation_checkpointing,

@@ -159,7 +159,7 @@ def block_activation_bytes(model: TransformerSpec, lay: Layout, ac: str | None =
     also the residual stream and the statistics.
 
     ``full`` keeps only the block's input (``torch.utils.checkpoint``). ``selective``
-    (``hpctrain.parallel.checkpointing``) keeps the input and the outputs of the matmuls and the attention
+    (``hpctrain.parallel.recompute``) keeps the input and the outputs of the matmuls and the attention
     kernel (and the sequence-parallel reduce-scatters), recomputing the rest: row-wise (o, fc_out) outputs
     are whole [N, d] partial sums under TP.
     """

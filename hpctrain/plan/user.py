@@ -1,5 +1,5 @@
 """Memory per rank and time per step of a model that declares no shapes (a user's ``_target_``), from the
-facts :mod:`hpctrain.train.footprint` measured (:class:`hpctrain.models.facts.MeasuredModel`). Torch-free:
+facts :mod:`hpctrain.submit.footprint` measured (:class:`hpctrain.models.facts.MeasuredModel`). Torch-free:
 the caller measures, this module only counts.
 
 Under data parallelism one rank stands for all, FSDP's first shard rank holding the most. Under tensor

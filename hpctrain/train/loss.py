@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.config.schema import DataConfig, LossConfig
+from hpctrain.models.outputs import logits_of
 
 IGNORE_INDEX = -100
 Loss = Callable[[Any, Any], torch.Tensor]
@@ -74,22 +75,6 @@ def call_model(model: nn.Module, batch: Any, target_key: str, with_targets: bool
     if with_targets:
         return model(batch[0], batch[1])
     return model(batch[0])
-
-
-def logits_of(outputs: Any) -> torch.Tensor:
-    """The logits in a model's output: the tensor itself, ``outputs["logits"]`` or ``outputs.logits``."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, dict) and "logits" in outputs:
-        return outputs["logits"]
-    logits = getattr(outputs, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    raise TypeError(
-        f"the model returned {type(outputs).__name__}, which holds no logits (a tensor, a dict with "
-        "'logits', or an object with .logits); give loss=model if it computes its own loss, or a "
-        "loss._target_ that reads it"
-    )
 
 
 def cross_entropy(

@@ -23,9 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain.checkpoint.io import init_from
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
@@ -41,6 +39,7 @@ from hpctrain.observe.profile import profile_dir, start_profiler
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
+from hpctrain.precision import amp
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
@@ -57,10 +56,9 @@ from hpctrain.train.loss import (
 from hpctrain.train.metrics import Throughput, run_facts
 from hpctrain.train.optim import build_optimizer, build_scheduler
 from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
+from hpctrain.weights.load import init_from
 
 log = logging.getLogger(__name__)
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -110,7 +108,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
-    scaler = _grad_scaler(par, device, t.precision)
+    scaler = amp.grad_scaler(device, t.precision, sharded_grads=not par.whole_grads)
     if cfg.data.target is not None:
         train_set, val_set = build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate)
     else:
@@ -279,8 +277,8 @@ def train_step(
         model.train()
     total_loss = torch.zeros((), device=device)
     # Each pass holds an equal share of the rank's samples: the mean of the passes' mean losses is the mean.
-    # FSDP casts parameters itself (its mixed-precision policy); elsewhere autocast does.
-    autocast = _autocast(device, "fp32" if par.fsdp_mixed_precision else precision)
+    # FSDP casts parameters itself (its mixed-precision policy); elsewhere autocast does (hpctrain.precision).
+    autocast = amp.autocast(device, precision, par.regime)
     # A pipeline schedule runs forward and backward itself; each of its micro-batches' losses is divided by
     # the number of micro-batches of the whole step.
     pipeline_parts = (par.pipeline.n_microbatches if par.pipeline else 1) * len(passes)
@@ -307,8 +305,7 @@ def train_step(
     par.reduce_shared_grads()
     scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
-    if par.dims.mesh is None or isinstance(model, DistributedDataParallel):
-        # Every rank holds whole, identical gradients: the local norm is the global one.
+    if par.whole_grads:  # the local norm is the global one
         if grad_clip > 0:
             grad_norm = nn.utils.clip_grad_norm_(params, grad_clip)
         else:
@@ -339,7 +336,7 @@ def evaluate(run: Run) -> dict[str, float]:
     batch_size = run.shape.global_batch_size
     dp_rank, dp_size = par.data_parallel
     per_rank = batch_size // dp_size
-    autocast = _autocast(device, "fp32" if par.fsdp_mixed_precision else t.precision)
+    autocast = amp.autocast(device, t.precision, par.regime)
     for batch in range(t.eval_batches):
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
@@ -370,24 +367,6 @@ def evaluate(run: Run) -> dict[str, float]:
 def _no_sync_unless(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[None]:
     no_sync = getattr(model, "no_sync", None)
     return contextlib.nullcontext() if sync or no_sync is None else no_sync()
-
-
-def _autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager[None]:
-    dtype = AUTOCAST_DTYPES.get(precision)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
-
-
-def _grad_scaler(par: Parallelized, device: torch.device, precision: str) -> torch.amp.GradScaler:
-    """fp16 loss scaling. Where ranks hold different gradients (shards, stages), an overflow on one must skip
-    the step on all: ShardedGradScaler all-reduces the inf check."""
-    enabled = precision == "fp16"
-    if enabled and par.dims.mesh is not None and not isinstance(par.model, DistributedDataParallel):
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        return ShardedGradScaler(device.type)
-    return torch.amp.GradScaler(device.type, enabled=enabled)
 
 
 def _mean_over_ranks(value: torch.Tensor, holders: int) -> float:

@@ -212,15 +212,16 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     from hpctrain.config.shape import samples_per_pass
     from hpctrain.models import build_model
     from hpctrain.parallel.apply import parallelize
+    from hpctrain.precision.amp import autocast_dtype
     from hpctrain.train.optim import build_optimizer
-    from hpctrain.train.trainer import AUTOCAST_DTYPES, loss_of
+    from hpctrain.train.trainer import loss_of
 
     torch.manual_seed(cfg.trainer.seed)
     par = parallelize(build_model(cfg.model), cfg, device)
     optimizer = build_optimizer(par.model, cfg.optim)
     _, dp_size = par.data_parallel
     inputs, targets = _batch(cfg, samples_per_pass(cfg) // dp_size)
-    dtype = None if par.fsdp_mixed_precision else AUTOCAST_DTYPES.get(cfg.trainer.precision)
+    dtype = autocast_dtype(cfg.trainer.precision, par.regime)
     modules = [par.model, *par.parts]
     probe = Probe(modules)
     pipeline = par.pipeline

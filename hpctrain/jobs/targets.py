@@ -8,11 +8,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.cli.common import JobsError
 from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, read_job, read_sweep
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
+
+
+class JobsError(Exception):
+    """A target that cannot be found or read, or a Slurm query that failed: one line, exit status 1."""
+
 
 TARGET_HELP = "a run directory, a sweep directory or a Slurm job id"  # the TARGET argument's --help
 

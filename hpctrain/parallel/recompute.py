@@ -1,4 +1,4 @@
-"""Activation checkpointing and torch.compile, applied per transformer block.
+"""Activation checkpointing (recompute in backward what is not kept), applied per block.
 
 ``full`` keeps only each block's input and recomputes the block in backward (Chen et al. 2016):
 activation memory per block drops to one [B, T, d] tensor for one extra forward. ``selective`` keeps the
@@ -52,10 +52,3 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, block_classes: S
         raise ValueError(f"unknown activation checkpointing mode {mode!r}")
     for block in find_blocks(model, block_classes):
         replace_block(block, checkpoint_wrapper(block.module, **options))
-
-
-def apply_compile(model: nn.Module, block_classes: Sequence[str] = ()) -> None:
-    """Compile each block in place (``Module.compile`` keeps parameter names, unlike ``torch.compile(m)``).
-    Blocks are identical, so one graph serves all of them."""
-    for block in find_blocks(model, block_classes):
-        block.module.compile()

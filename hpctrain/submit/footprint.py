@@ -2,13 +2,13 @@
 meta device, activations measured on the CPU. Imports torch; only such models come here
 (:func:`hpctrain.cli.plan.measured_for`), the built-ins are planned from their declared shapes.
 
-1. The model is built on the meta device (:func:`hpctrain.train.probe.build_model`: no memory, no weights;
+1. The model is built on the meta device (:func:`hpctrain.submit.probe.build_model`: no memory, no weights;
    the user's exceptions keep their traceback) and each parameter's name, shape and dtype read, with the
    FSDP unit (block, :mod:`hpctrain.parallel.blocks`) holding it, and under the run's layout the dimension
    its tensor-parallel role splits (:mod:`hpctrain.parallel.tp`) and the pipeline stages holding it
    (:mod:`hpctrain.parallel.stages`).
 2. Activations are not a function of the parameters. The model is built again on the CPU, for real, and
-   the first 2 and 4 samples of the training set (:func:`hpctrain.train.probe.first_batches`) go through
+   the first 2 and 4 samples of the training set (:func:`hpctrain.submit.probe.first_batches`) go through
    it and the run's loss, the bytes autograd saves for the backward counted by
    ``torch.autograd.graph.saved_tensors_hooks``: each storage once, parameters and buffers left out (they
    are model state), the batch counted. Tensors first saved inside a block are that block's: under full
@@ -32,11 +32,12 @@ import torch
 from torch import nn
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import world_size
+from hpctrain.config.shape import run_shape
 from hpctrain.models.facts import Activations, Linear, MeasuredModel, ParamFact
 from hpctrain.parallel.blocks import find_blocks
+from hpctrain.precision import amp, regimes_of
+from hpctrain.submit.probe import build_model, first_batches
 from hpctrain.train.loss import build_objective, inputs_of, logits_of
-from hpctrain.train.probe import build_model, first_batches
 
 SAMPLES = (2, 4)
 MEASURE_LIMIT = 2 * 2**30  # bytes of parameters and buffers built on the CPU to measure the activations
@@ -146,9 +147,7 @@ def _with(facts: MeasuredModel, **changes: Any) -> MeasuredModel:
 
 def regimes(cfg: Config) -> list[str]:
     """The precision regimes the run and the layouts the planner may propose would train in."""
-    if cfg.trainer.precision == "fp32":
-        return ["fp32"]
-    return ["autocast", "fsdp_mixed"] if world_size(cfg) > 1 else ["autocast"]
+    return regimes_of(cfg.trainer.precision, can_shard=run_shape(cfg).world_size > 1)
 
 
 def _measure_all(cfg: Config, batches: list[Any]) -> tuple[tuple[Activations, ...], float]:
@@ -216,7 +215,8 @@ def _saved_bytes(
         note(t, -1)
     handles = [b.register_forward_pre_hook(enter(k), with_kwargs=True) for k, b in enumerate(blocks)]
     handles += [b.register_forward_hook(leave) for b in blocks]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if regime == "autocast" else nullcontext()
+    # On the CPU in bf16 whatever the run's 16-bit dtype: the bytes saved are the same, and CPU fp16 is slow.
+    autocast = amp.autocast(torch.device("cpu"), "bf16", regime)
     counter = FlopCounterMode(display=False) if backward else nullcontext()
     try:
         with counter:

@@ -2,7 +2,7 @@
 
 Submission returns as soon as Slurm has queued the job. The job runs the package as it was at submit time
 (a snapshot under the run or sweep directory), with ``nodes × tasks_per_node`` tasks that each become one
-rank (:func:`hpctrain.launch.slurm_task.run_task`). No torch import on this path: it runs on login nodes.
+rank (:func:`hpctrain.launch.submitit_task.run_task`). No torch import on this path: it runs on login nodes.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class SubmititLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
-        from hpctrain.launch.slurm_task import run_task
+        from hpctrain.launch.submitit_task import run_task
 
         job = _executor(cfg.cluster, run_dir / SLURM_DIR, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
@@ -153,7 +153,7 @@ def submit_array(
     check_client()
     export_secrets(cluster.env)
     plan = take_snapshot(cluster, sweep_dir)
-    from hpctrain.launch.slurm_task import run_task
+    from hpctrain.launch.submitit_task import run_task
 
     executor = _executor(cluster, sweep_dir / SLURM_DIR, sweep_dir, plan)
     with executor.batch():

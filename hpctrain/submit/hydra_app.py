@@ -1,0 +1,125 @@
+"""How a checked run goes through Hydra: a single run through Hydra's own ``run_job`` (output directory,
+logging, .hydra/ files, callbacks) without composing again, a sweep through ``hydra.main``, the task each
+run executes (write the run's config, hand it to a launcher), a dry run that writes nothing, and
+``--cfg`` for a config that composes but does not validate. Torch-free."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from hpctrain.config.schema import Config
+from hpctrain.errors import ConfigError
+
+EXIT_BAD_CONFIG = 2
+
+
+def print_composed(overrides: list[str], config_dirs: list[Path], which: str) -> None:
+    """``--cfg job|hydra|all`` for a config that composes but does not validate (nothing when it cannot
+    even be composed: the error line says why)."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.compose import compose
+
+    try:
+        cfg = compose(overrides, config_dirs)
+    except ConfigError:
+        return
+    job = OmegaConf.create({k: cfg[k] for k in cfg if k != "hydra"})
+    hydra = OmegaConf.create({"hydra": cfg.hydra})
+    parts = {"job": [job], "hydra": [hydra], "all": [hydra, job]}[which]
+    for part in parts:
+        print(OmegaConf.to_yaml(part, resolve=False), end="", flush=True)
+
+
+def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
+    """One run from the config the precheck composed, through Hydra's own ``run_job`` (output directory,
+    logging, .hydra/ files, callbacks), sparing the two further compositions ``hydra.main`` would make:
+    submitting from a login node should take about a second."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    from hpctrain.config.compose import config_context
+
+    try:
+        from hydra._internal.callbacks import Callbacks
+    except ImportError:  # Hydra moved it in 1.4
+        from hydra.core.callbacks import Callbacks  # type: ignore[no-redef]
+
+    with open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(cfg)
+    with config_context(config_dirs):
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        callbacks.on_run_start(config=cfg, config_name="config")
+        result = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
+        callbacks.on_run_end(config=cfg, config_name="config", job_return=result)
+    _ = result.return_value  # re-raises what the task raised
+    return 0
+
+
+def dry_run(typed: Config, cfg: DictConfig) -> int:
+    """Print the plan and the rendered submission; create no directory and no file (Hydra's ``run_job``
+    would make the run directory and its .hydra/ files)."""
+    import logging
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.launch import get_launcher
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)  # no log file either
+    HydraConfig.instance().set_config(cfg)  # what the launchers read of Hydra's node; nothing written
+    return int(get_launcher(typed).launch(typed, Path(cfg.hydra.run.dir).absolute()) or 0)
+
+
+def run_hydra(argv: list[str]) -> int:
+    import hydra
+
+    from hpctrain.config.compose import CONF_DIR
+    from hpctrain.config.schema import register_configs
+
+    register_configs()
+    sys.argv = [sys.argv[0] if sys.argv else "hpctrain", *argv]
+    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)
+    app()
+    return 0
+
+
+def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.config.compose import to_typed
+    from hpctrain.config.redact import redact_files
+    from hpctrain.launch import get_launcher, write_run_config
+    from hpctrain.plan.check import check_run
+    from hpctrain.rundir import RunLock
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    try:
+        typed = to_typed(cfg)
+        check_run(typed)
+        # A local run is one process tree: the launcher holds the run directory's lock for the run's life
+        # (a Slurm job's rank 0 takes it in hpctrain.worker).
+        lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None
+    except ConfigError as err:  # a sweep trial the precheck could not enumerate (interval sweeps)
+        print(f"hpctrain: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_CONFIG) from None
+    # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
+    redact_files([*(run_dir / ".hydra").glob("*.yaml"), run_dir.parent / "multirun.yaml"], typed.cluster.env)
+    try:
+        write_run_config(run_dir, cfg)
+        status = get_launcher(typed).launch(typed, run_dir)
+    finally:
+        if lock is not None:
+            lock.release()
+    if status:
+        raise SystemExit(status)
+    if typed.cluster.kind == "local":  # a sweeper that chooses trials from results (Optuna) reads it
+        from hpctrain.launch.array import final_objective
+
+        return final_objective(run_dir)
+    return None

@@ -1,0 +1,92 @@
+"""Every run a command would start, composed and checked before Hydra creates a directory or any process
+starts: the config (one line per bad input), the user's model, data and loss on the meta device (once per
+distinct combination), whether the run fits where it will run, the run directory (writable, not locked by a
+live run) and, for Slurm, the size of the code snapshot. Imports torch only to probe a user's own code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from hpctrain.config.schema import Config
+from hpctrain.models.spec import model_spec
+
+
+def precheck(
+    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
+) -> tuple[Config, DictConfig]:
+    """Compose and validate every run the command would start; raise ConfigError for the first bad one.
+    Returns the first run's config, typed and as composed (with Hydra's node). ``config_dirs``: the
+    user's ``--config-dir``."""
+    from hpctrain.config.compose import compose, shadowed_choices, to_typed
+    from hpctrain.config.validate import check_writable_dir
+    from hpctrain.plan.check import check_run, data_for_model
+    from hpctrain.submit.sweep import sweep_members
+
+    checked = []
+    probed: set[str] = set()
+    warned: set[str] = set()
+    for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
+        cfg = compose(member, config_dirs or [])
+        typed = to_typed(cfg)
+        choice = data_for_model(typed, member) if i == 0 else None
+        if choice is not None:  # the data follows the model the user chose: say so, then check with it
+            spec = model_spec(typed.model)
+            taken = f"model {spec.name} takes {spec.input_kind}"
+            print(f"hpctrain: {choice} ({taken}; choose another with data=...)")
+            overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
+            return precheck(overrides, multirun, config_dirs)
+        check_run(typed)
+        _probe_once(typed, probed)
+        if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
+            # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
+            from hpctrain.submit.fits import check_fits, check_fits_here
+            from hpctrain.submit.measure import measured_for
+
+            measured = measured_for(typed)
+            if typed.cluster.gpus_per_node > 0:
+                check_fits(typed, measured)  # the memory per GPU must fit
+            else:
+                check_fits_here(typed, measured)  # the processes must fit in this machine's memory
+        checked.append((typed, cfg))
+        for path in shadowed_choices(cfg, config_dirs or []):
+            if path not in warned:  # Hydra finds hpctrain's conf/ first
+                warned.add(path)
+                note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
+                print(note, file=sys.stderr)
+        if multirun:
+            check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
+        else:
+            check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
+            _check_unlocked(Path(cfg.hydra.run.dir))
+    first = checked[0][0]
+    if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
+        from hpctrain.launch.project import project_dir
+        from hpctrain.launch.snapshot import plan_project
+
+        plan_project(project_dir(), first.cluster.snapshot_paths)
+    return checked[0]
+
+
+def _check_unlocked(run_dir: Path) -> None:
+    """Refuse, before Hydra writes anything there, a run directory another live run holds."""
+    from hpctrain.rundir import RunDir, RunLock
+
+    if RunDir(run_dir).lock.is_file():
+        RunLock(run_dir).acquire().release()
+
+
+def _probe_once(cfg: Config, probed: set[str]) -> None:
+    """Try the user's model, data and loss on the meta device (hpctrain.submit.probe), once per distinct
+    combination of a sweep. Imports torch, but only for runs that bring their own code."""
+    from hpctrain.submit.probe import needs_probe
+
+    key = repr((cfg.model, cfg.data, cfg.loss, cfg.trainer.seed))
+    if not needs_probe(cfg) or key in probed:
+        return
+    from hpctrain.submit.probe import probe
+
+    probe(cfg)
+    probed.add(key)

@@ -1,0 +1,88 @@
+"""``task=train`` (the default): hpctrain's trainer on one rank, with its answers to stops and faults.
+
+The worker (:mod:`hpctrain.worker`) hands a rank here after taking the run directory's lock: this joins the
+process group, opens the observers (rank 0), starts the hang watchdog, runs :func:`hpctrain.train.trainer.fit`
+and, when it stopped early or a peer failed, requeues the Slurm job (:mod:`hpctrain.resilience.requeue`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpctrain.observe.logs import setup_logging
+from hpctrain.rundir import RunDir
+
+if TYPE_CHECKING:
+    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.resilience.signals import StopSignals
+    from hpctrain.resilience.watchdog import Heartbeat
+
+log = logging.getLogger("hpctrain.worker")
+
+
+def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> None:
+    """hpctrain's trainer on this rank: join the process group, train, and answer a stop or a fault."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.io import load_run_config
+    from hpctrain.config.shape import run_shape
+    from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.rendezvous.group import init_distributed, record_topology
+    from hpctrain.resilience import requeue
+    from hpctrain.resilience.stop import StopCheck
+    from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
+    from hpctrain.rundir.records import is_peer_symptom, read_error_record
+    from hpctrain.slurm import commands
+    from hpctrain.train.overrides import keep_global_batch
+    from hpctrain.train.trainer import fit
+
+    console = open_console() if env.is_main else None
+    setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
+    cfg = load_run_config(RunDir(run_dir).config)
+    signals.listen(cfg.cluster.signal)
+    device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
+    log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
+    record_topology(env, RunDir(run_dir))
+    end_time = commands.end_time(job_id) if job_id and env.is_main else None
+    observer = None
+    if env.is_main:
+        plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))
+        observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
+
+    def on_hang(culprit: Heartbeat | None, why: str) -> None:
+        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+
+    t = cfg.trainer
+    watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
+    try:
+        stop = StopCheck(signals, end_time, env.is_main, device)
+        cfg = keep_global_batch(cfg, run_dir)
+        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
+    except Exception as err:
+        if job_id is not None and is_peer_symptom(str(err)):
+            # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
+            # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
+            # left no record was killed (OOM, a node failure): requeue without its node.
+            time.sleep(STALE_AFTER_S + 1)
+            beats = read_heartbeats(run_dir, job_key())
+            culprit, why = find_culprit(beats, time.time())
+            own_error = read_error_record(run_dir, culprit.rank) if culprit else None
+            if own_error is None or is_peer_symptom(own_error["message"]):
+                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+        raise
+    finally:
+        watchdog.close()
+        if observer is not None:
+            observer.close()
+    if result.stopped_by is None:
+        return
+    if job_id is None:
+        log.info("Stopped at step %d; continue with trainer.resume=auto", result.state.step)
+        return
+    requeue.requeue_or_fail(
+        job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
+    )

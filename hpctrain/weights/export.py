@@ -1,0 +1,141 @@
+"""Weights out: a checkpoint saved under any layout, consolidated into one model in a folder.
+
+safetensors (shards of at most ``max_shard_gb`` with transformers' index when larger), a transformers folder
+that ``from_pretrained`` loads (config included; transformers models only), or a torch state dict. Beside
+the weights, ``hpctrain.json`` records the model's ``_target_`` and arguments and the run's tokenizer, so
+``model.init_from``, ``hpctrain generate`` and people find what the weights belong to. The folder appears
+whole or not at all (written beside it, then renamed). Reads the checkpoint through the safe reader
+(:mod:`hpctrain.weights.load`): nothing but tensors is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import ConfigError
+
+FORMATS = ("safetensors", "hf", "pt")
+DTYPES = ("fp32", "bf16", "fp16")
+EXPORT_META = "hpctrain.json"
+EXPORT_FORMAT, EXPORT_VERSION = "hpctrain-export", 1
+
+
+def checkpoint_of(run_dir: Path, step: int | None, key: str = "RUN_DIR") -> Path:
+    """The committed checkpoint of ``run_dir`` at ``step`` (default: the latest), or a one-line error."""
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir import checkpoints as layout
+
+    if not RunDir(run_dir).config.is_file():
+        raise ConfigError(key, str(run_dir), "not a run directory (no config.yaml)")
+    committed = layout.committed(RunDir(run_dir).checkpoints)
+    if step is not None:
+        chosen = [c for c in committed if layout.step_of(c) == step]
+        if not chosen:
+            have = ", ".join(str(layout.step_of(c)) for c in committed) or "none"
+            raise ConfigError("--step", step, "no committed checkpoint of that step", valid=have)
+        return chosen[0]
+    if not committed:
+        raise ConfigError(key, str(run_dir), "holds no committed checkpoint")
+    return committed[0]
+
+
+def export(
+    run_dir: Path, to: Path, step: int | None, fmt: str, dtype: str, max_shard_gb: float = 5.0
+) -> dict[str, Any]:
+    import torch
+
+    from hpctrain.config.io import load_run_config
+    from hpctrain.models import build_model
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir import checkpoints as layout
+    from hpctrain.weights.load import read_checkpoint_model, wanted_names
+
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise ConfigError("--to", str(to), "exists and is not an empty folder", valid="a new folder")
+    checkpoint = checkpoint_of(run_dir, step)
+    cfg = load_run_config(RunDir(run_dir).config)
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    is_hf = hasattr(model, "save_pretrained") and hasattr(model, "config")
+    if fmt == "hf" and not is_hf:
+        raise ConfigError(
+            "--format",
+            "hf",
+            f"model {cfg.model.target} is not a transformers model",
+            valid="safetensors or pt",
+        )
+    weights = read_checkpoint_model(checkpoint, "RUN_DIR")
+    names = wanted_names(model)
+    missing = [n for n in names if n not in weights]
+    if missing:
+        raise ConfigError(
+            "RUN_DIR", str(run_dir), f"the checkpoint lacks {len(missing)} of the model's tensors: "
+            + ", ".join(missing[:3]),
+        )  # fmt: skip
+    cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    weights = {
+        n: (t.to(cast) if t.is_floating_point() else t).contiguous() for n, t in weights.items() if n in names
+    }
+    partial = to.with_name(f".{to.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        if fmt == "hf":
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # one line of ours says what was written
+            real = build_model(cfg.model)
+            real.load_state_dict(weights, strict=False)  # tied aliases follow their first name
+            real.to(cast).save_pretrained(str(partial), safe_serialization=True)
+        elif fmt == "pt":
+            torch.save(weights, partial / "model.pt")
+        else:
+            _save_safetensors(weights, partial, int(max_shard_gb * 2**30))
+        from hpctrain.data.codec import copy_tokenizer
+
+        data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
+        tokenizer = copy_tokenizer(data, partial)  # generate and people find it with the weights
+        meta = {
+            "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": layout.step_of(checkpoint),
+            "source": str(checkpoint), "weights": fmt, "dtype": dtype,
+            "model": {"_target_": cfg.model.target, **cfg.model.args},
+            "data": data, "tokenizer": tokenizer,
+        }  # fmt: skip
+        (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        if to.exists():
+            to.rmdir()
+        os.replace(partial, to)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return {"source": checkpoint, "step": layout.step_of(checkpoint),
+            "parameters": sum(t.numel() for t in weights.values())}  # fmt: skip
+
+
+def _save_safetensors(weights: dict[str, Any], folder: Path, max_bytes: int) -> None:
+    """One ``model.safetensors``, or shards with transformers' index when larger than ``max_bytes``."""
+    from safetensors.torch import save_file
+
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, tensor in weights.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, start=1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in weights.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
