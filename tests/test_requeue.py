@@ -13,6 +13,7 @@ import pytest
 
 from hpctrain.resilience import requeue
 from hpctrain.resilience.watchdog import Heartbeat
+from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
 
 # A canned answer per client, or per client and first word (``scontrol.requeue.rc``) when one is given.
@@ -113,7 +114,7 @@ def test_a_fault_requeues_without_the_culprits_node(fake: Fake, tmp_path: Path):
         "scontrol requeue 12",
         "scontrol update JobId=12 ExcNodeList=node2",
     ]
-    assert "node2" in (tmp_path / requeue.FAULTS).read_text()
+    assert "node2" in RunDir(tmp_path).faults.read_text()
 
 
 def test_a_requeue_that_keeps_failing_is_tried_five_times_and_logged(

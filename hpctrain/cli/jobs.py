@@ -101,7 +101,7 @@ def status(target: Target) -> int:
                 rank, record = error
                 host = f" on {record['host']}" if record.get("host") else ""
                 out.append(("error", f"rank {rank}{host}: {error_last_line(record)}"))
-                out.append(("", f"log: {target.run_dir / 'logs' / f'rank{rank}.log'}"))
+                out.append(("", f"log: {RunDir(target.run_dir).log(rank)}"))
             elif failed:
                 out.append(("error", "no rank recorded an error: see `hpctrain logs` and Slurm's output"))
     else:
@@ -235,7 +235,7 @@ def summary(target: Target, csv_path: Path | None) -> int:
         cells.append(line)
     text_columns = {"overrides", "job_id", "state"}
     print(table(shown, cells, right=[i for i, c in enumerate(shown) if c not in text_columns]))
-    path = csv_path or target.sweep_dir / "summary.csv"
+    path = csv_path or RunDir(target.sweep_dir).summary_csv
     try:
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")

@@ -25,6 +25,7 @@ from hpctrain.config.typed import to_config
 from hpctrain.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's config_name)
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
 
 
@@ -81,7 +82,7 @@ def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfi
     register_configs()
     with config_context(config_dirs):
         try:
-            return hydra_compose("config", overrides=overrides, return_hydra_config=True)
+            return hydra_compose(CONFIG_NAME, overrides=overrides, return_hydra_config=True)
         except Exception as err:  # Hydra raises several unrelated types; all become one line
             raise _translate(err, parsed, dirs) from None
 
@@ -233,7 +234,7 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
 def _choice(group: str, parsed: dict[str, Any]) -> str | None:
     if group in parsed:
         return str(parsed[group])
-    defaults = OmegaConf.load(CONF_DIR / "config.yaml").get("defaults", [])
+    defaults = OmegaConf.load(CONF_DIR / f"{CONFIG_NAME}.yaml").get("defaults", [])
     for entry in defaults:
         if isinstance(entry, DictConfig) and group in entry:
             return str(entry[group])

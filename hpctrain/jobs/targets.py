@@ -86,14 +86,11 @@ def _numbered_runs(path: Path) -> list[Path]:
 def local_sweep(path: Path) -> SweepRecord:
     """A sweep run here (``-m`` with cluster=local): its members are the numbered run directories Hydra made,
     their overrides those Hydra recorded in each member's .hydra/overrides.yaml."""
-    from omegaconf import OmegaConf
-
     members = []
     for folder in sorted(
         (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
     ):
-        recorded = folder / ".hydra" / "overrides.yaml"
-        overrides = [str(o) for o in OmegaConf.load(recorded)] if recorded.is_file() else []
+        overrides = RunDir(folder).read_hydra_overrides() or []
         members.append(SweepMember(int(folder.name), overrides, str(folder), f"{LOCAL}:{folder.name}"))
     return SweepRecord(array_job_id=LOCAL, cluster=LOCAL, members=members)
 

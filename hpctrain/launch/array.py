@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from hpctrain.config.compose import to_typed
 from hpctrain.config.io import write_run_config
@@ -69,8 +69,7 @@ def launch_array(
 
     for _, run_dir, overrides, sweep_config in members:
         write_run_config(run_dir, sweep_config)
-        (run_dir / ".hydra").mkdir(exist_ok=True)
-        OmegaConf.save(OmegaConf.create(overrides), run_dir / ".hydra" / "overrides.yaml")
+        RunDir(run_dir).write_hydra_overrides(overrides)
 
     from hpctrain.launch.submitit import submit_array
 

@@ -84,9 +84,9 @@ class LocalLauncher:
                 run_dir,
             )
             return 0
-        logs = run_dir / "logs"
+        logs = RunDir(run_dir).logs
         logs.mkdir(parents=True, exist_ok=True)
-        for stale in logs.glob("rank*.error.json"):  # from an earlier attempt in the same run dir
+        for stale in RunDir(run_dir).error_files():  # from an earlier attempt in the same run dir
             stale.unlink()
         port = free_port(cfg.cluster.master_addr)
         log.info("Run directory: %s", run_dir)
@@ -150,7 +150,7 @@ class LocalLauncher:
         if rank == 0 and console_fd is not None:
             env["HPCTRAIN_CONSOLE_FD"] = str(console_fd)
             pass_fds = (console_fd,)
-        log_path = run_dir / "logs" / f"rank{rank}.log"
+        log_path = RunDir(run_dir).log(rank)
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hpctrain.worker", str(run_dir)],

@@ -23,8 +23,8 @@ from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
-from hpctrain.launch.snapshot import SNAPSHOT_DIR, plan_project, project_path_entry
-from hpctrain.launch.submitit import SLURM_DIR, print_dry_run, print_submitted, take_snapshot
+from hpctrain.launch.snapshot import plan_project, project_path_entry
+from hpctrain.launch.submitit import print_dry_run, print_submitted, take_snapshot
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
@@ -33,7 +33,6 @@ from hpctrain.slurm.commands import check_client, submit_script
 log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
-SCRIPT = "job.sbatch"
 EXIT_BAD_CONFIG = 2
 
 
@@ -43,7 +42,7 @@ def template_path(name: str) -> Path:
 
 def slurm_output(run_dir: Path) -> str:
     """Where the job's stdout/stderr go: ``<run dir>/slurm/%j.out`` (Slurm puts the job id for ``%j``)."""
-    return str(run_dir / SLURM_DIR / "%j.out")
+    return str(RunDir(run_dir).slurm / "%j.out")
 
 
 def render_script(cfg: Config, run_dir: Path) -> str:
@@ -71,7 +70,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
     # In a container the image's python runs the job; otherwise the submitting interpreter, as with submitit.
     python = "python" if c.container_image else sys.executable
     # Slurm expands %-patterns in --output: a literal % in the run directory is written %%.
-    output = str(run_dir / SLURM_DIR).replace("%", "%%") + "/%j.out"
+    output = str(RunDir(run_dir).slurm).replace("%", "%%") + "/%j.out"
     return template.render(
         run_dir=str(run_dir),
         job_name=c.job_name,
@@ -91,7 +90,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
         output=output,
         setup_lines=setup_lines(
             c,
-            run_dir / SNAPSHOT_DIR,
+            RunDir(run_dir).code,
             project_path_entry(plan_project(project_dir(), c.snapshot_paths), run_dir),
             project_dir(),
         ),
@@ -125,7 +124,7 @@ class SbatchLauncher:
         except ConfigError as err:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
-        path = run_dir / SCRIPT
+        path = RunDir(run_dir).sbatch_script
         if cfg.dry_run:  # printed, not written: a dry run leaves nothing behind
             print_dry_run(cfg, run_dir, script)
             log.info("Without dry_run it is written to %s and submitted", path)
@@ -141,7 +140,7 @@ class SbatchLauncher:
             return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # sbatch propagates the submitter's environment to the job
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
-        (run_dir / SLURM_DIR).mkdir(parents=True, exist_ok=True)
+        (RunDir(run_dir).slurm).mkdir(parents=True, exist_ok=True)
         job_id = submit_script(path)
         c = cfg.cluster
         record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir))

@@ -29,9 +29,8 @@ from pathlib import Path
 
 import hpctrain
 from hpctrain.errors import ConfigError
+from hpctrain.rundir import RunDir
 
-SNAPSHOT_DIR = "code"
-PROJECT_SUBDIR = "project"  # the user's project, under SNAPSHOT_DIR
 PROJECT_LIMIT_BYTES = 200 * 1000 * 1000
 _SKIPPED_DIRS = {"outputs", "multirun", "__pycache__"}
 
@@ -50,7 +49,7 @@ class ProjectSnapshot:
 def snapshot_package(destination_root: Path) -> Path:
     """Copy the package into ``destination_root/code/hpctrain``; return the directory for PYTHONPATH."""
     source = Path(hpctrain.__file__).resolve().parent
-    target_root = destination_root / SNAPSHOT_DIR
+    target_root = RunDir(destination_root).code
     target = target_root / "hpctrain"
     if target.exists():
         shutil.rmtree(target)
@@ -91,7 +90,7 @@ def snapshot_project(plan: ProjectSnapshot | None, destination_root: Path) -> Pa
     submit directory's copy (None when there is no plan)."""
     if plan is None:
         return None
-    target = destination_root / SNAPSHOT_DIR / PROJECT_SUBDIR
+    target = RunDir(destination_root).code_project
     if target.exists():
         shutil.rmtree(target)
     for name in plan.files:
@@ -106,7 +105,7 @@ def project_path_entry(plan: ProjectSnapshot | None, destination_root: Path) -> 
     """Where the submit directory's copy is (or will be) in the snapshot under ``destination_root``."""
     if plan is None:
         return None
-    target = destination_root / SNAPSHOT_DIR / PROJECT_SUBDIR
+    target = RunDir(destination_root).code_project
     return target / plan.subdir if plan.subdir else target
 
 

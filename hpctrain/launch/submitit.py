@@ -21,7 +21,6 @@ from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
 from hpctrain.launch.snapshot import (
-    SNAPSHOT_DIR,
     ProjectSnapshot,
     plan_project,
     project_path_entry,
@@ -35,7 +34,6 @@ from hpctrain.slurm.spec import parse_time_limit
 
 log = logging.getLogger(__name__)
 
-SLURM_DIR = "slurm"  # submitit's folder: pickled job, its sbatch script, the tasks' stdout/stderr
 EXIT_BAD_CONFIG = 2
 
 
@@ -96,7 +94,7 @@ def _executor(cluster: ClusterConfig, folder: Path, root: Path, plan: ProjectSna
     executor = submitit.SlurmExecutor(
         folder=folder / "%j", python="python3" if cluster.container_image else None
     )
-    params = submitit_parameters(cluster, root / SNAPSHOT_DIR, project_path_entry(plan, root), project_dir())
+    params = submitit_parameters(cluster, RunDir(root).code, project_path_entry(plan, root), project_dir())
     executor.update_parameters(**params)
     return executor
 
@@ -118,7 +116,7 @@ def _private(job: Any) -> None:
 
 class SubmititLauncher:
     def launch(self, cfg: Config, run_dir: Path) -> int:
-        snapshot = run_dir / SNAPSHOT_DIR
+        snapshot = RunDir(run_dir).code
         try:
             if cfg.dry_run:
                 plan = plan_project(project_dir(), cfg.cluster.snapshot_paths)
@@ -135,9 +133,9 @@ class SubmititLauncher:
         export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
         from hpctrain.launch.submitit_task import run_task
 
-        job = _executor(cfg.cluster, run_dir / SLURM_DIR, run_dir, plan).submit(run_task, str(run_dir))
+        job = _executor(cfg.cluster, RunDir(run_dir).slurm, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
-        output = str(run_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
+        output = str(RunDir(run_dir).slurm / "%j" / "%j_%t_log.out")
         record = JobRecord(
             job.job_id, "submitit", cfg.cluster.name, cfg.cluster.nodes, cfg.cluster.tasks_per_node, output
         )
@@ -155,14 +153,14 @@ def submit_array(
     plan = take_snapshot(cluster, sweep_dir)
     from hpctrain.launch.submitit_task import run_task
 
-    executor = _executor(cluster, sweep_dir / SLURM_DIR, sweep_dir, plan)
+    executor = _executor(cluster, RunDir(sweep_dir).slurm, sweep_dir, plan)
     with executor.batch():
         jobs = [executor.submit(run_task, str(d)) for d in run_dirs]
     for job in jobs:
         _private(job)
     members = []
     for index, (job, run_dir, member_overrides) in enumerate(zip(jobs, run_dirs, overrides, strict=True)):
-        output = str(sweep_dir / SLURM_DIR / "%j" / "%j_%t_log.out")
+        output = str(RunDir(sweep_dir).slurm / "%j" / "%j_%t_log.out")
         write_json(
             RunDir(run_dir).job,
             JobRecord(job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output),
@@ -185,7 +183,7 @@ def print_submitted(record: JobRecord, run_dir: Path) -> None:
         record.launcher,
     )
     log.info("  run directory  %s", run_dir)
-    log.info("  rank 0 log     %s", run_dir / "logs" / "rank0.log")
+    log.info("  rank 0 log     %s", RunDir(run_dir).log(0))
     log.info("  Slurm output   %s", record.slurm_output.replace("%j", record.job_id))
     log.info(
         "  follow it      hpctrain status %s   |   hpctrain logs %s -f   |   hpctrain cancel %s",

@@ -101,7 +101,7 @@ class Observer:
             tags=list(self.cfg.wandb_tags),
             config=redact_config(self.run_config),  # secret cluster.env values never reach W&B
         )
-        log.info("W&B run %s (%s) in %s", run_id, self.cfg.wandb_mode, self.run_dir / "wandb")
+        log.info("W&B run %s (%s) in %s", run_id, self.cfg.wandb_mode, RunDir(self.run_dir).wandb)
         return run_id
 
     def advance(self, step: int, loss: float | None = None) -> None:

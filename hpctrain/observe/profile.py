@@ -14,7 +14,7 @@ def profile_dir(cfg: Config, run_dir: Path) -> Path:
     """RUN_DIR/profile, or with TensorBoard where its profiler plugin looks: LOGDIR/plugins/profile/RUN."""
     if cfg.logger.tensorboard and cfg.trainer.profile:
         window = cfg.trainer.profile.replace(":", "-")
-        return RunDir(run_dir).tensorboard / "plugins" / "profile" / f"steps_{window}"
+        return RunDir(run_dir).tensorboard_profile(window)
     return RunDir(run_dir).profile
 
 

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-REPORT_DIR = "report"
 FIGURE_SIZE = (8.0, 4.5)  # inches; at DPI, 800 × 450 pixels a panel
 DPI = 100
 CHARS_PER_INCH = 15  # of small text: how many characters a line of a subtitle or legend may hold
@@ -209,7 +208,7 @@ def _save(fig: Figure, path: Path) -> Picture:
 
 
 def _out_dir(target: Path, out: Path | None) -> Path:
-    path = out if out is not None else target / REPORT_DIR
+    path = out if out is not None else RunDir(target).report
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -143,16 +143,13 @@ def is_run_dir(path: Path) -> bool:
 def _local_members(sweep_dir: Path) -> list[SweepMember]:
     """A local multirun's members: its subdirectories that hold a run, in Hydra's job order (numeric names
     when ``hydra.sweep.subdir`` is left at its default, the job number)."""
-    from omegaconf import OmegaConf
 
     dirs = [p for p in sweep_dir.iterdir() if p.is_dir() and is_run_dir(p)]
     dirs.sort(key=lambda p: (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name))
     members = []
     for position, path in enumerate(dirs):
-        try:
-            overrides = [str(o) for o in OmegaConf.load(path / ".hydra" / "overrides.yaml")]
-        except Exception:  # written by Hydra before the run starts; without it the member is still a run
-            overrides = []
+        # Written by Hydra before the run starts; without it the member is still a run.
+        overrides = RunDir(path).read_hydra_overrides() or []
         index = int(path.name) if path.name.isdigit() else position
         members.append(SweepMember(index, overrides, str(path), ""))
     return members

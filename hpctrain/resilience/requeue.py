@@ -6,13 +6,13 @@ pre-emptions, time limits and faults alike. Past ``cluster.max_requeues`` the jo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from pathlib import Path
 
 from hpctrain.resilience.watchdog import Heartbeat
+from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
 from hpctrain.slurm.spec import expand_nodelist
 
@@ -118,8 +118,7 @@ def respond_to_fault(
         "step": culprit.step if culprit else None,
         "why": why,
     }
-    with open(run_dir / FAULTS, "a") as out:
-        out.write(json.dumps(record) + "\n")
+    RunDir(run_dir).append_fault(record)
     if job_id is None or commands.was_cancelled(job_id):
         return
     if done >= max_requeues:
@@ -141,13 +140,10 @@ def respond_to_fault(
         )
 
 
-FAULTS = "faults.jsonl"
-
-
 def _first_to_respond(run_dir: Path, job_id: str | None, restart: int) -> bool:
     """Claim the response to this start's fault: an exclusive create succeeds for one rank only."""
     try:
-        fd = os.open(run_dir / f".fault-{job_id}-{restart}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        fd = os.open(RunDir(run_dir).fault_claim(str(job_id), restart), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
     os.close(fd)

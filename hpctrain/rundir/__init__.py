@@ -1,21 +1,9 @@
-"""The run directory: every path of a run and the format of every file in it. Torch-free.
+"""The run directory: every path of a run (and of a sweep) and the format of every file in it. Torch-free.
 
-    <run>/config.yaml                 the resolved config (written once at launch, read by every worker)
-    <run>/job.json                    the Slurm job of a run (hpctrain status/logs/cancel)
-    <run>/sweep.json                  a sweep directory's members (one Slurm array)
-    <run>/metrics.jsonl               rank 0's logged records, one JSON object per line
-    <run>/ranks.json                  every rank's host and pid
-    <run>/rendezvous.json             the port rank 0 of a Slurm job start listens on (when it had to move)
-    <run>/logs/rank<R>.log            each rank's log; rank<R>.error.json: the error it died of
-    <run>/heartbeats/rank<R>.json     the hang watchdog's heartbeats
-    <run>/checkpoints/step_<N>/       committed checkpoints (hpctrain.rundir.checkpoints)
-    <run>/profile/                    torch.profiler traces (logger.tensorboard: tensorboard/plugins/profile/)
-    <run>/tensorboard/                TensorBoard event files (logger.tensorboard)
-    <run>/plots/                      hpctrain report's PNGs
-    <run>/.lock                       the exclusive lock of the run using it (hpctrain.rundir.lock)
-
-Everything else asks :class:`RunDir` for a path; nothing else spells these names. Writes go through
-:func:`hpctrain.rundir.files.atomic_write`.
+:data:`LAYOUT` is the map: every name a run or sweep directory holds, with what it is. README's "What a run
+leaves behind" is this map (tests check it), :class:`RunDir` is the only way to a path in it, and no other
+module spells one of these names in a path (tests/unit/test_rules.py checks every path expression of the
+package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an append of whole lines).
 """
 
 from __future__ import annotations
@@ -33,8 +21,50 @@ SWEEP_RECORD = "sweep.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
-# Hydra's record of a sweep's members (written by Hydra's launchers).
+FAULTS_FILE = "faults.jsonl"
+# Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
+HYDRA_DIR = ".hydra"
+HYDRA_OVERRIDES = "overrides.yaml"
+SUMMARY_CSV = "summary.csv"
+SBATCH_SCRIPT = "job.sbatch"
+LOGS_DIR = "logs"
+HEARTBEATS_DIR = "heartbeats"
+CHECKPOINTS_DIR = "checkpoints"
+PROFILE_DIR = "profile"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
+REPORT_DIR = "report"
+CODE_DIR = "code"
+PROJECT_SUBDIR = "project"  # the user's project, under CODE_DIR
+SLURM_DIR = "slurm"
+SUBMIT_LOG = "hpctrain.log"  # the submitting process's log (conf/hydra/job_logging/hpctrain.yaml names it)
+
+# Every name of a run directory (a sweep directory has the sweep's rows), in README's order: name → what.
+LAYOUT: dict[str, str] = {
+    RUN_CONFIG: "the resolved config every rank read (.hydra/ has Hydra's record of the overrides)",
+    f"{HYDRA_DIR}/": f"Hydra's record of the run: config.yaml, hydra.yaml, {HYDRA_OVERRIDES}",
+    METRICS_FILE: "one JSON object per logged step (see below)",
+    f"{CHECKPOINTS_DIR}/": "step_XXXXXXXX/ directories, each committed atomically (see below)",
+    f"{LOGS_DIR}/": "every rank's log, rank<R>.log; rank<R>.error.json when a rank failed",
+    SUBMIT_LOG: "the submitting command's own log",
+    RANKS_FILE: "which host and pid every rank ran on",
+    RENDEZVOUS_FILE: "the port rank 0 of a Slurm job start listens on, when it had to move",
+    f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
+    FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
+    f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
+    f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
+    f"{WANDB_DIR}/": "with logger=wandb (offline unless logger.wandb_mode=online)",
+    f"{REPORT_DIR}/": "hpctrain report's PNGs",
+    JOB_RECORD: "Slurm runs: the job id, cluster and log paths",
+    f"{CODE_DIR}/": f"Slurm runs: the code snapshot the job runs (the user's under {PROJECT_SUBDIR}/)",
+    f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
+    SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
+    LOCK_FILE: "the lock of the run using the directory",
+    SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
+    MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
+    SUMMARY_CSV: "a sweep directory: hpctrain summary's table",
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +101,7 @@ class RunDir:
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / LOGS_DIR
 
     def log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
@@ -84,7 +114,7 @@ class RunDir:
 
     @property
     def heartbeats(self) -> Path:
-        return self.path / "heartbeats"
+        return self.path / HEARTBEATS_DIR
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / f"rank{rank}.json"
@@ -94,28 +124,101 @@ class RunDir:
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+        return self.path / CHECKPOINTS_DIR
 
     @property
     def profile(self) -> Path:
-        return self.path / "profile"
+        return self.path / PROFILE_DIR
 
     @property
     def tensorboard(self) -> Path:
         """TensorBoard's log directory: event files, and profiler traces under plugins/profile/."""
-        return self.path / "tensorboard"
+        return self.path / TENSORBOARD_DIR
+
+    def tensorboard_profile(self, window: str) -> Path:
+        """Where TensorBoard's profiler plugin finds the traces of steps ``window`` (its layout)."""
+        return self.tensorboard / "plugins" / "profile" / f"steps_{window}"
 
     @property
-    def plots(self) -> Path:
-        return self.path / "plots"
+    def wandb(self) -> Path:
+        return self.path / WANDB_DIR
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT_DIR
+
+    @property
+    def code(self) -> Path:
+        """The code snapshot a Slurm job runs."""
+        return self.path / CODE_DIR
+
+    @property
+    def code_project(self) -> Path:
+        return self.code / PROJECT_SUBDIR
+
+    @property
+    def slurm(self) -> Path:
+        """Slurm's output files (and submitit's pickled job)."""
+        return self.path / SLURM_DIR
+
+    @property
+    def sbatch_script(self) -> Path:
+        return self.path / SBATCH_SCRIPT
+
+    @property
+    def summary_csv(self) -> Path:
+        return self.path / SUMMARY_CSV
+
+    @property
+    def faults(self) -> Path:
+        return self.path / FAULTS_FILE
+
+    def fault_claim(self, job_id: str, restart: int) -> Path:
+        """The file whose exclusive creation claims the response to one job start's fault."""
+        return self.path / f".fault-{job_id}-{restart}"
+
+    @property
+    def submit_log(self) -> Path:
+        return self.path / SUBMIT_LOG
 
     @property
     def lock(self) -> Path:
         return self.path / LOCK_FILE
 
     @property
+    def hydra(self) -> Path:
+        return self.path / HYDRA_DIR
+
+    @property
     def hydra_overrides(self) -> Path:
-        return self.path / ".hydra" / "overrides.yaml"
+        return self.hydra / HYDRA_OVERRIDES
+
+    def hydra_records(self) -> list[Path]:
+        """Hydra's YAML records of this run (config, hydra, overrides)."""
+        return sorted(self.hydra.glob("*.yaml")) if self.hydra.is_dir() else []
+
+    def read_hydra_overrides(self) -> list[str] | None:
+        """The overrides Hydra recorded for this run; None when it recorded none (or unreadably)."""
+        from omegaconf import OmegaConf
+
+        try:
+            return [str(o) for o in OmegaConf.load(self.hydra_overrides)]
+        except Exception:  # missing, partly written or not a list: the caller goes on without
+            return None
+
+    def write_hydra_overrides(self, overrides: list[str]) -> None:
+        """Record a run's overrides as Hydra does (for runs a launcher creates itself: array members)."""
+        from omegaconf import OmegaConf
+
+        self.hydra.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.hydra_overrides, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+
+    def append_fault(self, record: dict[str, Any]) -> None:
+        """One line of faults.jsonl (appended whole: readers skip a torn last line)."""
+        import json
+
+        with open(self.faults, "a") as out:
+            out.write(json.dumps(record) + "\n")
 
     def is_run(self) -> bool:
         """Whether this looks like a run directory (any of the files a run leaves)."""
@@ -164,6 +267,7 @@ class RunDir:
 
 __all__ = [
     "JOB_RECORD",
+    "LAYOUT",
     "LOCK_FILE",
     "METRICS_FILE",
     "MULTIRUN_RECORD",

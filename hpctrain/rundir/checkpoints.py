@@ -165,3 +165,23 @@ def problem_with(directory: Path) -> str | None:
         if checksum is not None and crc32(path) != checksum:
             return f"{name} does not match its checksum (the file changed after it was written)"
     return None
+
+
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a checkpoint's shards
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is one checkpoint: a directory torch.distributed.checkpoint wrote."""
+    return (path / DCP_METADATA).is_file()
+
+
+def checkpoints_of(path: Path) -> list[Path] | None:
+    """The committed checkpoints, newest first, of a run directory or of its checkpoints folder; None when
+    ``path`` is neither."""
+    from hpctrain.rundir import CHECKPOINTS_DIR
+
+    if path.name == CHECKPOINTS_DIR:
+        return committed(path)
+    if (path / CHECKPOINTS_DIR).is_dir():
+        return committed(path / CHECKPOINTS_DIR)
+    return None

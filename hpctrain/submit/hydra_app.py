@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from hpctrain.config.compose import CONF_DIR, CONFIG_NAME, compose, config_context, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 
@@ -20,8 +21,6 @@ def print_composed(overrides: list[str], config_dirs: list[Path], which: str) ->
     """``--cfg job|hydra|all`` for a config that composes but does not validate (nothing when it cannot
     even be composed: the error line says why)."""
     from omegaconf import OmegaConf
-
-    from hpctrain.config.compose import compose
 
     try:
         cfg = compose(overrides, config_dirs)
@@ -43,8 +42,6 @@ def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
     from hydra.types import HydraContext, RunMode
     from omegaconf import open_dict
 
-    from hpctrain.config.compose import config_context
-
     try:
         from hydra._internal.callbacks import Callbacks
     except ImportError:  # Hydra moved it in 1.4
@@ -55,9 +52,9 @@ def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
     callbacks = Callbacks(cfg)
     with config_context(config_dirs):
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-        callbacks.on_run_start(config=cfg, config_name="config")
+        callbacks.on_run_start(config=cfg, config_name=CONFIG_NAME)
         result = run_job(task, cfg, job_dir_key="hydra.run.dir", job_subdir_key=None, hydra_context=context)
-        callbacks.on_run_end(config=cfg, config_name="config", job_return=result)
+        callbacks.on_run_end(config=cfg, config_name=CONFIG_NAME, job_return=result)
     _ = result.return_value  # re-raises what the task raised
     return 0
 
@@ -79,12 +76,11 @@ def dry_run(typed: Config, cfg: DictConfig) -> int:
 def run_hydra(argv: list[str]) -> int:
     import hydra
 
-    from hpctrain.config.compose import CONF_DIR
     from hpctrain.config.schema import register_configs
 
     register_configs()
     sys.argv = [sys.argv[0] if sys.argv else "hpctrain", *argv]
-    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)
+    app = hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")(task)
     app()
     return 0
 
@@ -92,11 +88,10 @@ def run_hydra(argv: list[str]) -> int:
 def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a DictConfig
     from hydra.core.hydra_config import HydraConfig
 
-    from hpctrain.config.compose import to_typed
     from hpctrain.config.redact import redact_files
     from hpctrain.launch import get_launcher, write_run_config
     from hpctrain.plan.check import check_run
-    from hpctrain.rundir import RunLock
+    from hpctrain.rundir import RunDir, RunLock
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
     try:
@@ -109,7 +104,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
         print(f"hpctrain: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_CONFIG) from None
     # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
-    redact_files([*(run_dir / ".hydra").glob("*.yaml"), run_dir.parent / "multirun.yaml"], typed.cluster.env)
+    redact_files([*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun], typed.cluster.env)
     try:
         write_run_config(run_dir, cfg)
         status = get_launcher(typed).launch(typed, run_dir)

@@ -58,11 +58,10 @@ def read_weights(path: Path, key: str = "model.init_from") -> dict[str, torch.Te
 
 
 def _read_dir(path: Path, key: str) -> dict[str, torch.Tensor]:
-    if (path / ".metadata").is_file():
+    if layout.is_checkpoint(path):
         return read_checkpoint_model(path, key)
-    if (path / "checkpoints").is_dir() or path.name == "checkpoints":
-        root = path if path.name == "checkpoints" else path / "checkpoints"
-        committed = layout.committed(root)
+    committed = layout.checkpoints_of(path)
+    if committed is not None:
         if not committed:
             raise ConfigError(key, str(path), "holds no committed checkpoint")
         return read_checkpoint_model(committed[0], key)
