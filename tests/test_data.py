@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from hpctrain.cli.prepare import run as run_prepare
-from hpctrain.config.catalog import fixed_image_shape, fixed_vocab
 from hpctrain.config.schema import DataConfig
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
-from hpctrain.data.datasets import Digits, SyntheticImages, SyntheticTokens, TokenWindows, stdlib_text
+from hpctrain.data.catalog import fixed_image_shape, fixed_vocab
+from hpctrain.data.datasets import Digits, TokenWindows, stdlib_text
 from hpctrain.data.tokenfile import read_header, read_token_file, write_token_file
 from hpctrain.models.builtin import GPTSpec as GPTConfig
 from hpctrain.models.builtin import ViTSpec as ViTConfig
+from hpctrain.models.synthetic import SyntheticImages, SyntheticTokens
 
 GPT = GPTConfig(seq_len=16, vocab_size=64)
 VIT = ViTConfig()

@@ -114,7 +114,7 @@ def _same(a: Any, b: Any) -> bool:
 @pytest.mark.parametrize("name", ["Pairs", "Dicts"])
 def test_workers_equal_sync_and_resume_is_exact(on_path: None, name: str) -> None:
     train, val = build_user_datasets(f"h2_user_data.{name}", {"n": 37, "dim": 3}, None)
-    assert (len(train), len(val), train.kind) == (37, 5, None)
+    assert (len(train), len(val)) == (37, 5)
     sync, state = _steps(train, STEPS)
     assert state["consumed"] == STEPS * GLOBAL
     first = sync[0][0]

@@ -21,8 +21,8 @@ import pytest
 from conftest import REPO, hpctrain, metrics
 
 from hpctrain.cli.prepare import run as run_prepare
-from hpctrain.config.catalog import read_token_header
 from hpctrain.data import corpus, tokenfile
+from hpctrain.data.catalog import read_token_header
 from hpctrain.data.prepare import _encoded, prepare_tokens
 from hpctrain.data.tokenfile import read_token_file, write_token_file
 from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for

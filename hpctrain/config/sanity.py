@@ -111,3 +111,13 @@ def check_writable_dir(key: str, path: Path) -> None:
     except OSError as err:
         reason = err.strerror or type(err).__name__
         raise ConfigError(key, path, f"cannot create a directory there: {probe}: {reason}") from None
+
+
+def one_of(key: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, "not a known choice", valid=", ".join(allowed))
+
+
+def at_least(key: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(key, value, f"must be ≥ {low}")

@@ -18,15 +18,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from hpctrain.config import catalog
-from hpctrain.config.validate import check_data, data_facts
+from hpctrain.data import catalog
+from hpctrain.data.catalog import check_data, check_feeds
 from hpctrain.data.tokenfile import read_token_file
 from hpctrain.errors import ConfigError
-
-# Streams of np.random.default_rng((seed, STREAM, ...)): distinct so that tables and samples never share
-# random numbers.
-_TABLE_STREAM = 0
-_SAMPLE_STREAM = 1
 
 
 class Dataset(Protocol):
@@ -42,92 +37,11 @@ def _as_indices(indices: Sequence[int], n: int) -> np.ndarray:
     return idx
 
 
-class SyntheticTokens:
-    """Token sequences from a fixed random sparse Markov chain: learnable, unlike uniform noise.
-
-    Each token has ``branching`` possible successors with Dirichlet(1) probabilities, so the best achievable
-    loss (the chain's entropy rate, at most ln(branching)) sits far below ln(vocab_size) and a tiny GPT's
-    loss visibly drops. Sample i is drawn from ``default_rng((seed, 1, i))``; nothing is stored per sample.
-    """
-
-    kind = "tokens"
-
-    def __init__(
-        self, num_samples: int, seq_len: int, vocab_size: int, seed: int, branching: int = 4
-    ) -> None:
-        if num_samples < 1 or seq_len < 1 or vocab_size < 2:
-            raise ValueError(
-                f"need num_samples ≥ 1, seq_len ≥ 1, vocab_size ≥ 2; "
-                f"got {num_samples}, {seq_len}, {vocab_size}"
-            )
-        self.num_samples, self.seq_len, self.vocab_size, self.seed = num_samples, seq_len, vocab_size, seed
-        rng = np.random.default_rng((seed, _TABLE_STREAM))
-        self.successors = rng.integers(0, vocab_size, size=(vocab_size, branching))
-        probs = rng.dirichlet(np.ones(branching), size=vocab_size)
-        self.cdf = np.cumsum(probs, axis=1)
-        self.cdf[:, -1] = 1.0  # guard against rounding: a uniform draw < 1 always finds a successor
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _as_indices(indices, self.num_samples)
-        B, T = idx.size, self.seq_len
-        seqs = np.empty((B, T + 1), dtype=np.int64)
-        u = np.empty((B, T), dtype=np.float64)
-        for row, i in enumerate(idx):
-            rng = np.random.default_rng((self.seed, _SAMPLE_STREAM, int(i)))
-            seqs[row, 0] = rng.integers(self.vocab_size)
-            u[row] = rng.random(T)
-        # Walk the chain for all rows at once: one vectorised step per position.
-        for t in range(T):
-            cur = seqs[:, t]
-            choice = (u[:, t, None] >= self.cdf[cur]).sum(axis=1)
-            seqs[:, t + 1] = self.successors[cur, choice]
-        seqs_t = torch.from_numpy(seqs)
-        return seqs_t[:, :-1].contiguous(), seqs_t[:, 1:].contiguous()
-
-
-class SyntheticImages:
-    """Class-conditional images: a fixed random template per class plus unit Gaussian noise.
-
-    Sample i (label and noise) is drawn from ``default_rng((seed, 1, i))``.
-    """
-
-    kind = "images"
-
-    def __init__(
-        self, num_samples: int, C: int, H: int, W: int, num_classes: int, seed: int, noise: float = 1.0
-    ) -> None:
-        if num_samples < 1 or num_classes < 1:
-            raise ValueError(f"need num_samples ≥ 1 and num_classes ≥ 1; got {num_samples}, {num_classes}")
-        self.num_samples, self.shape, self.num_classes, self.seed = num_samples, (C, H, W), num_classes, seed
-        self.noise = noise
-        rng = np.random.default_rng((seed, _TABLE_STREAM))
-        self.templates = rng.standard_normal((num_classes, C, H, W), dtype=np.float32)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def get_batch(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = _as_indices(indices, self.num_samples)
-        images = np.empty((idx.size, *self.shape), dtype=np.float32)
-        labels = np.empty(idx.size, dtype=np.int64)
-        for row, i in enumerate(idx):
-            rng = np.random.default_rng((self.seed, _SAMPLE_STREAM, int(i)))
-            labels[row] = rng.integers(self.num_classes)
-            images[row] = rng.standard_normal(self.shape, dtype=np.float32)
-        images = self.templates[labels] + self.noise * images
-        return torch.from_numpy(images), torch.from_numpy(labels)
-
-
 class Digits:
     """scikit-learn's 1797 handwritten digits (bundled with the package, no download): 1×8×8, 10 classes.
 
     Pixels (0..16) are scaled to [0, 1] and then standardised with the whole set's mean and std.
     """
-
-    kind = "images"
 
     def __init__(self) -> None:
         from sklearn.datasets import load_digits
@@ -162,8 +76,6 @@ class TokenWindows:
     Consecutive windows share their boundary token (target of one, input of the next), so every token is
     predicted once. ``len = (len(tokens) - 1) // T``; a trailing partial window is dropped.
     """
-
-    kind = "tokens"
 
     def __init__(self, tokens: Any, seq_len: int) -> None:
         if seq_len < 1:
@@ -206,7 +118,6 @@ class Slice:
         if not 0 <= start <= stop <= len(base):
             raise ValueError(f"slice [{start}, {stop}) out of range for a dataset of {len(base)} samples")
         self.base, self.start, self.stop = base, start, stop
-        self.kind = getattr(base, "kind", None)
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -247,21 +158,12 @@ def stdlib_text(max_bytes: int) -> np.ndarray:
 def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
     """The built-in dataset ``data.name`` shaped for the model's declared input (``spec``, a ModelSpec)."""
     check_data(data)  # raises ConfigError (a ValueError) naming the key and what fits
-    spec.check_data(data.name, *data_facts(data))
-    if data.name == "synthetic":
-        if spec.input_kind == "tokens":
-            return SyntheticTokens(data.num_samples, spec.seq_len, spec.vocab_size, seed)
-        if spec.input_kind == "images":
-            return SyntheticImages(
-                data.num_samples, spec.in_channels, spec.image_size, spec.image_size, spec.num_classes, seed
-            )
-        raise ConfigError(
-            "data", "synthetic", f"is shaped by the model's declared input; model {spec.name} declares none",
-            valid="a dataset of your own: data._target_=...",
-        )  # fmt: skip
+    check_feeds(data, spec)
+    if data.name == "synthetic":  # shaped by the model: its spec makes it
+        return spec.synthetic_dataset(data.num_samples, seed)  # type: ignore[no-any-return]
     if data.name == "digits":
         return Digits()
-    seq_len = getattr(spec, "seq_len", None)  # token windows are cut at the model's declared length
+    seq_len = spec.context_length  # token windows are cut at the model's declared length
     if seq_len is None:
         raise ConfigError(
             "data", data.name, f"cuts windows of the model's seq_len; model {spec.name} declares none",

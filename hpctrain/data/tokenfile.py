@@ -3,7 +3,7 @@
 The layout nanoGPT reads: ``np.memmap("<name>.bin", dtype=np.uint16)`` gives the ids when the vocabulary
 fits (V ≤ 65536), else they are uint32. The header is ``{"format": "hpctrain-tokens", "version": 2,
 "dtype": "uint16", "vocab_size": V, "num_tokens": N, "tokenizer": ...}`` (see
-:data:`hpctrain.config.catalog.TOKEN_VERSION`; version-1 headers, without "tokenizer", are still read). A
+:data:`hpctrain.data.catalog.TOKEN_VERSION`; version-1 headers, without "tokenizer", are still read). A
 trained or given tokenizer lies beside the .bin as ``<name>.tokenizer.json``. Files are read through a
 read-only ``np.memmap`` so every rank shares the page cache instead of holding its own copy.
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.catalog import TOKEN_FORMAT as FORMAT
-from hpctrain.config.catalog import TOKEN_VERSION as VERSION
-from hpctrain.config.catalog import read_token_header as read_header
+from hpctrain.data.catalog import TOKEN_FORMAT as FORMAT
+from hpctrain.data.catalog import TOKEN_VERSION as VERSION
+from hpctrain.data.catalog import read_token_header as read_header
 from hpctrain.rundir.files import atomic_write, fsync_dir
 
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

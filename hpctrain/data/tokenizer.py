@@ -16,7 +16,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from hpctrain.config.catalog import TEXT_VOCAB, read_token_header
+from hpctrain.data.catalog import TEXT_VOCAB, read_token_header
 from hpctrain.errors import ConfigError
 
 MIN_TRAIN_VOCAB = TEXT_VOCAB  # the byte alphabet: a byte-level BPE has at least these

@@ -20,9 +20,7 @@ SPLITS = ("train", "val")
 
 
 class ItemDataset:
-    """A user's map-style dataset with ``get_batch``; ``kind`` None: what it yields is not declared."""
-
-    kind = None
+    """A user's map-style dataset with ``get_batch``."""
 
     def __init__(self, items: Any, collate: Callable[[list[Any]], Any], name: str) -> None:
         self.items, self.collate, self.name = items, collate, name

@@ -29,6 +29,15 @@ class GPTSpec(TransformerSpec):
         return int(self.seq_len)
 
     @property
+    def context_length(self) -> int:
+        return int(self.seq_len)
+
+    def synthetic_dataset(self, num_samples: int, seed: int) -> Any:
+        from hpctrain.models.synthetic import SyntheticTokens
+
+        return SyntheticTokens(num_samples, self.seq_len, self.vocab_size, seed)
+
+    @property
     def tied_embeddings(self) -> bool:
         return bool(self.tie_embeddings)
 
@@ -85,10 +94,7 @@ class GPTSpec(TransformerSpec):
             return ()
         return (ParamSpec("head.weight", (self.vocab_size, self.d_model), 0, True),)
 
-    def check_data(
-        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
-    ) -> None:
-        super().check_data(name, gives, image_shape, vocab)
+    def check_data(self, name: str, image_shape: tuple[int, ...] | None, vocab: int | None) -> None:
         if vocab is not None and vocab > self.vocab_size:
             raise ConfigError(
                 "model.vocab_size",
@@ -127,6 +133,12 @@ class ViTSpec(TransformerSpec):
     @property
     def tokens_per_sample(self) -> int:
         return self.n_patches + 1  # the class token
+
+    def synthetic_dataset(self, num_samples: int, seed: int) -> Any:
+        from hpctrain.models.synthetic import SyntheticImages
+
+        size = self.image_size
+        return SyntheticImages(num_samples, self.in_channels, size, size, self.num_classes, seed)
 
     def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
         size = (samples, self.in_channels, self.image_size, self.image_size)
@@ -171,10 +183,7 @@ class ViTSpec(TransformerSpec):
             ParamSpec("head.bias", (self.num_classes,), None, True),
         )
 
-    def check_data(
-        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
-    ) -> None:
-        super().check_data(name, gives, image_shape, vocab)
+    def check_data(self, name: str, image_shape: tuple[int, ...] | None, vocab: int | None) -> None:
         if image_shape is None:
             return
         channels, height, width, classes = image_shape

@@ -97,21 +97,32 @@ class ModelSpec:
         model of unknown facts is checked when built (:mod:`hpctrain.submit.probe`): whether it has a
         tensor-parallel plan and a pipeline split."""
 
-    def check_data(
-        self, name: str, gives: str, image_shape: tuple[int, ...] | None, vocab: int | None
-    ) -> None:
-        """Raise a one-line ConfigError if built-in dataset ``name`` (yielding ``gives``) cannot feed this
-        model. A model of unknown input is checked on a real batch instead (hpctrain.submit.probe)."""
-        if self.input_kind is not None and gives not in ("any", self.input_kind):
-            from hpctrain.config.catalog import DATASET_KINDS
+    def accepts(self, gives: str) -> bool:
+        """Whether data that yields ``gives`` (an input kind, or "any": shaped by the model) can feed this
+        model. A model of unknown input is tried on a real batch instead (:mod:`hpctrain.submit.probe`)."""
+        return self.input_kind is None or gives in ("any", self.input_kind)
 
-            fitting = [n for n, kind in DATASET_KINDS.items() if kind in ("any", self.input_kind)]
-            raise ConfigError(
-                "data",
-                name,
-                f"gives {gives} but model {self.name} takes {self.input_kind}",
-                valid=", ".join(fitting) + ", or data._target_=...",
-            )
+    def check_data(self, name: str, image_shape: tuple[int, ...] | None, vocab: int | None) -> None:
+        """Raise a one-line ConfigError if built-in dataset ``name`` (of the kind this model accepts), with
+        its fixed image shape or vocabulary, cannot feed this model."""
+
+    @property
+    def per_token(self) -> bool:
+        """Throughput is counted in tokens (the model takes token ids), else in samples."""
+        return self.input_kind == "tokens"
+
+    @property
+    def context_length(self) -> int | None:
+        """The length of the token windows the model takes (None: it takes no token windows, or says not)."""
+        return None
+
+    def synthetic_dataset(self, num_samples: int, seed: int) -> Any:
+        """``data=synthetic``: random samples shaped as this model takes them; a ConfigError for a model
+        that declares no input."""
+        raise ConfigError(
+            "data", "synthetic", f"is shaped by the model's declared input; model {self.name} declares none",
+            valid="a dataset of your own: data._target_=...",
+        )  # fmt: skip
 
 
 @dataclass

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
-from hpctrain.config.validate import data_facts, validate
+from hpctrain.config.validate import validate
+from hpctrain.data.catalog import check_data, check_feeds, dataset_gives, default_for
 from hpctrain.models.spec import ModelSpec, model_spec
 
 
@@ -26,33 +27,19 @@ def check_run(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
 
 def check_model(cfg: Config, spec: ModelSpec, shape: RunShape) -> None:
     if cfg.data.target is None:
-        spec.check_data(cfg.data.name or "", *data_facts(cfg.data))
+        check_data(cfg.data)
+        check_feeds(cfg.data, spec)
     spec.check_layout(shape.degrees, cfg.parallel, shape.n_stages)
 
 
 def data_for_model(cfg: Config, overrides: list[str]) -> str | None:
-    """The ``data=OPTION`` override that feeds this model, when the user chose no data and the default is of
-    another kind than the model takes (a ViT takes images, not the default text): the first built-in dataset
-    of the kind the model declares it takes that fits it, then one shaped by the model (synthetic). None
-    when nothing is to change."""
-    from hpctrain.config.catalog import DATASET_KINDS
-    from hpctrain.config.schema import DataConfig
-    from hpctrain.errors import ConfigError
-
+    """The ``data=OPTION`` override that feeds this model, when the user chose no data and the default cannot
+    (a ViT takes images, not the default text): the first built-in dataset that can (see
+    :func:`hpctrain.data.catalog.default_for`). None when nothing is to change."""
     if any(o.split("=", 1)[0].lstrip("+~") == "data" for o in overrides) or cfg.data.target is not None:
         return None
     spec = model_spec(cfg.model)
-    if spec.input_kind is None or DATASET_KINDS.get(cfg.data.name or "") in ("any", spec.input_kind):
+    if spec.input_kind is None or cfg.data.name is None or spec.accepts(dataset_gives(cfg.data.name)):
         return None  # the default is of the kind the model takes: its other rules are the user's to meet
-    kinds = [n for n, k in DATASET_KINDS.items() if k == spec.input_kind] + [
-        n for n, k in DATASET_KINDS.items() if k == "any"
-    ]
-    for name in kinds:
-        if name == "tokens":  # needs a file of the user's
-            continue
-        try:
-            spec.check_data(name, *data_facts(DataConfig(name=name)))
-        except ConfigError:
-            continue
-        return f"data={name}"
-    return None
+    chosen = default_for(spec)
+    return f"data={chosen}" if chosen is not None else None

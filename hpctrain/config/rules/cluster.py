@@ -1,0 +1,144 @@
+"""The cluster group's rules: a local run's processes, a Slurm job's resources, and every value that reaches
+an sbatch line (checked for characters a shell or sbatch would act on). Torch-free."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from hpctrain.config.sanity import at_least, check_local_cluster, one_of
+from hpctrain.config.schema import Config
+from hpctrain.errors import ConfigError
+from hpctrain.slurm.spec import (
+    DEPENDENCY,
+    ENV_NAME,
+    MAIL_TYPES,
+    MAIL_USER,
+    RESERVED_SBATCH,
+    SAFE_CONSTRAINT,
+    SAFE_CONTAINER,
+    SAFE_MOUNT,
+    SAFE_SLURM_TOKEN,
+    SBATCH_OPTION,
+    TIME_FORMATS_HELP,
+    parse_time_limit,
+)
+
+CLUSTER_KINDS = ("local", "slurm")
+LAUNCHERS = {"local": ("auto", "local"), "slurm": ("auto", "submitit", "sbatch")}
+SBATCH_TEMPLATES = ("srun", "torchrun")
+# USR1 is left to NCCL; KILL and STOP cannot be caught.
+WARNING_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
+
+
+def check_cluster(cfg: Config) -> None:
+    """The cluster group: local processes, or a Slurm job and every sbatch option it renders."""
+    c = cfg.cluster
+    one_of("cluster.kind", c.kind, CLUSTER_KINDS)
+    one_of("launcher", cfg.launcher, LAUNCHERS[c.kind])
+    at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
+    if c.kind == "local":
+        at_least("cluster.nproc", c.nproc, 1)
+        check_local_cluster(c.nproc, c.master_addr)
+        return
+    for key in ("nodes", "tasks_per_node", "cpus_per_task", "array_parallelism"):
+        at_least(f"cluster.{key}", getattr(c, key), 1)
+    for key in ("gpus_per_node", "max_requeues", "signal_lead_s"):
+        at_least(f"cluster.{key}", getattr(c, key), 0)
+    if c.gpus_per_node and c.tasks_per_node > c.gpus_per_node:
+        raise ConfigError(
+            "cluster.tasks_per_node",
+            c.tasks_per_node,
+            f"one task per GPU, and cluster.gpus_per_node={c.gpus_per_node}",
+            valid=f"1..{c.gpus_per_node}",
+        )
+    try:
+        minutes = parse_time_limit(c.time)
+    except ValueError:
+        raise ConfigError("cluster.time", c.time, "not a Slurm time limit", valid=TIME_FORMATS_HELP) from None
+    if c.signal_lead_s >= minutes * 60:
+        raise ConfigError(
+            "cluster.signal_lead_s",
+            c.signal_lead_s,
+            f"the warning would come before the job starts: cluster.time={c.time} is {minutes * 60} s",
+            valid=f"< {minutes * 60}",
+        )
+    one_of("cluster.signal", c.signal, WARNING_SIGNALS)
+    one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
+    for key in ("partition", "account", "qos", "exclude", "job_name", "mem"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
+            raise ConfigError(
+                f"cluster.{key}",
+                value,
+                "contains characters a shell or sbatch would act on",
+                valid="letters, digits and _ . , : @ % + = [ ] -",
+            )
+    check_sbatch_options(c)
+    if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
+        raise ConfigError(
+            "cluster.constraint",
+            c.constraint,
+            "not a Slurm feature expression",
+            valid="features joined by & | , with [ ] ( ) *",
+        )
+    for name in c.env:
+        if not ENV_NAME.fullmatch(name):
+            raise ConfigError(f"cluster.env.{name}", c.env[name], "not a valid environment variable name")
+    for line in c.setup:
+        try:
+            shlex.split(line)
+        except ValueError as err:
+            raise ConfigError("cluster.setup", line, f"cannot be split into words: {err}") from None
+    if c.container_image is not None and not SAFE_CONTAINER.fullmatch(c.container_image):
+        raise ConfigError("cluster.container_image", c.container_image, "not an image reference or path")
+    for mount in c.container_mounts:
+        if not SAFE_MOUNT.fullmatch(mount):
+            raise ConfigError("cluster.container_mounts", mount, "not a mount", valid="SRC:DST[:FLAGS]")
+    for path in c.snapshot_paths:
+        parts = path.replace("\\", "/").split("/")
+        if (
+            not path
+            or any(ord(ch) < 32 or ord(ch) == 127 for ch in path)
+            or path.startswith(("/", "~"))
+            or ".." in parts
+        ):
+            raise ConfigError(
+                "cluster.snapshot_paths",
+                path,
+                "not a path inside the submit directory",
+                valid="relative paths without .. or control characters, e.g. [mynets,conf]",
+            )
+
+
+def check_sbatch_options(c: Any) -> None:
+    """The sbatch options of their own keys and ``cluster.additional`` (any other one, by its long name)."""
+    for key in ("gres", "reservation"):
+        value = getattr(c, key)
+        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
+            raise ConfigError(f"cluster.{key}", value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+    if c.gpus_per_task is not None:
+        at_least("cluster.gpus_per_task", c.gpus_per_task, 1)
+    if c.mail_user is not None and not MAIL_USER.fullmatch(c.mail_user):
+        raise ConfigError("cluster.mail_user", c.mail_user, "not an e-mail address", valid="user@host")
+    if c.mail_type is not None:
+        for kind in c.mail_type.split(","):
+            one_of("cluster.mail_type", kind, MAIL_TYPES)
+    if c.dependency is not None and not DEPENDENCY.fullmatch(c.dependency):
+        raise ConfigError("cluster.dependency", c.dependency, "not a Slurm dependency",
+                          valid="e.g. afterok:1234, afterany:12:13, singleton")  # fmt: skip
+    for name, value in c.additional.items():
+        key = f"cluster.additional.{name}"
+        if not SBATCH_OPTION.fullmatch(str(name)):
+            raise ConfigError(
+                key, value, "not an sbatch long option name", valid="e.g. comment, nice, licenses"
+            )
+        if str(name).replace("_", "-") in RESERVED_SBATCH:
+            raise ConfigError(key, value, "hpctrain sets this option itself",
+                              valid="its own key, e.g. cluster.exclusive, cluster.mail_type")  # fmt: skip
+        if isinstance(value, bool) or value is None:
+            continue  # a flag (true), or left out
+        if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
+            raise ConfigError(key, value, "contains characters a shell or sbatch would act on",
+                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip

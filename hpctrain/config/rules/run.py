@@ -1,0 +1,143 @@
+"""The rules of what a run does: its task, its data keys, its starting weights, the optimizer, the trainer
+(steps, batch, precision, resume, profiling), the logger, and whether the global batch splits over the
+layout. Torch-free."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpctrain.config.sanity import at_least, one_of
+from hpctrain.config.schema import Config, DataConfig
+from hpctrain.config.shape import degrees, samples_per_pass
+from hpctrain.errors import ConfigError
+from hpctrain.precision import PRECISIONS
+from hpctrain.rundir import checkpoints as checkpoint_layout
+
+OPTIMIZERS = ("adamw", "sgd")
+WANDB_MODES = ("offline", "online", "disabled")
+TASKS = ("train", "script")
+SCRIPT_SIGNALS = ("TERM", "INT", "HUP", "USR1", "USR2")
+
+
+def check_task(cfg: Config) -> None:
+    """``task=script``: a file that exists here (the job runs a snapshot of it), and a signal to forward."""
+    t = cfg.task
+    one_of("task", t.name, TASKS)
+    if t.name != "script":
+        return
+    if not t.path or not t.path.strip():
+        raise ConfigError(
+            "task.path", t.path, "missing or empty", valid="your training script, e.g. train.py"
+        )
+    path = Path(t.path).expanduser()
+    if not path.is_file():
+        raise ConfigError("task.path", t.path, "no such file", valid="a path relative to this folder")
+    if path.is_absolute() or ".." in path.parts:
+        raise ConfigError("task.path", t.path, "not inside this folder (the job runs a snapshot of it)",
+                          valid="a relative path without ..")  # fmt: skip
+    one_of("task.signal", t.signal, SCRIPT_SIGNALS)
+    if cfg.cluster.kind == "slurm" and t.signal == cfg.cluster.signal:
+        raise ConfigError("task.signal", t.signal, "is cluster.signal itself: the script would get it twice",
+                          valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal))  # fmt: skip
+
+
+def check_init_from(path: str | None) -> None:
+    """``model.init_from``: weights that exist (what they hold is read when the run starts)."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ConfigError("model.init_from", path, "empty", valid="a weights file or directory, or null")
+    if not Path(path).expanduser().exists():
+        raise ConfigError(
+            "model.init_from", path, "no such file or directory",
+            valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
+        )  # fmt: skip
+
+
+def check_data(data: DataConfig) -> None:
+    """The data group's keys common to every dataset (a built-in dataset's own: hpctrain.data.catalog; whether
+    it feeds the model: the model spec's rule)."""
+    at_least("data.num_workers", data.num_workers, 0)
+    if not data.target_key.strip():
+        raise ConfigError(
+            "data.target_key", data.target_key, "empty", valid="the key of the targets, e.g. labels"
+        )
+    if data.collate is not None and not (isinstance(data.collate, dict) and data.collate.get("_target_")):
+        raise ConfigError(
+            "data.collate", data.collate, "not a callable", valid="null, or a node with _target_ (fn(items))"
+        )
+
+
+def check_optim(cfg: Config) -> None:
+    optim = cfg.optim
+    one_of("optim", optim.name, OPTIMIZERS)
+    if optim.lr <= 0:
+        raise ConfigError("optim.lr", optim.lr, "must be > 0")
+    at_least("optim.weight_decay", optim.weight_decay, 0.0)
+    at_least("optim.warmup_steps", optim.warmup_steps, 0)
+    at_least("optim.grad_clip", optim.grad_clip, 0.0)
+    if not 0.0 <= optim.min_lr_ratio <= 1.0:
+        raise ConfigError("optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(optim, key) < 1.0:
+            raise ConfigError(f"optim.{key}", getattr(optim, key), "must be in [0, 1)")
+
+
+def check_trainer(cfg: Config) -> None:
+    t = cfg.trainer
+    if t.global_batch_size is not None:
+        at_least("trainer.global_batch_size", t.global_batch_size, 1)
+    for key in (
+        "max_steps",
+        "micro_batch_size",
+        "log_every",
+        "keep_last",
+        "eval_batches",
+    ):
+        at_least(f"trainer.{key}", getattr(t, key), 1)
+    for key in ("ckpt_every", "eval_every"):
+        at_least(f"trainer.{key}", getattr(t, key), 0)
+    one_of("trainer.precision", t.precision, PRECISIONS)
+    if t.resume not in ("auto", "never"):
+        problem = checkpoint_layout.problem_with(Path(t.resume))
+        if problem:
+            raise ConfigError(
+                "trainer.resume",
+                t.resume,
+                f"not a loadable checkpoint: {problem}",
+                valid="auto, never, or a committed checkpoints/step_* directory",
+            )
+    for key in ("watchdog_factor", "watchdog_min_s"):
+        at_least(f"trainer.{key}", getattr(t, key), 0.0)
+    at_least("trainer.straggler_every", t.straggler_every, 0)
+    if t.profile is not None:
+        first, _, last = t.profile.partition(":")
+        if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= t.max_steps):
+            raise ConfigError(
+                "trainer.profile",
+                t.profile,
+                f"expected FIRST:LAST, steps with 1 ≤ FIRST ≤ LAST ≤ trainer.max_steps={t.max_steps}",
+                valid="e.g. 10:12",
+            )
+
+
+def check_logger(cfg: Config) -> None:
+    one_of("logger.wandb_mode", cfg.logger.wandb_mode, WANDB_MODES)
+
+
+def check_batch(cfg: Config) -> None:
+    t, d = cfg.trainer, degrees(cfg)
+    per_pass = samples_per_pass(cfg)
+    if t.global_batch_size is not None and t.global_batch_size % per_pass:
+        lower = max(per_pass, t.global_batch_size // per_pass * per_pass)
+        factors = f"{t.micro_batch_size} × {d.dp}"
+        names = "micro_batch_size × data-parallel size"
+        if d.pp > 1:
+            factors += f" × {cfg.parallel.microbatches}"
+            names += " × parallel.microbatches"
+        raise ConfigError(
+            "trainer.global_batch_size",
+            t.global_batch_size,
+            f"must be a multiple of {names} = {factors} = {per_pass}",
+            valid=f"e.g. {lower} or {lower + per_pass}",
+        )
