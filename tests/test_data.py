@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.cli import main as hpctrain_main
 from hpctrain.config.schema import DataConfig
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.data.catalog import fixed_image_shape, fixed_vocab
@@ -18,6 +18,12 @@ from hpctrain.data.tokenfile import read_header, read_token_file, write_token_fi
 from hpctrain.models.builtin import GPTSpec as GPTConfig
 from hpctrain.models.builtin import ViTSpec as ViTConfig
 from hpctrain.models.synthetic import SyntheticImages, SyntheticTokens
+
+
+def run_prepare(name: str, argv: list[str]) -> int:
+    """``hpctrain prepare ARGV`` in this process, through the CLI's entry point."""
+    return hpctrain_main([name, *argv])
+
 
 GPT = GPTConfig(seq_len=16, vocab_size=64)
 VIT = ViTConfig()

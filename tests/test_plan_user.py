@@ -14,8 +14,7 @@ import pytest
 import torch
 from conftest import REPO, hpctrain
 
-from hpctrain.cli.common import user_config_dirs
-from hpctrain.config.compose import compose, to_typed
+from hpctrain.config.compose import compose, to_typed, user_config_dirs
 from hpctrain.config.schema import Config
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import estimate

@@ -20,12 +20,18 @@ import numpy as np
 import pytest
 from conftest import REPO, hpctrain, metrics
 
-from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.cli import main as hpctrain_main
 from hpctrain.data import corpus, tokenfile
 from hpctrain.data.catalog import read_token_header
 from hpctrain.data.prepare import _encoded, prepare_tokens
 from hpctrain.data.tokenfile import read_token_file, write_token_file
 from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for
+
+
+def run_prepare(name: str, argv: list[str]) -> int:
+    """``hpctrain prepare ARGV`` in this process, through the CLI's entry point."""
+    return hpctrain_main([name, *argv])
+
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 TEXT = "def f(x):\n\treturn x  # ünïcödé, 日本語, emoji 🚀\r\n\n  spaces   and\ttabs\n"

@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, NoReturn
 
 from hpctrain.jobs.targets import JobsError
@@ -24,18 +23,6 @@ EXIT_INTERRUPTED = 130
 
 class UsageError(Exception):
     """Bad arguments: one line on stderr, exit status 2."""
-
-
-def user_config_dirs(given: str | None) -> list[Path]:
-    """``--config-dir DIR`` (relative to the current directory) as the list compose() takes; a ConfigError
-    when DIR is not a directory."""
-    from hpctrain.errors import ConfigError
-
-    if given is None:
-        return []
-    if not Path(given).is_dir():
-        raise ConfigError("", None, f"--config-dir: {given!r} is not a directory")
-    return [Path(given).absolute()]
 
 
 class Parser(argparse.ArgumentParser):

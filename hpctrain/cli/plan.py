@@ -31,8 +31,7 @@ def run(name: str, argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
     args = parser.parse_args(argv)
-    from hpctrain.cli.common import user_config_dirs
-    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.compose import compose, to_typed, user_config_dirs
     from hpctrain.plan.check import check_run
     from hpctrain.plan.estimate import estimate
     from hpctrain.plan.search import alternatives

@@ -30,7 +30,7 @@ def run(name: str, argv: list[str]) -> int:
 def train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
-    from hpctrain.cli.common import user_config_dirs
+    from hpctrain.config.compose import user_config_dirs
     from hpctrain.launch.project import record_project_dir
     from hpctrain.submit.hydra_app import dry_run, print_composed, run_hydra, run_single
     from hpctrain.submit.precheck import precheck

@@ -29,6 +29,16 @@ CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's c
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
 
 
+def user_config_dirs(given: str | None) -> list[Path]:
+    """``--config-dir DIR`` (relative to the current directory) as the list compose() takes; a ConfigError
+    when DIR is not a directory."""
+    if given is None:
+        return []
+    if not Path(given).is_dir():
+        raise ConfigError("", None, f"--config-dir: {given!r} is not a directory")
+    return [Path(given).absolute()]
+
+
 def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str]:
     """The options of ``group`` in hpctrain's conf/ and in the user's config directories."""
     return sorted({p.stem for d in (CONF_DIR, *config_dirs) for p in (Path(d) / group).glob("*.yaml")})

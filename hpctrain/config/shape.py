@@ -58,6 +58,12 @@ class Degrees:
     def world(self) -> int:
         return self.pp * self.dp * self.tp
 
+    def stride(self, dim: str) -> int:
+        """How many ranks apart two neighbours of mesh dimension ``dim`` are (the mesh is row-major in
+        :data:`MESH_DIMS` order: tp innermost)."""
+        inner = MESH_DIMS[MESH_DIMS.index(dim) + 1 :]
+        return math.prod(getattr(self, d) for d in inner)
+
     def sizes(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in MESH_DIMS}
 
@@ -171,6 +177,16 @@ class RunShape:
     def rank_samples_per_pass(self) -> int:
         """This data-parallel rank's samples per pass."""
         return self.samples_per_pass // self.dp
+
+    @property
+    def rank_samples_per_step(self) -> int:
+        """This data-parallel rank's samples per optimizer step."""
+        return self.global_batch_size // self.dp
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes a rank runs per optimizer step: passes × pipeline micro-batches."""
+        return self.passes * self.microbatches
 
     @property
     def passes(self) -> int:

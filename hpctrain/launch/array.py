@@ -23,6 +23,7 @@ from hpctrain.config.compose import to_typed
 from hpctrain.config.io import write_run_config
 from hpctrain.config.redact import redact_files
 from hpctrain.config.schema import Config
+from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import SWEEP_RECORD, RunDir
@@ -73,7 +74,8 @@ def launch_array(
 
     from hpctrain.launch.submitit import submit_array
 
-    record = submit_array(first.cluster, [m[1] for m in members], [m[2] for m in members], sweep_dir)
+    ranks = run_shape(first).world_size
+    record = submit_array(first.cluster, [m[1] for m in members], [m[2] for m in members], sweep_dir, ranks)
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
     if previous is not None:
         record.members = previous.members + record.members

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import degrees
+from hpctrain.config.shape import run_shape
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import is_peer_symptom, read_error_file
@@ -79,7 +79,7 @@ class LocalLauncher:
                 nproc,
                 "es" * (nproc > 1),
                 cfg.parallel.name,
-                degrees(cfg),
+                run_shape(cfg).degrees,
                 sys.executable,
                 run_dir,
             )

@@ -20,6 +20,7 @@ import jinja2
 
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
+from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
@@ -143,7 +144,8 @@ class SbatchLauncher:
         (RunDir(run_dir).slurm).mkdir(parents=True, exist_ok=True)
         job_id = submit_script(path)
         c = cfg.cluster
-        record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir))
+        ranks = run_shape(cfg).world_size
+        record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir), ranks)
         write_json(RunDir(run_dir).job, record)
         print_submitted(record, run_dir)
         return 0

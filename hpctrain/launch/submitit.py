@@ -16,7 +16,7 @@ from typing import Any
 
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
-from hpctrain.config.shape import degrees
+from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.launch.jobscript import container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
@@ -136,18 +136,18 @@ class SubmititLauncher:
         job = _executor(cfg.cluster, RunDir(run_dir).slurm, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
         output = str(RunDir(run_dir).slurm / "%j" / "%j_%t_log.out")
-        record = JobRecord(
-            job.job_id, "submitit", cfg.cluster.name, cfg.cluster.nodes, cfg.cluster.tasks_per_node, output
-        )
+        c, ranks = cfg.cluster, run_shape(cfg).world_size
+        record = JobRecord(job.job_id, "submitit", c.name, c.nodes, c.tasks_per_node, output, ranks)
         write_json(RunDir(run_dir).job, record)
         print_submitted(record, run_dir)
         return 0
 
 
 def submit_array(
-    cluster: ClusterConfig, run_dirs: list[Path], overrides: list[list[str]], sweep_dir: Path
+    cluster: ClusterConfig, run_dirs: list[Path], overrides: list[list[str]], sweep_dir: Path, ranks: int
 ) -> SweepRecord:
-    """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]``."""
+    """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]`` on ``ranks``
+    ranks (the members' world size: one array has one size)."""
     check_client()
     export_secrets(cluster.env)
     plan = take_snapshot(cluster, sweep_dir)
@@ -163,7 +163,9 @@ def submit_array(
         output = str(RunDir(sweep_dir).slurm / "%j" / "%j_%t_log.out")
         write_json(
             RunDir(run_dir).job,
-            JobRecord(job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output),
+            JobRecord(
+                job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output, ranks
+            ),
         )
         members.append(SweepMember(index, member_overrides, str(run_dir), job.job_id))
     record = SweepRecord(jobs[0].job_id.split("_")[0], cluster.name, members)
@@ -171,7 +173,7 @@ def submit_array(
 
 
 def print_submitted(record: JobRecord, run_dir: Path) -> None:
-    ranks = record.nodes * record.tasks_per_node
+    ranks = record.ranks
     log.info(
         "Submitted Slurm job %s (%d node%s × %d task%s = %d ranks, %s)",
         record.job_id,
@@ -194,7 +196,7 @@ def print_submitted(record: JobRecord, run_dir: Path) -> None:
 
 
 def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) -> None:
-    c = cfg.cluster
+    c, shape = cfg.cluster, run_shape(cfg)
     log.info("Dry run: nothing submitted.")
     log.info(
         "Plan: %d node%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
@@ -202,9 +204,9 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         "s" * (c.nodes > 1),
         c.tasks_per_node,
         "s" * (c.tasks_per_node > 1),
-        c.nodes * c.tasks_per_node,
+        shape.world_size,
         f"{c.gpus_per_node} GPUs per node" if c.gpus_per_node else "CPU",
-        f"parallel={cfg.parallel.name} ({degrees(cfg)})",
+        f"parallel={cfg.parallel.name} ({shape.degrees})",
         c.time,
         c.partition or "(default)",
     )

@@ -123,17 +123,17 @@ def steady_throughput(records: list[dict[str, Any]], key: str) -> float | None:
 
 def world_size(run_dir: Path) -> int | None:
     """The number of ranks a run was configured with (config.yaml), else the size its job.json records."""
-    from hpctrain.config.shape import world_size as configured
+    from hpctrain.config.shape import run_shape
 
     try:
-        return configured(load_run_config(RunDir(run_dir).config))
+        return run_shape(load_run_config(RunDir(run_dir).config)).world_size
     except Exception:  # missing, partly written or from another version: job.json may still say
         pass
     try:
         job = read_job(run_dir)
     except (OSError, ValueError, TypeError, KeyError):
         return None
-    return job.nodes * job.tasks_per_node if job is not None and job.nodes else None
+    return job.ranks if job is not None and job.ranks else None
 
 
 def is_run_dir(path: Path) -> bool:

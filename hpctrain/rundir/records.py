@@ -40,6 +40,7 @@ class JobRecord:
     nodes: int
     tasks_per_node: int
     slurm_output: str  # where Slurm writes the tasks' stdout/stderr (a pattern with %j / %t for submitit)
+    ranks: int = 0  # the run's world size (its RunShape's, at submission); 0 in records of older versions
     submitted_at: float = field(default_factory=time.time)
 
 

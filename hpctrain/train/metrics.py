@@ -82,7 +82,7 @@ def run_facts(spec: ModelSpec, model: nn.Module, sample_input: Any) -> RunFacts:
     if declared is not None:
         flops = spec.flops_per_token()
         assert flops is not None
-        return RunFacts(declared, spec.tokens_per_sample, spec.input_kind == "tokens", flops)
+        return RunFacts(declared, spec.tokens_per_sample, spec.per_token, flops)
     n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     ids = (
         isinstance(sample_input, torch.Tensor)

@@ -6,7 +6,8 @@ splits it into passes (a micro-batch; under pipeline parallelism, ``parallel.mic
 the pipeline schedule interleaves). Ranks that differ only in their tensor-parallel or pipeline coordinate
 take the same slice. Under DDP, gradients of all but the last pass stay local (``no_sync``).
 
-A little over 400 lines: the loop is kept in one file on purpose, to be read top to bottom (nanoGPT's rule).
+The loop is kept in one file on purpose, to be read top to bottom (nanoGPT's rule); what watches each step
+(watchdog, profiler, stragglers, throughput, logging cadence) is grouped in :mod:`hpctrain.train.monitors`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.spec import model_spec
 from hpctrain.observe.loggers import Observer
-from hpctrain.observe.profile import profile_dir, start_profiler
-from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
 from hpctrain.precision import amp
@@ -53,7 +52,8 @@ from hpctrain.train.loss import (
     pipeline_pair,
     to_device,
 )
-from hpctrain.train.metrics import Throughput, run_facts
+from hpctrain.train.metrics import run_facts
+from hpctrain.train.monitors import StepMonitors
 from hpctrain.train.optim import build_optimizer, build_scheduler
 from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
 from hpctrain.weights.load import init_from
@@ -172,41 +172,20 @@ def fit(
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
-    if observer is not None:
-        state.wandb_run_id = observer.start(state.step, t.max_steps, state.wandb_run_id)
-    if env.world_size > 1:  # rank 0 chose the W&B id; every rank stores the same TrainState
-        state.wandb_run_id = _broadcast_object(state.wandb_run_id)
-
-    profile_first, profile_last = (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
-    profiler = None
-    stragglers = StragglerMonitor(t.straggler_every, device, env.hostname)
+    _start_observer(observer, state, env, t.max_steps)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
-    speed = Throughput(cfg, shape, device, facts)
+    monitors = StepMonitors(cfg, shape, device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults)
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
-        state.step,
-        t.max_steps,
-        f"{facts.n_params:,}",
-        env.world_size,
-        device,
-        cfg.parallel.name,
+        state.step, t.max_steps, f"{facts.n_params:,}", env.world_size, device, cfg.parallel.name,
         shape.degrees,
-    )
+    )  # fmt: skip
     run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     stopped_by: str | None = None
     step_start = time.perf_counter()
     while state.step < t.max_steps:
-        watchdog.enter(state.step + 1, "data")
-        run.faults.at("step", state.step + 1)
-        if state.step + 1 == profile_first:
-            profiler = start_profiler(profile_dir(cfg, run_dir), env.rank, device)
-        data_start = time.perf_counter()
-        run.faults.at("data", state.step + 1)
-        passes = run.batches.next_step()
-        data_s = time.perf_counter() - data_start
-        stragglers.data_done(data_s)
-        watchdog.enter(state.step + 1, "compute")
+        passes = monitors.next_batch(state.step + 1, run.batches.next_step)
         result = train_step(
             run.par,
             run.optimizer,
@@ -220,36 +199,11 @@ def fit(
         lr = run.scheduler.get_last_lr()[0]
         run.scheduler.step()
         state.step += 1
-        step_s = time.perf_counter() - step_start
-        speed.step_done(step_s, data_s)
-        watchdog.step_done(step_s)
-        watchdog.enter(state.step, "report")  # evaluation and logging are not timed as the step
-
-        if profiler is not None and state.step == profile_last:
-            profiler.stop()  # writes the trace
-            profiler = None
-        last = state.step == t.max_steps
-        evaluate_now = last or (t.eval_every > 0 and state.step % t.eval_every == 0)
-        straggler = stragglers.report() if stragglers.due(state.step) else None
-        if state.step % t.log_every == 0 or evaluate_now or straggler:
-            record = {"step": state.step, "loss": _mean_over_ranks(result.loss, shape.loss_holders), "lr": lr}
-            record["grad_norm"] = float(result.grad_norm)
-            record.update(speed.report())
-            record.update(straggler or {})
-            if evaluate_now:
-                record.update(evaluate(run))
-            if observer is not None:
-                observer.log(record)
-        elif observer is not None:
-            observer.advance(state.step)
-        stopped_by = stop(step_s, save_s)
-        if last or stopped_by or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
-            watchdog.enter(state.step, "checkpoint")
-            save_start = time.perf_counter()
-            checkpoints.save(
-                state.step, run.resumable, blocking=not t.async_checkpoint or last or bool(stopped_by)
-            )
-            save_s = time.perf_counter() - save_start
+        monitors.step_done(state.step, time.perf_counter() - step_start)
+        _log(run, observer, monitors.record(state.step, result.loss, result.grad_norm, lr), state.step)
+        stopped_by = stop(monitors.step_s, save_s)
+        if monitors.checkpoint_due(state.step, bool(stopped_by)):
+            save_s = _save(run, watchdog, final=state.step == t.max_steps or bool(stopped_by))
         elif checkpoints.pending:
             checkpoints.poll()  # a background write that finished is committed now, not at the next save
         if stopped_by:
@@ -259,6 +213,36 @@ def fit(
     checkpoints.close()
     run.batches.close()
     return FitResult(state, stopped_by)
+
+
+def _save(run: Run, watchdog: Watchdog, final: bool) -> float:
+    """Save this step (asynchronously under ``trainer.async_checkpoint``, except the final save and the save
+    on a stop, which are synchronous); how long the call took (the walltime guard plans with it)."""
+    watchdog.enter(run.state.step, "checkpoint")
+    start = time.perf_counter()
+    blocking = not run.cfg.trainer.async_checkpoint or final
+    run.checkpoints.save(run.state.step, run.resumable, blocking=blocking)
+    return time.perf_counter() - start
+
+
+def _start_observer(observer: Observer | None, state: TrainState, env: DistEnv, max_steps: int) -> None:
+    """Open the loggers (rank 0) and share the W&B run id they chose with every rank's TrainState."""
+    if observer is not None:
+        state.wandb_run_id = observer.start(state.step, max_steps, state.wandb_run_id)
+    if env.world_size > 1:
+        state.wandb_run_id = _broadcast_object(state.wandb_run_id)
+
+
+def _log(run: Run, observer: Observer | None, record: dict[str, Any] | None, step: int) -> None:
+    """A due record, with the evaluation when due (a collective: every rank runs it), to the loggers."""
+    if record is None:
+        if observer is not None:
+            observer.advance(step)
+        return
+    if record.pop("evaluate"):
+        record.update(evaluate(run))
+    if observer is not None:
+        observer.log(record)
 
 
 def train_step(
@@ -334,8 +318,8 @@ def evaluate(run: Run) -> dict[str, float]:
     sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss × samples, samples, correct, labels
     objective = run.objective
     batch_size = run.shape.global_batch_size
-    dp_rank, dp_size = par.data_parallel
-    per_rank = batch_size // dp_size
+    dp_rank, _ = par.data_parallel
+    per_rank = run.shape.rank_samples_per_step
     autocast = amp.autocast(device, t.precision, par.regime)
     for batch in range(t.eval_batches):
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
@@ -367,15 +351,6 @@ def evaluate(run: Run) -> dict[str, float]:
 def _no_sync_unless(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager[None]:
     no_sync = getattr(model, "no_sync", None)
     return contextlib.nullcontext() if sync or no_sync is None else no_sync()
-
-
-def _mean_over_ranks(value: torch.Tensor, holders: int) -> float:
-    """Mean of ``value`` over the ``holders`` ranks that have it (the others contribute 0)."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= holders
-    return float(value)
 
 
 def _broadcast_object(value: object) -> object:

@@ -209,7 +209,7 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     """This rank's measured bytes for one config (:data:`STEPS` training steps, the last measured)."""
     import torch
 
-    from hpctrain.config.shape import samples_per_pass
+    from hpctrain.config.shape import run_shape
     from hpctrain.models import build_model
     from hpctrain.parallel.apply import parallelize
     from hpctrain.precision.amp import autocast_dtype
@@ -219,8 +219,7 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     torch.manual_seed(cfg.trainer.seed)
     par = parallelize(build_model(cfg.model), cfg, device)
     optimizer = build_optimizer(par.model, cfg.optim)
-    _, dp_size = par.data_parallel
-    inputs, targets = _batch(cfg, samples_per_pass(cfg) // dp_size)
+    inputs, targets = _batch(cfg, run_shape(cfg).rank_samples_per_pass)
     dtype = autocast_dtype(cfg.trainer.precision, par.regime)
     modules = [par.model, *par.parts]
     probe = Probe(modules)
