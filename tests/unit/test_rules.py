@@ -49,9 +49,9 @@ def _string_constants(tree: ast.Module) -> dict[str, str]:
     """Names bound to a string literal anywhere in the module (``SLURM_DIR = "slurm"``)."""
     found = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-            if isinstance(node.value.value, str):
-                found.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
+        assigned = isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        if assigned and isinstance(node.value.value, str):
+            found.update({t.id: node.value.value for t in node.targets if isinstance(t, ast.Name)})
     return found
 
 
@@ -155,9 +155,9 @@ def shape_derivations(tree: ast.Module) -> list[tuple[int, str]]:
         # A product, quotient or remainder of two shape numbers derives a third (a ratio `/` in a formula,
         # such as a ring all-reduce's (n − 1)/n, derives none).
         ops = (ast.Mult, ast.FloorDiv, ast.Mod)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ops) and mentions(node.left):
-            if mentions(node.right):
-                found.append((node.lineno, ast.unparse(node)))
+        arithmetic = isinstance(node, ast.BinOp) and isinstance(node.op, ops)
+        if arithmetic and mentions(node.left) and mentions(node.right):
+            found.append((node.lineno, ast.unparse(node)))
     return found
 
 
@@ -186,9 +186,9 @@ def model_branches(tree: ast.Module, room: str) -> list[tuple[int, str]]:
             for side in (node.left, *node.comparators):
                 items = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
                 for item in items:
-                    if isinstance(item, ast.Constant) and item.value in INPUT_KINDS:
-                        if not (room == "data" and item.value in DATASETS):
-                            found.append((node.lineno, f"compares {item.value!r}"))
+                    kind = isinstance(item, ast.Constant) and item.value in INPUT_KINDS
+                    if kind and not (room == "data" and item.value in DATASETS):
+                        found.append((node.lineno, f"compares {item.value!r}"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODEL_NAMES:
             found.append((node.lineno, f"names model {node.value!r}"))
     return found
@@ -211,11 +211,12 @@ def test_tests_import_only_the_clis_entry_point() -> None:
     offenders = []
     for path in sorted((ROOT / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hpctrain.cli"):
-                if node.module != "hpctrain.cli" or any(
-                    a.name not in ("main", "SUBCOMMANDS", "readme_table") for a in node.names
-                ):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            from_cli = isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hpctrain.cli")
+            if from_cli and (
+                node.module != "hpctrain.cli"
+                or any(a.name not in ("main", "SUBCOMMANDS", "readme_table") for a in node.names)
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
         for call in re.finditer(r"hpctrain\.cli\.\w+", path.read_text()):
             offenders.append(f"{path.relative_to(ROOT)}: {call.group(0)}")
     assert not offenders, offenders
