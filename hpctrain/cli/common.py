@@ -10,8 +10,9 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from hpctrain.jobs.status import fmt, plural
 from hpctrain.jobs.targets import JobsError
 from hpctrain.observe.text import table
 
@@ -49,19 +50,6 @@ def guarded(prog: str, run: Callable[[], int]) -> int:
         return EXIT_OK
 
 
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' * (n != 1)}"
-
-
-def fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-__all__ = [
-    "JobsError",
-    "table",
-]  # the plain-text table every subcommand prints (it lives in observe: reports use it too)
+# The plain-text table every subcommand prints lives in observe (reports use it too); JobsError, fmt and
+# plural in jobs (status and summary lines use them).
+__all__ = ["JobsError", "fmt", "plural", "table"]

@@ -1,0 +1,202 @@
+"""What ``hpctrain status`` and ``hpctrain cancel`` find and do: a run's job, its Slurm state, progress,
+last loss and the error it died of; a sweep's members in a table; cancelling a job or an array. Each returns
+its lines (the CLI prints them). No torch import here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpctrain.jobs.summary import last_with, progress, sweep_states
+from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
+from hpctrain.observe.text import table
+from hpctrain.rundir import JOB_RECORD, RunDir
+from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
+from hpctrain.slurm import commands
+from hpctrain.slurm.commands import JobState, SlurmUnavailable
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+TAIL_BYTES = 256 * 1024  # status reads only the end of metrics.jsonl
+
+
+@dataclass
+class Report:
+    """Lines for stdout, problems for stderr (one line each), and the exit status."""
+
+    lines: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    code: int = EXIT_OK
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def fmt(value: object, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def where(sweep: SweepRecord) -> str:
+    return "run here" if sweep.array_job_id == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
+
+
+# ---------------------------------------------------------------------------------------------- status
+
+
+def status(target: Target) -> Report:
+    """``hpctrain status`` of a run or a sweep: its lines, the problems met on the way, the exit status."""
+    if target.is_sweep:
+        return _status_sweep(target)
+    report = Report()
+    out: list[tuple[str, str]] = []
+    code = EXIT_OK
+    job_id = target.slurm_id
+    state: JobState | None = None
+    if target.run_dir is not None:
+        out.append(("run", str(target.run_dir)))
+    if job_id is not None:
+        job = target.job
+        detail = ""
+        if job is not None and job.nodes:
+            size = f"{plural(job.nodes, 'node')} × {plural(job.tasks_per_node, 'task')}"
+            detail = f" ({job.launcher} on {job.cluster}: {size})"
+        out.append(("job", job_id + detail))
+        members: list[JobState] = []
+        try:
+            state, members = state_of(job_id)
+        except JobsError as err:
+            report.problems.append(str(err))
+            code = EXIT_FAILED
+        if state is None:
+            out.append(("state", "UNKNOWN (not known to Slurm)" if code == EXIT_OK else "UNKNOWN"))
+            code = EXIT_FAILED
+        else:
+            word = state.state
+            if state.reason:
+                word += f" ({state.reason})"
+            elif state.final and state.exit_code not in ("", "0:0"):
+                word += f" (exit code {state.exit_code})"
+            out.append(("state", word))
+            if members:
+                out.append(("members", ", ".join(f"{m.job_id} {m.state}" for m in members)))
+            else:
+                out.append(("nodes", state.nodes or "-"))
+                out.append(("elapsed", state.elapsed or "-"))
+    else:
+        out.append(("state", "local"))
+    if target.run_dir is not None:
+        records = RunDir(target.run_dir).read_metrics(TAIL_BYTES)
+        out.append(("step", progress(target.run_dir, records)))
+        last_loss = last_with(records, "loss")
+        out.append(("loss", fmt(last_loss["loss"]) if last_loss else "-"))
+        last_val = last_with(records, "val_loss")
+        if last_val is not None:
+            val = f"{fmt(last_val['val_loss'])}"
+            if last_val.get("val_acc") is not None:
+                val += f", val_acc {fmt(last_val['val_acc'], 3)}"
+            out.append(("val_loss", f"{val} (step {last_val['step']})"))
+        failed = state is not None and state.state == "FAILED"
+        if failed or (job_id is None and state is None):
+            error = first_error(target.run_dir)
+            if error is not None:
+                rank, record = error
+                host = f" on {record['host']}" if record.get("host") else ""
+                out.append(("error", f"rank {rank}{host}: {error_last_line(record)}"))
+                out.append(("", f"log: {RunDir(target.run_dir).log(rank)}"))
+            elif failed:
+                out.append(("error", "no rank recorded an error: see `hpctrain logs` and Slurm's output"))
+    else:
+        out.append(("run", "directory not found (from Slurm's output path)"))
+    width = max(len(k) for k, _ in out)
+    report.lines += [f"{key:<{width}}  {value}".rstrip() for key, value in out]
+    report.code = code
+    return report
+
+
+def _status_sweep(target: Target) -> Report:
+    sweep = target.sweep
+    assert sweep is not None and target.sweep_dir is not None
+    report = Report()
+    try:
+        states = sweep_states(sweep)
+    except JobsError as err:
+        report.problems.append(str(err))
+        states, report.code = {}, EXIT_FAILED
+    counts: dict[str, int] = {}
+    for member in sweep.members:
+        word = states[member.job_id].state if member.job_id in states else "UNKNOWN"
+        counts[word] = counts.get(word, 0) + 1
+    tally = ", ".join(f"{n} {word}" for word, n in counts.items())
+    n = plural(len(sweep.members), "member")
+    report.lines.append(f"sweep {target.sweep_dir}: {where(sweep)}, {n} ({tally})")
+    common, own = split_overrides(sweep.members)
+    if common:
+        report.lines.append(f"common overrides: {' '.join(common)}")
+    rows = []
+    for member, overrides in zip(sweep.members, own, strict=True):
+        run_dir = Path(member.run_dir)
+        records = RunDir(run_dir).read_metrics(TAIL_BYTES)
+        last_loss = last_with(records, "loss")
+        state = states.get(member.job_id)
+        rows.append(
+            [
+                str(member.index),
+                " ".join(overrides),
+                member.job_id,
+                state.state if state else "UNKNOWN",
+                progress(run_dir, records),
+                fmt(last_loss["loss"]) if last_loss else "",
+            ]
+        )
+    report.lines.append(table(["#", "overrides", "job", "state", "step", "loss"], rows, right=(0, 4, 5)))
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- cancel
+
+
+def cancel(target: Target) -> str:
+    """Cancel a run's Slurm job, or every active member of a sweep; what was done, in one line."""
+    if target.is_sweep:
+        return _cancel_sweep(target)
+    job_id = target.slurm_id
+    if job_id is None:
+        raise JobsError(f"{target.text} is a local run (no {JOB_RECORD}): stop it where it runs (Ctrl-C)")
+    state, _ = state_of(job_id)
+    if state is None:
+        raise JobsError(f"job {job_id} is not known to Slurm")
+    if state.final:
+        return f"job {job_id} is already {state.state}: nothing to cancel"
+    _scancel([job_id])
+    where = f" on {state.nodes}" if state.nodes else ""
+    run = f": {target.run_dir}" if target.run_dir is not None else ""
+    return f"cancelled job {job_id} ({state.state}{where}){run}"
+
+
+def _cancel_sweep(target: Target) -> str:
+    sweep = target.sweep
+    assert sweep is not None
+    states = states_of([m.job_id for m in sweep.members])
+    active = [m for m in sweep.members if m.job_id in states and not states[m.job_id].final]
+    done = len(sweep.members) - len(active)
+    if not active:
+        return f"array job {sweep.array_job_id}: no member is queued or running: nothing to cancel"
+    whole_array = all(m.job_id.split("_")[0] == sweep.array_job_id for m in sweep.members)
+    _scancel([sweep.array_job_id] if whole_array else [m.job_id for m in active])
+    listed = ", ".join(f"{m.job_id} {states[m.job_id].state}" for m in active)
+    rest = f"; {done} already ended" if done else ""
+    return f"cancelled array job {sweep.array_job_id}: {plural(len(active), 'member')} ({listed}){rest}"
+
+
+def _scancel(job_ids: list[str]) -> None:
+    try:
+        commands.cancel(job_ids)
+    except SlurmUnavailable as err:
+        raise JobsError(str(err)) from None
+    except (RuntimeError, OSError) as err:
+        raise JobsError(f"scancel failed: {err}") from None
