@@ -246,3 +246,17 @@ def test_guards_catch_a_broken_rule(rule: str) -> None:
     assert guard(ast.parse(source)) == []
     broken = guard(ast.parse(source + "\n\ndef _broken(cfg, run_dir, spec):\n    " + line))
     assert len(broken) == 1, broken
+
+
+def test_the_readme_layout_names_every_room() -> None:
+    """README's Layout block names every package of hpctrain/ (each says what it holds in its docstring)."""
+    section = (ROOT / "README.md").read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^hpctrain/(\w+)/", section, re.M))
+    rooms = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"conf", "sbatch_templates"}
+    assert named == rooms, (sorted(rooms - named), sorted(named - rooms))
+    undocumented = [
+        r
+        for r in sorted(rooms)
+        if not ast.get_docstring(ast.parse((PACKAGE / r / "__init__.py").read_text()))
+    ]
+    assert not undocumented, undocumented
