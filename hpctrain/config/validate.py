@@ -304,11 +304,41 @@ def _check_parallel(cfg: Config) -> None:
                 valid="dotted names, * for one level",
             )
         _one_of(key, role, TP_ROLES)
+    _check_compile_cache(p.compile_cache)
+    if cfg.trainer.precision == "fp8" and d.tp > 1:
+        # torchao's float8 layers need their own tensor-parallel styles (Float8ColwiseParallel, ...), which
+        # hpctrain's plans do not apply.
+        raise ConfigError(
+            "trainer.precision", "fp8", f"float8 layers do not split under parallel.tp={d.tp}",
+            valid="bf16 with tensor parallelism, or fp8 with ddp, fsdp, hsdp, pp or none",
+        )  # fmt: skip
     _check_pp_split(p.pp_split)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         _one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+COMPILE_CACHE_WORDS = ("run", "off")
+COMPILE_CACHE_VALID = (
+    "run (RUN_DIR/compile_cache), off (torch's default in /tmp), or an absolute path every node sees"
+)
+
+
+def _check_compile_cache(value: str) -> None:
+    """``parallel.compile_cache``: run, off, or an absolute directory this machine can create and write (a
+    shared cache must be seen alike by the submitting machine and every node: a relative path would be
+    resolved against each process's own working directory)."""
+    if value in COMPILE_CACHE_WORDS:
+        return
+    check_text("parallel.compile_cache", value)
+    if not value.strip():
+        raise ConfigError("parallel.compile_cache", value, "empty", valid=COMPILE_CACHE_VALID)
+    path = Path(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ConfigError("parallel.compile_cache", value, "not an absolute path without ..",
+                          valid=COMPILE_CACHE_VALID)  # fmt: skip
+    check_writable_dir("parallel.compile_cache", path)
 
 
 def _check_sbatch_options(c: Any) -> None:
@@ -406,6 +436,11 @@ def _check_optim(cfg: Config) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(optim, key) < 1.0:
             raise ConfigError(f"optim.{key}", getattr(optim, key), "must be in [0, 1)")
+    if optim.fused and optim.name != "adamw":
+        raise ConfigError(
+            "optim.fused", optim.fused, f"the fused kernel is AdamW's; optim={optim.name} has none",
+            valid="false, or optim=adamw",
+        )  # fmt: skip
 
 
 def _check_trainer(cfg: Config) -> None:

@@ -12,6 +12,8 @@
     <run>/profile/                    torch.profiler traces (logger.tensorboard: tensorboard/plugins/profile/)
     <run>/tensorboard/                TensorBoard event files (logger.tensorboard)
     <run>/plots/                      hpctrain report's PNGs
+    <run>/compile_cache/<key>/        torch.compile's caches (inductor, AOTAutograd) of one graph-shaping
+                                      config; key.json: what the key was made of
     <run>/.lock                       the exclusive lock of the run using it (hpctrain.rundir.lock)
 
 Everything else asks :class:`RunDir` for a path; nothing else spells these names. Writes go through
@@ -33,6 +35,9 @@ SWEEP_RECORD = "sweep.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
+# Beside a compile cache's entries (RUN_DIR/compile_cache/<key>/ or a shared <path>/<key>/): what its key was
+# made of (hpctrain.parallel.compile.key_inputs), for people.
+COMPILE_KEY_FILE = "key.json"
 # Hydra's record of a sweep's members (written by Hydra's launchers).
 MULTIRUN_RECORD = "multirun.yaml"
 
@@ -110,6 +115,12 @@ class RunDir:
         return self.path / "plots"
 
     @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches, one folder per key (hpctrain.parallel.compile.cache_key): a requeued job
+        of the same config finds its compiled graphs here, whichever node it lands on."""
+        return self.path / "compile_cache"
+
+    @property
     def lock(self) -> Path:
         return self.path / LOCK_FILE
 
@@ -162,7 +173,15 @@ class RunDir:
         return found if isinstance(found, list) else None
 
 
+def write_compile_key(folder: Path, inputs: dict[str, Any]) -> None:
+    """Record in a compile cache's folder (in a run directory or a shared path) what its key was made of,
+    once."""
+    if not (folder / COMPILE_KEY_FILE).is_file():
+        atomic_json(folder / COMPILE_KEY_FILE, inputs)
+
+
 __all__ = [
+    "COMPILE_KEY_FILE",
     "JOB_RECORD",
     "LOCK_FILE",
     "METRICS_FILE",
@@ -174,4 +193,5 @@ __all__ = [
     "RunLock",
     "atomic_json",
     "atomic_write",
+    "write_compile_key",
 ]
