@@ -8,7 +8,7 @@ DTensors included); DDP, which only hooks gradients, applies to the unsplit mode
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -88,10 +88,7 @@ def parallelize(
     model = model.to(device)
     if precision == "fp8":
         amp.require_float8(device)
-        # Only the blocks' layers: the embeddings and the LM head, whose logits feed the loss directly, stay
-        # in bf16 (Micikevicius et al. 2022, "FP8 Formats for Deep Learning", keep the first and last layers
-        # in higher precision); the blocks hold nearly all matmul FLOPs.
-        amp.convert_to_float8(model, [b.name for b in find_blocks(model, p.block_classes)])
+        apply_float8(model, p.block_classes)
     # The plan is read off the whole model, before a pipeline split removes modules it names.
     plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
     n_stages = shape.n_stages if dims.has("pp") else 1
@@ -134,6 +131,16 @@ def parallelize(
     elif data_parallel == ["dp_replicate"]:
         result.model, result.compression = apply_ddp(parts[0], p, device, dims.submesh("dp_replicate"))
     return result
+
+
+def apply_float8(model: nn.Module, block_classes: Sequence[str] = (), emulate: bool = False) -> list[str]:
+    """fp8: the Linear layers of the model's blocks that gain from float8 become torchao's Float8Linear
+    (:func:`hpctrain.precision.amp.convert_to_float8`); a model without blocks has all of its own converted.
+    Only the blocks' by default: the embeddings and the LM head, whose logits feed the loss directly, stay
+    in bf16, as Micikevicius et al. 2022 ("FP8 Formats for Deep Learning", section 4) kept their first and
+    last layers in 16 bits; the blocks hold nearly all of a transformer's matmul FLOPs. Returns the
+    converted layers' names."""
+    return amp.convert_to_float8(model, [b.name for b in find_blocks(model, block_classes)], emulate)
 
 
 def apply_ddp(

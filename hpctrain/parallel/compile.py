@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch._functorch.config
 import torch._inductor.config
+import torch._inductor.utils
 from torch import nn
 
 import hpctrain
@@ -145,6 +146,11 @@ def open_compile_cache(
     if is_main:
         write_compile_key(path, inputs)
     os.environ[CACHE_ENV] = str(path)  # read by inductor at each use (cache_dir_utils.cache_dir)
+    # Paths inductor derived from the previous directory and memoised (as torch's own temporary_cache_dir
+    # clears them).
+    clear = getattr(torch._inductor.utils, "clear_caches", None)
+    if clear is not None:
+        clear()
     # Both default to on in torch ≥ 2.5; a site's config or an environment variable may have turned them off.
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
