@@ -33,7 +33,7 @@ def _refused(cfg: Config) -> str:
         ("cache/here", ["parallel.compile_cache=cache/here", "absolute path"]),
         ("/tmp/../etc/cache", ["parallel.compile_cache=/tmp/../etc/cache", "without .."]),
         ("/tmp/cache\x1b[2J", ["parallel.compile_cache=", "control character", "'\\x1b'"]),
-        ("/proc/hpctrain-cache", ["parallel.compile_cache=/proc/hpctrain-cache", "cannot create a directory"]),
+        ("/proc/hpctrain", ["parallel.compile_cache=/proc/hpctrain", "cannot create a directory"]),
         ("/", ["parallel.compile_cache=/", "file system root"]),
     ],
 )

@@ -13,13 +13,13 @@ from hpctrain.models.gpt import GPT
 from hpctrain.parallel.apply import apply_float8
 from hpctrain.precision import (
     allows_tf32,
+    amp,
     compute_precision,
     float8_converts,
     float8_problem,
     regime,
     scales_loss,
 )
-from hpctrain.precision import amp
 
 
 def test_float8_takes_only_layers_large_enough_to_gain() -> None:
@@ -103,7 +103,8 @@ def test_float8_applies_to_any_model_from_outside() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.stem = nn.Linear(2048, 2048)
-            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 2048), nn.Linear(2048, 64)) for _ in range(2))
+            pairs = (nn.Sequential(nn.Linear(64, 2048), nn.Linear(2048, 64)) for _ in range(2))
+            self.blocks = nn.ModuleList(pairs)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.stem(x)

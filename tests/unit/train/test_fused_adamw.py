@@ -1,4 +1,4 @@
-"""optim.fused=true builds torch's fused AdamW; the default leaves torch its own choice (bitwise as before)."""
+"""optim.fused=true builds torch's fused AdamW; the default leaves torch its own choice (as before)."""
 
 from __future__ import annotations
 
