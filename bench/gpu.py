@@ -84,7 +84,7 @@ def describe_device(dry: bool) -> dict[str, Any]:
             capability=".".join(map(str, torch.cuda.get_device_capability(0))),
             memory_gib=round(props.total_memory / 2**30, 1),
             cudnn=torch.backends.cudnn.version(),
-            nccl=".".join(map(str, torch.cuda.nccl.version())),
+            nccl=_version(torch.cuda.nccl.version()),
         )
     try:
         import torchao
@@ -126,7 +126,7 @@ def race_for(model: str, steps: int, window: int, dry: bool, precision: str) -> 
         model=shape,
         precision=precision,
         device="cpu" if dry else "cuda",
-        threads=max(1, (os.cpu_count() or 1) // 2),
+        threads=os.cpu_count() or 1,
         compile=True,
         fused=True,
         tf32=not dry,
@@ -230,7 +230,7 @@ class Check:
         from mfu import datasheet_peak, measure_peak
 
         device, dtype = ("cpu", "fp32") if self.dry else ("cuda", "bf16")
-        threads = max(1, (os.cpu_count() or 1) // 2)
+        threads = os.cpu_count() or 1
         measured_peak = statistics.mean(measure_peak(device, dtype, 1, threads, 1024 if self.dry else 8192))
         sheet = None if self.dry else datasheet_peak(torch.cuda.get_device_name(0), "bf16")
         self.peaks = (sheet, measured_peak)
@@ -407,6 +407,10 @@ def _figure(t: Trained) -> dict[str, Any]:
         "mfu_measured_peak": t.mfu_measured_peak,
         "losses": t.losses,
     }
+
+
+def _version(v: Any) -> str:
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def _has(module: str) -> bool:
