@@ -34,6 +34,7 @@ a package index, ``bench/gpu_wheels.sh`` brings them as wheels.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -87,10 +88,8 @@ def describe_device(dry: bool) -> dict[str, Any]:
             nccl=_version(torch.cuda.nccl.version()),
         )
     try:
-        import torchao
-
-        info["torchao"] = torchao.__version__
-    except ImportError:
+        info["torchao"] = importlib.metadata.version("torchao")  # read without importing it
+    except importlib.metadata.PackageNotFoundError:
         info["torchao"] = None
     return info
 
@@ -237,7 +236,7 @@ class Check:
         where = (
             "no data sheet (CPU)" if sheet is None else f"{sheet / 1e12:g} TFLOP/s dense bf16 (data sheet)"
         )
-        say(f"peak: {where}; measured {dtype} matmul {measured_peak / 1e12:.1f} TFLOP/s")
+        say(f"peak: {where}; measured {dtype} matmul {measured_peak / 1e12:.4g} TFLOP/s")
         self.figures.device.update(datasheet_peak=sheet, measured_peak=measured_peak)
 
     def bf16_run(self, model: str) -> Trained:
@@ -283,7 +282,9 @@ class Check:
                 f"trainer.precision={precision}",
                 f"trainer.micro_batch_size={race.micro_batch}",
             ]
-            memory = peak_memory_vs_plan(ours, overrides, self.work / "project")
+            memory = None if self.dry else peak_memory_vs_plan(ours, overrides, self.work / "project")
+            if self.dry:
+                say("  peak memory: not compared on a CPU (the metrics' peak there is the resident set)")
             if memory:
                 say(
                     f"  peak memory {memory[0]:.2f} GiB, plan {memory[1]:.2f} GiB: ratio "
@@ -461,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    sys.path.insert(0, str(BENCH))
+    # This checkout's hpctrain (an installed one may be another), and the benches beside this file.
+    sys.path[:0] = [str(REPO), str(BENCH)]
     os.environ.update(pythonpath())
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="hpctrain-gpu-") as tmp:
