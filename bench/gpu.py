@@ -479,9 +479,10 @@ def main(argv: list[str] | None = None) -> int:
         for section in SECTIONS:
             if section in opts.sections:
                 getattr(check, section)()
+                if opts.json:  # after each section: a run stopped by a time limit keeps what it measured
+                    figures = {"label": label, **vars(check.figures)}
+                    opts.json.write_text(json.dumps(figures, indent=1, default=str))
         say(f"\nbench/gpu.py done in {time.time() - started:.0f} s ({label})")
-        if opts.json:
-            opts.json.write_text(json.dumps({"label": label, **vars(check.figures)}, indent=1, default=str))
     return 0
 
 
