@@ -63,6 +63,11 @@ class Race:
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     device: str = "cpu"  # cpu | cuda (one GPU per process)
     threads: int = 1  # torch threads per process (hpctrain's launcher: cores // processes)
+    # The raw loop only (bench/gpu.py's reference): torch.compile the whole model (nanoGPT's way), torch's
+    # fused AdamW, TF32 for the float32 matmuls that remain under bf16 autocast.
+    compile: bool = False
+    fused: bool = False
+    tf32: bool = False
 
     def data_args(self) -> dict[str, int]:
         seq_len, vocab = self.model["seq_len"], self.model["vocab_size"]
@@ -154,12 +159,16 @@ def raw_worker(rank: int, race: Race, port: int, out: str) -> None:
         "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=race.nproc
     )
     torch.manual_seed(race.seed)
-    model = nn.parallel.DistributedDataParallel(
-        GPT(**race.model).to(device), device_ids=[rank] if cuda else None
-    )
+    if race.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    net: nn.Module = GPT(**race.model).to(device)
+    if race.compile:
+        net = torch.compile(net)  # type: ignore[assignment]
+    model = nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
     optimizer = torch.optim.AdamW(
-        param_groups(model, race), lr=race.lr, betas=(race.beta1, race.beta2), eps=race.eps
-    )
+        param_groups(model, race), lr=race.lr, betas=(race.beta1, race.beta2), eps=race.eps,
+        fused=True if race.fused else None,
+    )  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(race, step))
     data = MarkovTokens("train", **race.data_args())
     loader = DataLoader(data, batch_sampler=rank_batches(race, len(data), rank), pin_memory=cuda)

@@ -145,6 +145,12 @@ class ParallelConfig:
     # (hpctrain.parallel.blocks).
     block_classes: list[str] = field(default_factory=list)
     compile: bool = False  # torch.compile each transformer block
+    # Where compile's caches (inductor's FX graphs and kernels, AOTAutograd's graphs) live, so that a
+    # requeued or restarted job reuses them: "run" (RUN_DIR/compile_cache/<key>), "off" (torch's default,
+    # a folder in this node's /tmp), or an absolute path every node sees (a shared cache: <path>/<key>).
+    # <key> is the torch and hpctrain versions, the device and the config parts that change the graphs
+    # (hpctrain.parallel.compile.cache_key).
+    compile_cache: str = "run"
 
 
 @dataclass
@@ -201,6 +207,9 @@ class ClusterConfig:
     # --- both
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
+    # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are
+    # priced at by the planner. None: priced at peak_flops (no gain assumed).
+    peak_fp8_flops: float | None = None
     cost_per_gpu_hour: float | None = None
     dist_timeout_s: int = 300
     # --- planning: `hpctrain plan` and the memory check before every submission (hpctrain.plan)
@@ -231,6 +240,9 @@ class OptimConfig:
     warmup_steps: int = 10
     min_lr_ratio: float = 0.1
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # adamw: torch's fused kernel (one kernel for every parameter's update: torch.optim.AdamW(fused=True)),
+    # instead of its multi-tensor (foreach) one on GPUs. Same update, rounded differently.
+    fused: bool = False
 
 
 @dataclass
@@ -239,7 +251,7 @@ class TrainerConfig:
     seed: int = 1234
     global_batch_size: int | None = None  # None: micro_batch_size × data-parallel size (no accumulation)
     micro_batch_size: int = 16
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "fp32"  # fp32 | bf16 | fp16 | fp8 (bf16 + float8 matmuls: hpctrain.precision)
     log_every: int = 25
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4

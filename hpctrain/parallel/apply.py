@@ -1,13 +1,14 @@
 """The parallelize step: turn a plain model into this rank's share of it, by ``parallel.name``.
 
-Order (torchtitan's): the pipeline split first, then for each stage tensor parallelism → activation
-checkpointing → compile → FSDP (FSDP last: it shards whatever the earlier steps made of the parameters,
+Order (torchtitan's): fp8's float8 Linear layers first (a model conversion: every later step sees them as
+Linear layers), the pipeline split, then for each stage tensor parallelism → activation checkpointing →
+compile → FSDP (FSDP last: it shards whatever the earlier steps made of the parameters,
 DTensors included); DDP, which only hooks gradients, applies to the unsplit model instead of FSDP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpctrain.config.schema import Config, ParallelConfig
 from hpctrain.config.shape import RunShape, run_shape
+from hpctrain.parallel.blocks import find_blocks
 from hpctrain.parallel.compile import apply_compile
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
 from hpctrain.parallel.fsdp import apply_fsdp
@@ -34,6 +36,7 @@ from hpctrain.parallel.shared import (
 )
 from hpctrain.parallel.stages import merge_stages, require_split, sequential_dropped, sequential_stage
 from hpctrain.parallel.tp import apply_tp, require_tp_plan
+from hpctrain.precision import amp
 
 
 @dataclass
@@ -83,6 +86,9 @@ def parallelize(
     shape = shape or run_shape(cfg)
     dims = build_mesh(shape.degrees, device)
     model = model.to(device)
+    if precision == "fp8":
+        amp.require_float8(device)
+        apply_float8(model, p.block_classes)
     # The plan is read off the whole model, before a pipeline split removes modules it names.
     plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
     n_stages = shape.n_stages if dims.has("pp") else 1
@@ -125,6 +131,16 @@ def parallelize(
     elif data_parallel == ["dp_replicate"]:
         result.model, result.compression = apply_ddp(parts[0], p, device, dims.submesh("dp_replicate"))
     return result
+
+
+def apply_float8(model: nn.Module, block_classes: Sequence[str] = (), emulate: bool = False) -> list[str]:
+    """fp8: the Linear layers of the model's blocks that gain from float8 become torchao's Float8Linear
+    (:func:`hpctrain.precision.amp.convert_to_float8`); a model without blocks has all of its own converted.
+    Only the blocks' by default: the embeddings and the LM head, whose logits feed the loss directly, stay
+    in bf16, as Micikevicius et al. 2022 ("FP8 Formats for Deep Learning", section 4) kept their first and
+    last layers in 16 bits; the blocks hold nearly all of a transformer's matmul FLOPs. Returns the
+    converted layers' names."""
+    return amp.convert_to_float8(model, [b.name for b in find_blocks(model, block_classes)], emulate)
 
 
 def apply_ddp(

@@ -153,7 +153,7 @@ def check_plan_inputs(cfg: Config) -> None:
         raise ConfigError("cluster.gpu_memory_gib", c.gpu_memory_gib, "must be ≥ 0 (0: no GPU)")
     if not 0.0 < c.achievable_mfu <= 1.0:
         raise ConfigError("cluster.achievable_mfu", c.achievable_mfu, "must be in (0, 1]", valid="e.g. 0.45")
-    for key in ("intra_node_gbps", "inter_node_gbps", "peak_flops", "cost_per_gpu_hour"):
+    for key in ("intra_node_gbps", "inter_node_gbps", "peak_flops", "peak_fp8_flops", "cost_per_gpu_hour"):
         value = getattr(c, key)
         if value is not None and value <= 0:
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")

@@ -219,10 +219,13 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
         return ["time per step: not estimated (cluster.peak_flops unknown)"]
     c = cfg.cluster
     recompute = " (+ full-checkpointing recompute)" if est.layout.ac == "full" else ""
+    float8 = ""
+    if t.float8_share and c.peak_fp8_flops:
+        float8 = f"; {t.float8_share:.0%} of the FLOPs in float8 at {c.peak_fp8_flops / 1e12:g} TFLOP/s peak"
     lines = [
         "time per step (estimate)",
         f"  {'compute':<34}{t.compute_s:>9.3f} s  {t.flops_per_step / 1e15:.3g} PFLOP{recompute} at "
-        f"{c.achievable_mfu:.0%} of peak over {est.world} GPUs",
+        f"{c.achievable_mfu:.0%} of peak over {est.world} GPUs{float8}",
     ]
     for comm in t.comms:
         if comm.seconds is None:

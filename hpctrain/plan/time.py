@@ -23,6 +23,7 @@ from hpctrain.plan.layout import (
     planned_model,
 )
 from hpctrain.plan.memory import RankMemory, dtypes, unsharded_numel
+from hpctrain.precision import float8_converts
 
 
 # ------------------------------------------------------------------------------------------------ time
@@ -47,9 +48,10 @@ class StepTime:
     step_s: float
     samples_per_s: float
     tokens_per_s: float
-    mfu: float  # model FLOPs / (step time × ranks × peak)
+    mfu: float  # model FLOPs / (step time × ranks × peak): against the dense bf16 peak, fp8 runs too
     gpu_hours: float  # for trainer.max_steps
     cost: float | None  # gpu_hours × cluster.cost_per_gpu_hour
+    float8_share: float = 0.0  # of the model FLOPs, those priced at cluster.peak_fp8_flops (fp8 runs)
 
 
 def ranks_per_node(cfg: Config) -> int:
@@ -178,14 +180,37 @@ def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
     if not c.peak_flops:
         return None
     model_flops = planned_model(cfg).flops_per_token() * global_batch_size(cfg) * lay.tokens
-    return timed_step(cfg, lay, model_flops, lay.ac, lambda seconds: communication(cfg, lay, mem, seconds))
+    comms = lambda seconds: communication(cfg, lay, mem, seconds)  # noqa: E731
+    return timed_step(cfg, lay, model_flops, lay.ac, comms, float8_share(cfg))
+
+
+def float8_share(cfg: Config) -> float:
+    """The share of a built-in model's FLOPs that ``trainer.precision=fp8`` runs in float8: 6 FLOPs per
+    weight per token (forward and both backward matmuls) of the blocks' Linear layers that
+    :func:`hpctrain.precision.float8_converts` picks (the layers hpctrain converts), over all model FLOPs.
+    0 for other precisions, or when the profile names no ``cluster.peak_fp8_flops`` to price them at."""
+    if cfg.trainer.precision != "fp8" or not cfg.cluster.peak_fp8_flops:
+        return 0.0
+    model = planned_model(cfg)
+    linear = sum(
+        spec.shape[0] * spec.shape[1]
+        for spec in model.block_param_specs()
+        if len(spec.shape) == 2 and float8_converts(spec.shape[0], spec.shape[1])
+    )
+    return 6 * linear * model.n_layers / model.flops_per_token()
 
 
 def timed_step(
-    cfg: Config, lay: Layout, model_flops: float, ac: str, comms_of: Callable[[float], list[Comm]]
+    cfg: Config,
+    lay: Layout,
+    model_flops: float,
+    ac: str,
+    comms_of: Callable[[float], list[Comm]],
+    fp8_share: float = 0.0,
 ) -> StepTime:
     """The step of ``model_flops`` (forward and backward, all ranks) under checkpointing ``ac`` (as
-    applied: "none" where it applies to nothing), its communication ``comms_of(compute seconds)``."""
+    applied: "none" where it applies to nothing), its communication ``comms_of(compute seconds)``;
+    ``fp8_share`` of the FLOPs run at ``cluster.peak_fp8_flops``, the rest at ``cluster.peak_flops``."""
     c = cfg.cluster
     assert c.peak_flops
     samples = global_batch_size(cfg)
@@ -194,7 +219,8 @@ def timed_step(
     # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
     executed = model_flops * (4 / 3 if ac == "full" else 1.0)
     ranks = world_size(cfg)
-    compute_s = executed / ranks / (c.peak_flops * c.achievable_mfu)
+    seconds_per_flop = (1 - fp8_share) / c.peak_flops + (fp8_share / c.peak_fp8_flops if fp8_share else 0.0)
+    compute_s = executed / ranks * seconds_per_flop / c.achievable_mfu
     if ac == "selective":
         compute_s *= 1 + SELECTIVE_RECOMPUTE
     comms = comms_of(compute_s)
@@ -215,4 +241,5 @@ def timed_step(
         mfu=model_flops / (step_s * ranks * c.peak_flops),
         gpu_hours=gpu_hours,
         cost=gpu_hours * c.cost_per_gpu_hour if c.cost_per_gpu_hour is not None else None,
+        float8_share=fp8_share,
     )

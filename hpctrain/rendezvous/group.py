@@ -33,18 +33,10 @@ PORT_ATTEMPTS = 8
 def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = None) -> torch.device:
     """Join the process group; return this rank's device. With ``run_dir``, ranks started by srun agree on
     a free port through it (:func:`slurm_store`)."""
-    if torch.cuda.is_available():
-        if env.local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"local rank {env.local_rank} has no GPU: this node has "
-                f"{torch.cuda.device_count()} (run at most that many processes per node)"
-            )
-        device = torch.device("cuda", env.local_rank)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device, backend = device_for(env.local_rank, gpus)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
     port = env.master_port
     try:
         if env.port_key is not None and run_dir is not None:
@@ -67,6 +59,20 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
             f"{err}"
         ) from err
     return device
+
+
+def device_for(local_rank: int, gpus: int) -> tuple[torch.device, str]:
+    """This rank's device and process-group backend on a node with ``gpus`` visible GPUs: GPU
+    ``local_rank`` and NCCL (one GPU per local rank, as torchrun and srun's tasks are laid out), else the CPU
+    and gloo."""
+    if gpus == 0:
+        return torch.device("cpu"), "gloo"
+    if local_rank >= gpus:
+        raise RuntimeError(
+            f"local rank {local_rank} has no GPU: this node has {gpus} "
+            "(run at most that many processes per node)"
+        )
+    return torch.device("cuda", local_rank), "nccl"
 
 
 def slurm_store(env: DistEnv, run_dir: RunDir, timeout_s: float) -> tuple[dist.TCPStore, int]:

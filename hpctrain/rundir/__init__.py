@@ -22,6 +22,10 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
 FAULTS_FILE = "faults.jsonl"
+# Beside a compile cache's entries (RUN_DIR/compile_cache/<key>/ or a shared <path>/<key>/): what its key was
+# made of (hpctrain.parallel.compile.key_inputs), for people.
+COMPILE_KEY_FILE = "key.json"
+COMPILE_CACHE_DIR = "compile_cache"
 # Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
@@ -56,6 +60,7 @@ LAYOUT: dict[str, str] = {
     f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
     f"{WANDB_DIR}/": "with logger=wandb (offline unless logger.wandb_mode=online)",
     f"{REPORT_DIR}/": "hpctrain report's PNGs",
+    f"{COMPILE_CACHE_DIR}/": f"torch.compile's caches, <key>/ per graph-shaping config ({COMPILE_KEY_FILE})",
     JOB_RECORD: "Slurm runs: the job id, cluster and log paths",
     f"{CODE_DIR}/": f"Slurm runs: the code snapshot the job runs (the user's under {PROJECT_SUBDIR}/)",
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
@@ -138,6 +143,12 @@ class RunDir:
     def tensorboard_profile(self, window: str) -> Path:
         """Where TensorBoard's profiler plugin finds the traces of steps ``window`` (its layout)."""
         return self.tensorboard / "plugins" / "profile" / f"steps_{window}"
+
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's caches, one folder per key (hpctrain.parallel.compile.cache_key): a requeued job
+        of the same config finds its compiled graphs here, whichever node it lands on."""
+        return self.path / COMPILE_CACHE_DIR
 
     @property
     def wandb(self) -> Path:
@@ -265,7 +276,15 @@ class RunDir:
         return found if isinstance(found, list) else None
 
 
+def write_compile_key(folder: Path, inputs: dict[str, Any]) -> None:
+    """Record in a compile cache's folder (in a run directory or a shared path) what its key was made of,
+    once."""
+    if not (folder / COMPILE_KEY_FILE).is_file():
+        atomic_json(folder / COMPILE_KEY_FILE, inputs)
+
+
 __all__ = [
+    "COMPILE_KEY_FILE",
     "JOB_RECORD",
     "LAYOUT",
     "LOCK_FILE",
@@ -278,4 +297,5 @@ __all__ = [
     "RunLock",
     "atomic_json",
     "atomic_write",
+    "write_compile_key",
 ]

@@ -5,13 +5,18 @@ live run) and, for Slurm, the size of the code snapshot. Imports torch only to p
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from hpctrain.config.schema import Config
+from hpctrain.errors import ConfigError
 from hpctrain.models.spec import model_spec
+from hpctrain.precision import float8_problem
 
 
 def precheck(
@@ -39,6 +44,8 @@ def precheck(
             overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
             return precheck(overrides, multirun, config_dirs)
         check_run(typed)
+        if typed.trainer.precision == "fp8" and typed.cluster.kind == "local":
+            check_float8_here()  # a Slurm job's device is known only on its node: the worker checks there
         _probe_once(typed, probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
@@ -90,3 +97,39 @@ def _probe_once(cfg: Config, probed: set[str]) -> None:
 
     probe(cfg)
     probed.add(key)
+
+
+def local_gpu_capabilities(environ: dict[str, str] | None = None) -> list[tuple[int, int]]:
+    """Compute capabilities of the GPUs this machine's workers would see, read from ``nvidia-smi`` (the
+    driver's tool: no torch import, no CUDA context in this process), narrowed by ``CUDA_VISIBLE_DEVICES``
+    when it lists indices. Empty: no NVIDIA driver, no GPU, or none visible."""
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return []
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if done.returncode != 0:
+        return []
+    found = []
+    for line in done.stdout.split():
+        major, _, minor = line.strip().partition(".")
+        if major.isdigit() and minor.isdigit():
+            found.append((int(major), int(minor)))
+    if visible is not None and all(x.strip().isdigit() for x in visible.split(",")):
+        found = [found[int(i)] for i in visible.split(",") if int(i) < len(found)]
+    return found
+
+
+def check_float8_here(capabilities: list[tuple[int, int]] | None = None) -> None:
+    """``trainer.precision=fp8`` on this machine: every GPU a local worker may take must have float8 tensor
+    cores, and torchao must be installed; else one line, before anything starts."""
+    found = local_gpu_capabilities() if capabilities is None else capabilities
+    problem = float8_problem(min(found) if found else None, importlib.util.find_spec("torchao") is not None)
+    if problem is not None:
+        raise ConfigError("trainer.precision", "fp8", problem, valid="fp32, bf16, fp16")

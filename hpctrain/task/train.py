@@ -31,6 +31,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.parallel.compile import open_compile_cache
+    from hpctrain.precision import amp
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import StopCheck
@@ -47,6 +49,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, RunDir(run_dir))
+    amp.set_matmul_precision(device, cfg.trainer.precision)
     end_time = commands.end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:
@@ -61,7 +64,11 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     try:
         stop = StopCheck(signals, end_time, env.is_main, device)
         cfg = keep_global_batch(cfg, run_dir)
+        # Before anything compiles: a requeued job finds what an earlier start of it compiled.
+        compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
         result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
+        if compile_cache is not None:
+            log.info("%s", compile_cache.summary())
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):
             # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an

@@ -20,7 +20,10 @@ def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimiz
         {"params": no_decay, "weight_decay": 0.0},
     ]
     if optim.name == "adamw":
-        return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+        # fused=None leaves torch its default (foreach on GPUs); True: one fused kernel for all updates.
+        return torch.optim.AdamW(
+            groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=optim.fused or None
+        )
     if optim.name == "sgd":
         return torch.optim.SGD(groups, lr=optim.lr, momentum=optim.momentum, nesterov=optim.nesterov)
     raise ValueError(f"unknown optimizer {optim.name!r}")

@@ -3,9 +3,10 @@ tensor-parallel plan's patterns, the pipeline's split and schedule. Torch-free."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from hpctrain.config.sanity import at_least, check_text, one_of
+from hpctrain.config.sanity import at_least, check_text, check_writable_dir, one_of
 from hpctrain.config.schema import TP_ROLES, Config
 from hpctrain.config.shape import PIPELINE_SCHEDULES, STRATEGY_DIMS, degrees, stages_per_rank, world_size
 from hpctrain.errors import ConfigError
@@ -63,6 +64,14 @@ def check_parallel(cfg: Config) -> None:
                 valid="dotted names, * for one level",
             )
         one_of(key, role, TP_ROLES)
+    _check_compile_cache(p.compile_cache)
+    if cfg.trainer.precision == "fp8" and d.tp > 1:
+        # torchao's float8 layers need their own tensor-parallel styles (Float8ColwiseParallel, ...), which
+        # hpctrain's plans do not apply.
+        raise ConfigError(
+            "trainer.precision", "fp8", f"float8 layers do not split under parallel.tp={d.tp}",
+            valid="bf16 with tensor parallelism, or fp8 with ddp, fsdp, hsdp, pp or none",
+        )  # fmt: skip
     _check_pp_split(p.pp_split)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
@@ -117,3 +126,25 @@ def _check_pipeline(cfg: Config, pp: int) -> None:
             f"parallel.schedule={p.schedule} runs micro-batches in rounds of parallel.pp={pp}",
             valid=f"a multiple of {pp}",
         )
+
+
+COMPILE_CACHE_WORDS = ("run", "off")
+COMPILE_CACHE_VALID = (
+    "run (RUN_DIR/compile_cache), off (torch's default in /tmp), or an absolute path every node sees"
+)
+
+
+def _check_compile_cache(value: str) -> None:
+    """``parallel.compile_cache``: run, off, or an absolute directory this machine can create and write (a
+    shared cache must be seen alike by the submitting machine and every node: a relative path would be
+    resolved against each process's own working directory)."""
+    if value in COMPILE_CACHE_WORDS:
+        return
+    check_text("parallel.compile_cache", value)
+    if not value.strip():
+        raise ConfigError("parallel.compile_cache", value, "empty", valid=COMPILE_CACHE_VALID)
+    path = Path(value)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ConfigError("parallel.compile_cache", value, "not an absolute path without ..",
+                          valid=COMPILE_CACHE_VALID)  # fmt: skip
+    check_writable_dir("parallel.compile_cache", path)

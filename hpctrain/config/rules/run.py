@@ -81,6 +81,11 @@ def check_optim(cfg: Config) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(optim, key) < 1.0:
             raise ConfigError(f"optim.{key}", getattr(optim, key), "must be in [0, 1)")
+    if optim.fused and optim.name != "adamw":
+        raise ConfigError(
+            "optim.fused", optim.fused, f"the fused kernel is AdamW's; optim={optim.name} has none",
+            valid="false, or optim=adamw",
+        )  # fmt: skip
 
 
 def check_trainer(cfg: Config) -> None:
