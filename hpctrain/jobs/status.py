@@ -107,6 +107,11 @@ def status(target: Target) -> Report:
             if last_val.get("val_acc") is not None:
                 val += f", val_acc {fmt(last_val['val_acc'], 3)}"
             out.append(("val_loss", f"{val} (step {last_val['step']})"))
+        evals = RunDir(target.run_dir).read_evals()
+        if evals:  # hpctrain eval / trainer.eval_job: the latest checkpoint evaluated
+            last = max(evals, key=lambda r: r["step"])
+            shown = ", ".join(f"{k} {fmt(last[k])}" for k in ("val_loss", "val_acc") if k in last)
+            out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
         failed = state is not None and state.state == "FAILED"
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)

@@ -88,8 +88,12 @@ def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[
             # The median over logged steps: the first steps (compilation, warm-up) do not skew it.
             values = [r[key] for r in records if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
+        evals = RunDir(Path(member.run_dir)).read_evals()  # hpctrain eval's, of the latest step evaluated
+        last_eval = max(evals, key=lambda r: r["step"]) if evals else None
+        row["eval_step"] = last_eval["step"] if last_eval else None
+        row["eval_val_loss"] = last_eval.get("val_loss") if last_eval else None
         row["run_dir"] = member.run_dir
         rows.append(row)
-    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s")
+    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s", "eval_step", "eval_val_loss")
     columns = [k for k in rows[0] if k not in optional or any(r[k] is not None for r in rows)] if rows else []
     return columns, rows

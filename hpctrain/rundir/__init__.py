@@ -22,6 +22,7 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
 FAULTS_FILE = "faults.jsonl"
+EVAL_FILE = "eval.jsonl"  # hpctrain eval's results, one line per evaluated checkpoint
 # Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
@@ -52,6 +53,7 @@ LAYOUT: dict[str, str] = {
     RENDEZVOUS_FILE: "the port rank 0 of a Slurm job start listens on, when it had to move",
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
+    EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
     f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
     f"{WANDB_DIR}/": "with logger=wandb (offline unless logger.wandb_mode=online)",
@@ -172,6 +174,21 @@ class RunDir:
     @property
     def faults(self) -> Path:
         return self.path / FAULTS_FILE
+
+    @property
+    def evals(self) -> Path:
+        return self.path / EVAL_FILE
+
+    def append_eval(self, record: dict[str, Any]) -> None:
+        """One line of eval.jsonl, appended whole (readers skip a torn last line)."""
+        writer = JsonlWriter(self.evals)
+        try:
+            writer.write(record)
+        finally:
+            writer.close()
+
+    def read_evals(self) -> list[dict[str, Any]]:
+        return [r for r in read_jsonl(self.evals) if "step" in r]
 
     def fault_claim(self, job_id: str, restart: int) -> Path:
         """The file whose exclusive creation claims the response to one job start's fault."""
