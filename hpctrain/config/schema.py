@@ -262,6 +262,10 @@ class TrainerConfig:
     straggler_every: int = 50
     # "FIRST:LAST": record a torch.profiler trace of these steps (inclusive) into RUN_DIR/profile/, per rank.
     profile: str | None = None
+    # A cluster profile (conf/cluster/<name>.yaml): after each committed checkpoint, rank 0 submits a job
+    # of that profile running ``hpctrain eval RUN_DIR --step N`` (--dependency=after:<this job>), in the
+    # background: training never waits for it. Slurm runs only.
+    eval_job: str | None = None
 
 
 @dataclass

@@ -84,6 +84,7 @@ def launch_array(
         sweep_dir,
         ranks,
         limits.max_array_size,
+        first,
     )
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
     if previous is not None:

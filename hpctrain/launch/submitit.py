@@ -131,7 +131,10 @@ class SubmititLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
+        from hpctrain.launch.eval_job import write_eval_script
         from hpctrain.launch.submitit_task import run_task
+
+        write_eval_script(cfg, run_dir, run_dir)
 
         job = _executor(cfg.cluster, RunDir(run_dir).slurm, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
@@ -150,16 +153,23 @@ def submit_array(
     sweep_dir: Path,
     ranks: int,
     max_array_size: int,
+    first: Config | None = None,
 ) -> SweepRecord:
     """Submit the sweep whose member i trains the run prepared in ``run_dirs[i]`` on ``ranks`` ranks (the
     members' world size: one array has one size) as job arrays of at most ``max_array_size`` jobs (the
     site's MaxArraySize), under one record. With ``cluster.pack=N`` each job runs N members one after another
-    (:func:`hpctrain.launch.submitit_task.run_pack`)."""
+    (:func:`hpctrain.launch.submitit_task.run_pack`). ``first``: the first member's config (its
+    ``trainer.eval_job`` writes every member's evaluation script)."""
     check_client()
     export_secrets(cluster.env)
     plan = take_snapshot(cluster, sweep_dir)
     from hpctrain.launch.submitit_task import run_pack, run_task
 
+    if first is not None:  # trainer.eval_job: every member's evaluation script
+        from hpctrain.launch.eval_job import write_eval_script
+
+        for run_dir in run_dirs:
+            write_eval_script(first, run_dir, sweep_dir)
     executor = _executor(cluster, RunDir(sweep_dir).slurm, sweep_dir, plan)
     groups = pack_groups(len(run_dirs), cluster.pack)
     jobs: list[Any] = []

@@ -29,6 +29,7 @@ HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
 SBATCH_SCRIPT = "job.sbatch"
+EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
 CHECKPOINTS_DIR = "checkpoints"
@@ -62,6 +63,7 @@ LAYOUT: dict[str, str] = {
     f"{CODE_DIR}/": f"Slurm runs: the code snapshot the job runs (the user's under {PROJECT_SUBDIR}/)",
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
+    EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -166,6 +168,10 @@ class RunDir:
     @property
     def sbatch_script(self) -> Path:
         return self.path / SBATCH_SCRIPT
+
+    @property
+    def eval_script(self) -> Path:
+        return self.path / EVAL_SCRIPT
 
     @property
     def summary_csv(self) -> Path:

@@ -373,6 +373,17 @@ def update_job(
     return _in_job(args, 60, attempts, ignore_sigterm)
 
 
+EVAL_STEP_ENV = "HPCTRAIN_EVAL_STEP"  # trainer.eval_job: the step an evaluation job evaluates
+
+
+def submit_dependent(script: Path, after_job: str, env: dict[str, str]) -> Outcome:
+    """From inside a job: ``sbatch --parsable --dependency=after:<after_job> SCRIPT`` with ``env`` as the new
+    job's environment (the caller leaves this job's SLURM_* out: sbatch would take them as its own)."""
+    args = ["sbatch", "--parsable", f"--dependency=after:{after_job}", "--export=ALL", str(script)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    return Outcome(" ".join(args), result.returncode, result.stdout, result.stderr)
+
+
 def end_time(job_id: str) -> float | None:
     """The job's end time as a Unix timestamp, from squeue; None when unknown (no limit, no Slurm)."""
     try:

@@ -34,3 +34,17 @@ def test_bad_cluster_values_are_one_line(tmp_path: Path, overrides: list[str], w
     assert all(word in lines[0] for word in words), (words, lines[0])
     assert "Traceback" not in result.stdout + result.stderr
     assert list(tmp_path.iterdir()) == [], "something was created"
+
+
+EVAL_JOB = [
+    ([SLURM, "trainer.eval_job=nope"], ["trainer.eval_job=nope", "no cluster profile", "slurm_test"]),
+    ([SLURM, "trainer.eval_job=local"], ["trainer.eval_job=local", "not a Slurm cluster profile"]),
+    (["trainer.eval_job=slurm_test"], ["trainer.eval_job=slurm_test", "runs here"]),
+    ([SLURM, "trainer.eval_job=''"], ["trainer.eval_job=", "no cluster profile so named"]),
+    ([SLURM, "trainer.eval_job='slurm_test\n'"], ["trainer.eval_job", "\\n"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "words"), EVAL_JOB, ids=[repr(" ".join(o)) for o, _ in EVAL_JOB])
+def test_bad_eval_job_is_one_line(tmp_path: Path, overrides: list[str], words: list[str]) -> None:
+    test_bad_cluster_values_are_one_line(tmp_path, overrides, words)
