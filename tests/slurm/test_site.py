@@ -4,6 +4,8 @@ per partition, a pending job's reason and estimate, a partition list)."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -180,3 +182,31 @@ def test_a_preempted_pack_resumes_every_unfinished_member_exactly(slurm_cluster,
     assert summary.returncode == 0 and summary.stdout.count("COMPLETED") == 6, summary.stdout
     requeued = slurm_cluster.run(["sacct", "-n", "-X", "-P", "--duplicates", "-j", jobs[0], "-o", "State"])
     assert len(requeued.stdout.split()) == 2, requeued.stdout  # the pack ran twice: requeued once
+
+
+def test_eval_jobs_one_per_checkpoint_after_the_training_job(slurm_cluster, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = hpctrain(
+        *TINY, "trainer.eval_job=slurm_test", "trainer.max_steps=30", "trainer.ckpt_every=10",
+        "trainer.keep_last=5", "trainer.eval_every=10", "trainer.log_every=10", f"hydra.run.dir={run}",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job = read_job(run)
+    assert job is not None and (run / "eval.sbatch").is_file()
+    assert wait_final([job.job_id], timeout=240)[job.job_id].state == "COMPLETED"
+    log = (run / "logs" / "rank0.log").read_text()
+    submitted = re.findall(r"Evaluation job (\d+) for step (\d+) \(after job (\S+)\)", log)
+    assert sorted(int(step) for _, step, _ in submitted) == [10, 20, 30], log[-3000:]
+    assert {after for _, _, after in submitted} == {job.job_id}
+    evals = [e for e, _, _ in submitted]
+    states = wait_final(evals, timeout=300)
+    assert {s.state for s in states.values()} == {"COMPLETED"}, states
+    records = sorted(
+        (json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()), key=lambda r: r["step"]
+    )
+    assert [r["step"] for r in records] == [10, 20, 30] and {r["job_id"] for r in records} == set(evals)
+    logged = {r["step"]: r["val_loss"] for r in metrics(run) if "val_loss" in r}
+    for record in records:  # the run's own validation of that checkpoint, in a job of its own
+        assert abs(record["val_loss"] - logged[record["step"]]) <= 1e-5, (record, logged)
+    shown = fields(jobs_cli("status", run).stdout)
+    assert shown["eval"].endswith("(step 30; 3 evaluations)"), shown
