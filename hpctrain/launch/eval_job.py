@@ -47,7 +47,7 @@ def render_eval_script(profile: ClusterConfig, run_dir: Path, snapshot_root: Pat
             options.append(f"--{key}={value}")  # validated: no character a shell or sbatch acts on
     plan = plan_project(project_dir(), c.snapshot_paths)
     python = "python" if c.container_image else sys.executable
-    srun = shlex.join(["srun", "--ntasks=1", *container_srun_args(c)])
+    srun = " ".join(["srun --ntasks=1", *map(shlex.quote, container_srun_args(c))])  # a line of the script
     command = f'{shlex.join([python, "-m", "hpctrain", "eval", str(run_dir)])} --step "${STEP_ENV}"'
     return "\n".join(
         [
