@@ -84,7 +84,11 @@ def main() -> None:
         env, calls = counting_sbatch(Path(tmp), cluster_env)
         single = [sys.executable, "-m", "hpctrain", "cluster=slurm_test", "trainer.max_steps=1"]
         sweep = [sys.executable, "-m", "hpctrain", "-m", "cluster=slurm_test", "trainer.max_steps=1"]
-        times: dict[str, list[float]] = {"submit": [], "sweep": [], "pass": [], "torch": []}
+        times: dict[str, list[float]] = {"submit": [], "sweep": [], "floor": [], "pass": [], "torch": []}
+        # The floor: Slurm's own client submitting a trivial script to the same cluster (its process start,
+        # munge credential and slurmctld round trip), which no submission can go below.
+        floor = ["sbatch", "--parsable", "--hold", "--job-name=hpctrain", "--output=/dev/null"]
+        floor += ["--wrap", "true"]
         sbatch_calls: dict[str, list[int]] = {"submit": [], "sweep": []}
         for i in range(opts.runs):
             for kind, cmd in (
@@ -94,6 +98,7 @@ def main() -> None:
                 before = len(calls.read_text().splitlines()) if calls.exists() else 0
                 times[kind].append(timed(cmd, env))
                 sbatch_calls[kind].append(len(calls.read_text().splitlines()) - before)
+            times["floor"].append(timed(floor, cluster_env))
             times["pass"].append(timed([sys.executable, "-c", "pass"], env))
             times["torch"].append(timed([sys.executable, "-c", "import torch"], env))
         imports, top, heavy = import_profile([*single, f"hydra.run.dir={tmp}/profiled"], env)
@@ -102,6 +107,7 @@ def main() -> None:
     rows = [
         ("python -m hpctrain ... cluster=slurm_test", "submit"),
         ("python -m hpctrain -m ... (2 members, 1 array)", "sweep"),
+        ("sbatch --parsable --wrap true (the floor)", "floor"),
         ("python -c pass", "pass"),
         ('python -c "import torch"', "torch"),
     ]
@@ -110,6 +116,8 @@ def main() -> None:
         print(f"{name:48s} median {statistics.median(times[key]):6.3f} s (runs: {runs})")
     submit, torch_import = statistics.median(times["submit"]), statistics.median(times["torch"])
     print(f"submission / torch import = {submit / torch_import:.2f}")
+    floor_s = statistics.median(times["floor"])
+    print(f"submission / sbatch floor = {submit / floor_s:.2f} (hpctrain's share: {submit - floor_s:.3f} s)")
     print(f"sbatch calls per submission: {sorted(set(sbatch_calls['submit']))}, per sweep: "
           f"{sorted(set(sbatch_calls['sweep']))} (target: 1)")  # fmt: skip
     print(f"imports of one submission (-X importtime): {imports:.3f} s in all; largest: "

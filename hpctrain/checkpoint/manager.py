@@ -91,6 +91,8 @@ class CheckpointManager:
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
+        # Called on rank 0 with the step of each checkpoint just committed (trainer.eval_job submits then).
+        self.on_commit: Callable[[int], None] | None = None
 
     def save(self, step: int, state: Mapping[str, Any], blocking: bool = True) -> Path:
         """Checkpoint ``state`` as step ``step`` (collective: every rank calls it); return its final path.
@@ -190,6 +192,8 @@ class CheckpointManager:
         tmp.rename(final)
         fsync_dir(self.root)
         self._prune()
+        if self.on_commit is not None:
+            self.on_commit(step)
 
     def _background_group(self) -> dist.ProcessGroup | None:
         """A gloo group of all ranks for the writer thread's collectives (made on first use: collective)."""

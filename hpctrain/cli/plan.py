@@ -51,4 +51,8 @@ def run(name: str, argv: list[str]) -> int:
         return EXIT_BAD_CONFIG
     alts = alternatives(cfg, limit=args.top, measured=measured) if args.top > 0 else []
     print(report(cfg, est, alts))
+    if cfg.cluster.kind == "slurm":  # Slurm's estimated start in each partition it may go to
+        from hpctrain.launch.queue import start_estimates
+
+        print("\n".join(start_estimates(cfg.cluster)))
     return EXIT_DOES_NOT_FIT if not est.verdict.fits else 0

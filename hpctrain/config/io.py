@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 from hpctrain.config.redact import redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, Config
@@ -21,12 +22,42 @@ def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
     return RunDir(run_dir).write_config_text(text)
 
 
-def load_run_config(path: Path) -> Config:
-    """Read a config written by :func:`write_run_config` back into typed dataclasses."""
+def load_run_config(path: Path, overrides: list[str] | None = None) -> Config:
+    """Read a config written by :func:`write_run_config` back into typed dataclasses, with ``overrides``
+    (``key=value``, e.g. ``trainer.eval_batches=8``: ``hpctrain eval``'s) merged in; ConfigError for one that
+    names no key or has the wrong type."""
     raw = OmegaConf.load(path)
+    if overrides:
+        raw = _with_overrides(raw, overrides)
     typed_raw = {key: raw[key] for key in raw}
     for group, schemas in GROUP_SCHEMAS.items():
         # A group the file lacks (written before the group existed, e.g. task) takes the schema's defaults.
         given = raw.get(group, {})
-        typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), given)
+        try:
+            typed_raw[group] = OmegaConf.merge(OmegaConf.structured(next(iter(schemas.values()))), given)
+        except ValidationError as err:  # an override of the wrong type (a file as written always fits)
+            from hpctrain.errors import ConfigError
+
+            key = f"{group}.{err.key}" if getattr(err, "key", None) else group
+            raise ConfigError(key, getattr(err, "value", None), str(err).splitlines()[0]) from None
     return to_config(typed_raw)
+
+
+_ABSENT = object()
+
+
+def _with_overrides(raw: DictConfig, overrides: list[str]) -> DictConfig:
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hpctrain.errors import ConfigError
+
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        if not sep or not key or OmegaConf.select(raw, key, default=_ABSENT) is _ABSENT:
+            raise ConfigError(key or text, value if sep else None, "not a key=value of the run's config",
+                              valid="e.g. trainer.eval_batches=8")  # fmt: skip
+        try:  # the value as YAML reads it (8 → int), as on the training command line
+            OmegaConf.update(raw, key, OmegaConf.create({"v": value})["v"], merge=True)
+        except (OmegaConfBaseException, ValueError) as err:
+            raise ConfigError(key, value, str(err).splitlines()[0]) from None
+    return raw

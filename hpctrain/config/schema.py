@@ -201,7 +201,10 @@ class ClusterConfig:
     # What of the user's project (the submit directory) a job's code snapshot copies, relative to it. Empty:
     # the tracked files of its git repository, else its *.py files and packages (hpctrain.launch.snapshot).
     snapshot_paths: list[str] = field(default_factory=list)
-    array_parallelism: int = 64  # sweep members running at once
+    array_parallelism: int = 64  # sweep jobs running at once (per array: %N)
+    # Sweep members per job: N members run one after another in one allocation, each in its own run
+    # directory with its own resume (hpctrain.launch.submitit_task.run_pack). 1: a job per member.
+    pack: int = 1
     sbatch_template: str = "srun"  # for launcher=sbatch: srun (one task per GPU) | torchrun (one per node)
     max_requeues: int = 3
     # --- both
@@ -271,6 +274,10 @@ class TrainerConfig:
     straggler_every: int = 50
     # "FIRST:LAST": record a torch.profiler trace of these steps (inclusive) into RUN_DIR/profile/, per rank.
     profile: str | None = None
+    # A cluster profile (conf/cluster/<name>.yaml): after each committed checkpoint, rank 0 submits a job
+    # of that profile running ``hpctrain eval RUN_DIR --step N`` (--dependency=after:<this job>), in the
+    # background: training never waits for it. Slurm runs only.
+    eval_job: str | None = None
 
 
 @dataclass

@@ -42,7 +42,12 @@ def fmt(value: object, digits: int = 4) -> str:
 
 
 def where(sweep: SweepRecord) -> str:
-    return "run here" if sweep.array_job_id == LOCAL else f"array job {sweep.array_job_id} on {sweep.cluster}"
+    if sweep.array_job_id == LOCAL:
+        return "run here"
+    arrays = sweep.arrays
+    if len(arrays) == 1:
+        return f"array job {arrays[0]} on {sweep.cluster}"
+    return f"{len(arrays)} array jobs {', '.join(arrays)} on {sweep.cluster}"
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -82,6 +87,8 @@ def status(target: Target) -> Report:
             elif state.final and state.exit_code not in ("", "0:0"):
                 word += f" (exit code {state.exit_code})"
             out.append(("state", word))
+            if state.start:  # a pending job: when Slurm's scheduler expects to start it
+                out.append(("starts", f"{state.start} (Slurm's estimate)"))
             if members:
                 out.append(("members", ", ".join(f"{m.job_id} {m.state}" for m in members)))
             else:
@@ -100,6 +107,11 @@ def status(target: Target) -> Report:
             if last_val.get("val_acc") is not None:
                 val += f", val_acc {fmt(last_val['val_acc'], 3)}"
             out.append(("val_loss", f"{val} (step {last_val['step']})"))
+        evals = RunDir(target.run_dir).read_evals()
+        if evals:  # hpctrain eval / trainer.eval_job: the latest checkpoint evaluated
+            last = max(evals, key=lambda r: r["step"])
+            shown = ", ".join(f"{k} {fmt(last[k])}" for k in ("val_loss", "val_acc") if k in last)
+            out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
         failed = state is not None and state.state == "FAILED"
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)
@@ -129,7 +141,7 @@ def _status_sweep(target: Target) -> Report:
         states, report.code = {}, EXIT_FAILED
     counts: dict[str, int] = {}
     for member in sweep.members:
-        word = states[member.job_id].state if member.job_id in states else "UNKNOWN"
+        word = states[member.run_dir].state if member.run_dir in states else "UNKNOWN"
         counts[word] = counts.get(word, 0) + 1
     tally = ", ".join(f"{n} {word}" for word, n in counts.items())
     n = plural(len(sweep.members), "member")
@@ -142,7 +154,7 @@ def _status_sweep(target: Target) -> Report:
         run_dir = Path(member.run_dir)
         records = RunDir(run_dir).read_metrics(TAIL_BYTES)
         last_loss = last_with(records, "loss")
-        state = states.get(member.job_id)
+        state = states.get(member.run_dir)
         rows.append(
             [
                 str(member.index),
@@ -184,13 +196,17 @@ def _cancel_sweep(target: Target) -> str:
     states = states_of([m.job_id for m in sweep.members])
     active = [m for m in sweep.members if m.job_id in states and not states[m.job_id].final]
     done = len(sweep.members) - len(active)
+    arrays = sweep.arrays
+    name = f"array job {arrays[0]}" if len(arrays) == 1 else f"array jobs {', '.join(arrays)}"
     if not active:
-        return f"array job {sweep.array_job_id}: no member is queued or running: nothing to cancel"
-    whole_array = all(m.job_id.split("_")[0] == sweep.array_job_id for m in sweep.members)
-    _scancel([sweep.array_job_id] if whole_array else [m.job_id for m in active])
+        return f"{name}: no member is queued or running: nothing to cancel"
+    # Whole arrays where every member belongs to one (one scancel per array id), else member by member.
+    whole = all(m.job_id.split("_")[0] in arrays for m in sweep.members)
+    jobs = list(dict.fromkeys(m.job_id for m in active))
+    _scancel(sorted({j.split("_")[0] for j in jobs}, key=arrays.index) if whole else jobs)
     listed = ", ".join(f"{m.job_id} {states[m.job_id].state}" for m in active)
     rest = f"; {done} already ended" if done else ""
-    return f"cancelled array job {sweep.array_job_id}: {plural(len(active), 'member')} ({listed}){rest}"
+    return f"cancelled {name}: {plural(len(active), 'member')} ({listed}){rest}"
 
 
 def _scancel(job_ids: list[str]) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from hpctrain.jobs.targets import LOCAL, local_states, states_of
 from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import SweepRecord
+from hpctrain.rundir.records import SweepMember, SweepRecord
 from hpctrain.slurm.commands import JobState
 
 
@@ -24,10 +24,43 @@ def progress(run_dir: Path, records: list[dict[str, Any]]) -> str:
 
 
 def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
-    """Slurm's word for every member of an array, or what a local sweep's run directories say."""
+    """Every member's state, by its run directory: Slurm's word for the job that runs it (a pack's member:
+    see :func:`pack_member_state`), or what a local sweep's run directories say."""
     if sweep.array_job_id == LOCAL:  # a sweep run here (hpctrain.jobs.targets.local_sweep)
-        return local_states(sweep)
-    return states_of([m.job_id for m in sweep.members])
+        local = local_states(sweep)
+        return {m.run_dir: local[m.job_id] for m in sweep.members if m.job_id in local}
+    jobs = states_of([m.job_id for m in sweep.members])
+    states = {}
+    for member in sweep.members:
+        job = jobs.get(member.job_id)
+        if job is not None:
+            states[member.run_dir] = job if member.pack is None else pack_member_state(member, job)
+    return states
+
+
+def pack_member_state(member: SweepMember, job: JobState) -> JobState:
+    """One member of a pack (``cluster.pack``): its job runs several members in turn, so the member's own
+    state comes from its run directory: COMPLETED at max_steps, FAILED with a rank's error, RUNNING while
+    its lock is held, else what its job is doing (PENDING in a running job: its turn has not come)."""
+    from hpctrain.rundir import RunLock
+
+    run = RunDir(Path(member.run_dir))
+    records = run.read_metrics(64 * 1024)
+    step = records[-1].get("step", 0) if records else 0
+    total = run.max_steps()
+    if total is not None and step >= total:
+        word, reason = "COMPLETED", ""
+    elif RunLock(run.path).is_held():
+        word, reason = "RUNNING", ""
+    elif run.error_files() and job.state != "PENDING":
+        word, reason = "FAILED", ""
+    elif job.state == "RUNNING":
+        word, reason = "PENDING", "earlier members of its pack"
+    elif job.state == "COMPLETED":
+        word, reason = "FAILED", ""  # the pack ended without this member reaching max_steps
+    else:
+        word, reason = job.state, job.reason
+    return JobState(job.job_id, word, job.exit_code, job.nodes, job.elapsed, reason, job.start)
 
 
 def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -38,7 +71,7 @@ def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[
         vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
         accs = [r["val_acc"] for r in records if r.get("val_acc") is not None]
         last_loss = last_with(records, "loss")
-        state = states.get(member.job_id)
+        state = states.get(member.run_dir)
         row: dict[str, Any] = {
             "index": member.index,
             "overrides": " ".join(member.overrides),
@@ -55,8 +88,12 @@ def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[
             # The median over logged steps: the first steps (compilation, warm-up) do not skew it.
             values = [r[key] for r in records if r.get(key) is not None]
             row[key] = statistics.median(values) if values else None
+        evals = RunDir(Path(member.run_dir)).read_evals()  # hpctrain eval's, of the latest step evaluated
+        last_eval = max(evals, key=lambda r: r["step"]) if evals else None
+        row["eval_step"] = last_eval["step"] if last_eval else None
+        row["eval_val_loss"] = last_eval.get("val_loss") if last_eval else None
         row["run_dir"] = member.run_dir
         rows.append(row)
-    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s")
+    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s", "eval_step", "eval_val_loss")
     columns = [k for k in rows[0] if k not in optional or any(r[k] is not None for r in rows)] if rows else []
     return columns, rows

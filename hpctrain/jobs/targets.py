@@ -152,12 +152,12 @@ def _directory_of_job(job_id: str) -> Target | None:
             if job is not None and job.job_id == job_id:
                 return Target(job_id, run_dir=parent, job=job)
             if sweep is not None:
-                if sweep.array_job_id == job_id:
+                if job_id in sweep.arrays:
                     return Target(job_id, sweep=sweep, sweep_dir=parent)
                 member = next((m for m in sweep.members if m.job_id == job_id), None)
                 if member is not None:
                     return member_target(job_id, member)
-                if sweep.array_job_id == array:
+                if array in sweep.arrays:
                     return Target(job_id, sweep=sweep, sweep_dir=parent)
     return None
 

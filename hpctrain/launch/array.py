@@ -22,12 +22,13 @@ from omegaconf import DictConfig, open_dict
 from hpctrain.config.compose import to_typed
 from hpctrain.config.io import write_run_config
 from hpctrain.config.redact import redact_files
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, read_sweep, write_json
+from hpctrain.slurm.commands import SiteLimits
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +69,30 @@ def launch_array(
             log.info("  %s  %s", run_dir.name, " ".join(overrides) or "(no overrides)")
         return [_job_return(m[3], m[2], m[1], JobStatus.COMPLETED, None) for m in members]
 
+    from hpctrain.launch.submitit import pack_groups, submit_array
+
+    limits = site_limits(len(pack_groups(len(members), first.cluster.pack)))  # before anything is written
     for _, run_dir, overrides, sweep_config in members:
         write_run_config(run_dir, sweep_config)
         RunDir(run_dir).write_hydra_overrides(overrides)
 
-    from hpctrain.launch.submitit import submit_array
-
     ranks = run_shape(first).world_size
-    record = submit_array(first.cluster, [m[1] for m in members], [m[2] for m in members], sweep_dir, ranks)
+    record = submit_array(
+        first.cluster,
+        [m[1] for m in members],
+        [m[2] for m in members],
+        sweep_dir,
+        ranks,
+        limits.max_array_size,
+        first,
+    )
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
     if previous is not None:
         record.members = previous.members + record.members
+        record.array_job_ids = previous.arrays + record.arrays
+        record.array_job_id = previous.array_job_id
     write_json(RunDir(sweep_dir).sweep, record)
-    _print_submitted(record, sweep_dir, len(members), first.cluster.array_parallelism)
+    _print_submitted(record, sweep_dir, len(members), first.cluster, limits)
 
     results: dict[str, float | None] = {}
     if not _is_basic_sweeper(config):
@@ -97,6 +109,28 @@ def launch_array(
             value = RuntimeError(f"sweep member {member.index} (job {member.job_id}) did not finish")
         returns.append(_job_return(sweep_config, overrides, run_dir, status, value))
     return returns
+
+
+def site_limits(jobs: int) -> SiteLimits:
+    """The site's MaxArraySize (a larger sweep becomes several arrays) and the user's job limit, which a
+    sweep of ``jobs`` jobs must fit: refused in one line before anything is written or submitted."""
+    from hpctrain.slurm.commands import SlurmUnavailable
+    from hpctrain.slurm.commands import site_limits as query
+
+    try:
+        limits = query()
+    except (SlurmUnavailable, RuntimeError, OSError) as err:
+        raise ConfigError("cluster", "slurm", f"cannot read the site's limits: {err}") from None
+    if limits.max_submit_jobs is not None and jobs > limits.max_submit_jobs:
+        raise ConfigError(
+            "hydra.sweeper",
+            f"{jobs} jobs",
+            f"your association allows {limits.max_submit_jobs} submitted jobs (MaxSubmitJobs), and an "
+            "array of N members counts N",
+            valid=f"at most {limits.max_submit_jobs} jobs: fewer members, or cluster.pack to run several "
+            "per job",
+        )
+    return limits
 
 
 def _check_one_shape(configs: list[Config], overrides: list[list[str]]) -> None:
@@ -160,14 +194,22 @@ def _job_return(
     return job_return
 
 
-def _print_submitted(record: SweepRecord, sweep_dir: Path, count: int, parallelism: int) -> None:
-    log.info(
-        "Submitted job array %s: %d member%s, at most %d running at once",
-        record.array_job_id,
-        count,
-        "s" * (count > 1),
-        parallelism,
-    )
+def _print_submitted(
+    record: SweepRecord, sweep_dir: Path, count: int, cluster: ClusterConfig, limits: SiteLimits
+) -> None:
+    arrays = record.arrays
+    jobs = len({m.job_id for m in record.members[-count:]})
+    packed = f" in {jobs} jobs of up to {cluster.pack} (cluster.pack)" if cluster.pack > 1 else ""
+    if len(arrays) == 1:
+        log.info(
+            "Submitted job array %s: %d member%s%s, at most %d running at once",
+            arrays[0], count, "s" * (count > 1), packed, cluster.array_parallelism,
+        )  # fmt: skip
+    else:
+        log.info(
+            "Submitted %d job arrays %s (MaxArraySize=%d): %d members%s, at most %d running per array",
+            len(arrays), ", ".join(arrays), limits.max_array_size, count, packed, cluster.array_parallelism,
+        )  # fmt: skip
     log.info("  sweep directory  %s (manifest: %s)", sweep_dir, SWEEP_RECORD)
     for member in record.members[-count:]:
         log.info("  %-10s %s  %s", member.job_id, Path(member.run_dir).name, " ".join(member.overrides))

@@ -140,6 +140,9 @@ class SbatchLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # sbatch propagates the submitter's environment to the job
+        from hpctrain.launch.eval_job import write_eval_script
+
+        write_eval_script(cfg, run_dir, run_dir)
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
         (RunDir(run_dir).slurm).mkdir(parents=True, exist_ok=True)
         job_id = submit_script(path)

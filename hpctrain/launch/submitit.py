@@ -131,7 +131,10 @@ class SubmititLauncher:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         export_secrets(cfg.cluster.env)  # submitit's sbatch propagates the submitter's environment to the job
+        from hpctrain.launch.eval_job import write_eval_script
         from hpctrain.launch.submitit_task import run_task
+
+        write_eval_script(cfg, run_dir, run_dir)
 
         job = _executor(cfg.cluster, RunDir(run_dir).slurm, run_dir, plan).submit(run_task, str(run_dir))
         _private(job)
@@ -144,32 +147,61 @@ class SubmititLauncher:
 
 
 def submit_array(
-    cluster: ClusterConfig, run_dirs: list[Path], overrides: list[list[str]], sweep_dir: Path, ranks: int
+    cluster: ClusterConfig,
+    run_dirs: list[Path],
+    overrides: list[list[str]],
+    sweep_dir: Path,
+    ranks: int,
+    max_array_size: int,
+    first: Config | None = None,
 ) -> SweepRecord:
-    """Submit one Slurm job array whose member i trains the run prepared in ``run_dirs[i]`` on ``ranks``
-    ranks (the members' world size: one array has one size)."""
+    """Submit the sweep whose member i trains the run prepared in ``run_dirs[i]`` on ``ranks`` ranks (the
+    members' world size: one array has one size) as job arrays of at most ``max_array_size`` jobs (the
+    site's MaxArraySize), under one record. With ``cluster.pack=N`` each job runs N members one after another
+    (:func:`hpctrain.launch.submitit_task.run_pack`). ``first``: the first member's config (its
+    ``trainer.eval_job`` writes every member's evaluation script)."""
     check_client()
     export_secrets(cluster.env)
     plan = take_snapshot(cluster, sweep_dir)
-    from hpctrain.launch.submitit_task import run_task
+    from hpctrain.launch.submitit_task import run_pack, run_task
 
+    if first is not None:  # trainer.eval_job: every member's evaluation script
+        from hpctrain.launch.eval_job import write_eval_script
+
+        for run_dir in run_dirs:
+            write_eval_script(first, run_dir, sweep_dir)
     executor = _executor(cluster, RunDir(sweep_dir).slurm, sweep_dir, plan)
-    with executor.batch():
-        jobs = [executor.submit(run_task, str(d)) for d in run_dirs]
-    for job in jobs:
-        _private(job)
+    groups = pack_groups(len(run_dirs), cluster.pack)
+    jobs: list[Any] = []
+    arrays: list[str] = []
+    for start in range(0, len(groups), max_array_size):
+        with executor.batch():
+            batch = [
+                executor.submit(run_pack, [str(run_dirs[i]) for i in group])
+                if cluster.pack > 1
+                else executor.submit(run_task, str(run_dirs[group[0]]))
+                for group in groups[start : start + max_array_size]
+            ]
+        for job in batch:
+            _private(job)
+        jobs += batch
+        arrays.append(batch[0].job_id.split("_")[0])
     members = []
-    for index, (job, run_dir, member_overrides) in enumerate(zip(jobs, run_dirs, overrides, strict=True)):
-        output = str(RunDir(sweep_dir).slurm / "%j" / "%j_%t_log.out")
-        write_json(
-            RunDir(run_dir).job,
-            JobRecord(
+    output = str(RunDir(sweep_dir).slurm / "%j" / "%j_%t_log.out")
+    for pack, (job, group) in enumerate(zip(jobs, groups, strict=True)):
+        for index in group:
+            record = JobRecord(
                 job.job_id, "submitit", cluster.name, cluster.nodes, cluster.tasks_per_node, output, ranks
-            ),
-        )
-        members.append(SweepMember(index, member_overrides, str(run_dir), job.job_id))
-    record = SweepRecord(jobs[0].job_id.split("_")[0], cluster.name, members)
-    return record
+            )
+            write_json(RunDir(run_dirs[index]).job, record)
+            packed = pack if cluster.pack > 1 else None
+            members.append(SweepMember(index, overrides[index], str(run_dirs[index]), job.job_id, packed))
+    return SweepRecord(arrays[0], cluster.name, members, array_job_ids=arrays)
+
+
+def pack_groups(members: int, pack: int) -> list[list[int]]:
+    """Member indices per job: ``pack`` consecutive members each (the last job may hold fewer)."""
+    return [list(range(i, min(i + pack, members))) for i in range(0, members, pack)]
 
 
 def print_submitted(record: JobRecord, run_dir: Path) -> None:
@@ -211,6 +243,10 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         c.partition or "(default)",
     )
     log.info("Run directory: %s", run_dir)
+    from hpctrain.launch.queue import start_estimates
+
+    for line in start_estimates(c):  # sbatch --test-only per partition: nothing is submitted
+        log.info("%s", line)
     if isinstance(parameters, str):
         log.info("sbatch script:\n%s", parameters)
     else:

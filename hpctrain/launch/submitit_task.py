@@ -7,10 +7,58 @@ templates, the launch layer starts the worker side by module name and never impo
 from __future__ import annotations
 
 import importlib
+import logging
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from types import FrameType
 
 WORKER_MODULE = "hpctrain.worker"
+
+log = logging.getLogger(__name__)
 
 
 def run_task(run_dir: str) -> None:
     importlib.import_module(WORKER_MODULE).run(Path(run_dir))
+
+
+class PackFailed(RuntimeError):
+    """A member of a pack failed (its own run directory holds the error); the others still ran."""
+
+
+def run_pack(run_dirs: list[str]) -> None:
+    """``cluster.pack``: this task's rank of each member, one member after another, each in its own process
+    (a fresh process group, its own lock, its own resume). Every task of the job walks the same list, so a
+    member's ranks meet in its rendezvous.
+
+    A requeued pack starts again from the first member: a member already at ``max_steps`` returns at once
+    ("nothing to train"), the one that was stopped resumes from its checkpoint, the rest start. A warning
+    signal or SIGTERM reaches this process too: the member running then saves and requeues the job itself,
+    and no further member is started in this allocation.
+    """
+    stopping: list[str] = []
+    child: list[subprocess.Popen[bytes]] = []
+
+    def note(signum: int, _frame: FrameType | None) -> None:
+        stopping.append(signal.Signals(signum).name)
+        # Slurm signals the whole step, but a process tracker that does not follow children would leave
+        # the member's worker unwarned: pass it on (the worker's stop flag takes it twice alike).
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
+
+    # Replaces submitit's handlers: the member's worker answers the signal (save, requeue), not submitit.
+    for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
+        signal.signal(getattr(signal, name), note)
+    failed = []
+    for run_dir in run_dirs:
+        if stopping:
+            log.info("pack: %s received, not starting %s in this allocation", stopping[0], run_dir)
+            return
+        log.info("pack: starting %s", run_dir)
+        child[:] = [subprocess.Popen([sys.executable, "-m", WORKER_MODULE, run_dir])]
+        code = child[0].wait()
+        if code != 0:
+            failed.append(f"{run_dir} (exit {code})")
+    if failed and not stopping:
+        raise PackFailed(f"{len(failed)} of {len(run_dirs)} pack members failed: {', '.join(failed)}")

@@ -26,12 +26,14 @@ FAULTS_FILE = "faults.jsonl"
 # made of (hpctrain.parallel.compile.key_inputs), for people.
 COMPILE_KEY_FILE = "key.json"
 COMPILE_CACHE_DIR = "compile_cache"
+EVAL_FILE = "eval.jsonl"  # hpctrain eval's results, one line per evaluated checkpoint
 # Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
 SBATCH_SCRIPT = "job.sbatch"
+EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
 CHECKPOINTS_DIR = "checkpoints"
@@ -56,6 +58,7 @@ LAYOUT: dict[str, str] = {
     RENDEZVOUS_FILE: "the port rank 0 of a Slurm job start listens on, when it had to move",
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
+    EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
     f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
     f"{WANDB_DIR}/": "with logger=wandb (offline unless logger.wandb_mode=online)",
@@ -65,6 +68,7 @@ LAYOUT: dict[str, str] = {
     f"{CODE_DIR}/": f"Slurm runs: the code snapshot the job runs (the user's under {PROJECT_SUBDIR}/)",
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
+    EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -177,12 +181,31 @@ class RunDir:
         return self.path / SBATCH_SCRIPT
 
     @property
+    def eval_script(self) -> Path:
+        return self.path / EVAL_SCRIPT
+
+    @property
     def summary_csv(self) -> Path:
         return self.path / SUMMARY_CSV
 
     @property
     def faults(self) -> Path:
         return self.path / FAULTS_FILE
+
+    @property
+    def evals(self) -> Path:
+        return self.path / EVAL_FILE
+
+    def append_eval(self, record: dict[str, Any]) -> None:
+        """One line of eval.jsonl, appended whole (readers skip a torn last line)."""
+        writer = JsonlWriter(self.evals)
+        try:
+            writer.write(record)
+        finally:
+            writer.close()
+
+    def read_evals(self) -> list[dict[str, Any]]:
+        return [r for r in read_jsonl(self.evals) if "step" in r]
 
     def fault_claim(self, job_id: str, restart: int) -> Path:
         """The file whose exclusive creation claims the response to one job start's fault."""

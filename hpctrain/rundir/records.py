@@ -49,15 +49,22 @@ class SweepMember:
     index: int
     overrides: list[str]
     run_dir: str
-    job_id: str
+    job_id: str  # the Slurm job (array member) that runs it; members of one pack share it
+    pack: int | None = None  # with cluster.pack: which pack (one job) runs it, after the pack's earlier ones
 
 
 @dataclass
 class SweepRecord:
-    array_job_id: str
+    array_job_id: str  # the first array's id ("local" for a sweep run here)
     cluster: str
     members: list[SweepMember]
     submitted_at: float = field(default_factory=time.time)
+    # Every array of the sweep: a sweep larger than the site's MaxArraySize is split into several.
+    array_job_ids: list[str] = field(default_factory=list)
+
+    @property
+    def arrays(self) -> list[str]:
+        return self.array_job_ids or [self.array_job_id]
 
 
 def write_json(path: Path, record: object) -> None:

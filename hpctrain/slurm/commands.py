@@ -80,7 +80,8 @@ class JobState:
     exit_code: str
     nodes: str
     elapsed: str
-    reason: str = ""
+    reason: str = ""  # why a pending job waits (Resources, Priority, ...), from squeue
+    start: str = ""  # a pending job's start as Slurm's scheduler estimates it (squeue %S), "" when unknown
 
     @property
     def final(self) -> bool:
@@ -102,7 +103,8 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
         return {}
     states: dict[str, JobState] = {}
     # --array: one line per array member, even for pending members (squeue folds them into 12_[0-3]).
-    args = ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", "%i|%T|%N|%M|%r"]
+    fmt = "%i|%T|%N|%M|%r|%S"
+    args = ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", fmt]
     try:
         out = run(args)
     except RuntimeError as err:  # a single id that left slurmctld's memory: "Invalid job id specified"
@@ -110,8 +112,10 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
             raise
         out = ""
     for line in out.splitlines():
-        job, state, nodes, elapsed, reason = line.split("|")
-        states[job] = JobState(job, state, "", nodes, elapsed, "" if reason == "None" else reason)
+        job, state, nodes, elapsed, reason, start = line.split("|")
+        # %S is the start for a running job, Slurm's estimate for a pending one (N/A until it has one).
+        start = start if state == "PENDING" and start[:1].isdigit() else ""
+        states[job] = JobState(job, state, "", nodes, elapsed, "" if reason == "None" else reason, start)
     missing = [j for j in job_ids if j not in states]
     if missing:
         states.update(
@@ -193,6 +197,90 @@ def cancel(job_ids: list[str]) -> None:
             run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
     if job_ids:
         run(["scancel", *job_ids])
+
+
+@dataclass(frozen=True)
+class SiteLimits:
+    """What the site and the user's association allow a submission (``scontrol show config``, ``sacctmgr``).
+
+    ``max_array_size``: an array's indices run 0 .. MaxArraySize-1, so one array holds at most that many
+    members. ``max_submit_jobs``: the user's MaxSubmitJobs (an array of N counts N jobs), None where there is
+    none or accounting does not answer.
+    """
+
+    max_array_size: int
+    max_submit_jobs: int | None = None
+
+
+DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf(5)'s default
+
+
+def site_limits() -> SiteLimits:
+    """The site's MaxArraySize and the user's job limits; accounting that does not answer is no limit."""
+    config = _fields_lines(run(["scontrol", "show", "config"]))
+    try:
+        max_array = int(config.get("MaxArraySize", DEFAULT_MAX_ARRAY_SIZE))
+    except ValueError:
+        max_array = DEFAULT_MAX_ARRAY_SIZE
+    max_submit: int | None = None
+    if config.get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none":
+        user = os.environ.get("USER") or _user_name()
+        try:
+            out = run(
+                ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"where user={user}",
+                 "format=MaxSubmitJobs,GrpSubmitJobs"],
+                timeout=20,
+            )  # fmt: skip
+        except (RuntimeError, OSError, subprocess.TimeoutExpired):
+            out = ""  # slurmdbd down or no association: Slurm itself will say so at sbatch
+        limits = [int(v) for line in out.splitlines() for v in line.split("|") if v.strip().isdigit()]
+        max_submit = min(limits) if limits else None
+    return SiteLimits(max(1, max_array), max_submit)
+
+
+def _user_name() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _fields_lines(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = Value`` lines."""
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            found[key.strip()] = value.strip()
+    return found
+
+
+def partitions() -> list[str]:
+    """The cluster's partitions (sinfo), the default one first as sinfo lists it, without its ``*``."""
+    names = run(["sinfo", "--noheader", "--format", "%P"]).split()
+    return list(dict.fromkeys(name.rstrip("*") for name in names))
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """``sbatch --test-only``'s answer for one partition: when Slurm would start the job, or why not."""
+
+    partition: str
+    start: str | None  # an ISO time, None when the job cannot run there
+    detail: str  # Slurm's own words (nodes and processors, or the reason)
+
+
+def start_estimate(partition: str, options: list[str]) -> StartEstimate:
+    """Ask Slurm when a job of these sbatch ``options`` would start in ``partition``, submitting nothing."""
+    check_client()
+    args = ["sbatch", "--test-only", f"--partition={partition}", *options, "--wrap", "true"]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    text = (result.stderr + result.stdout).strip()
+    # "sbatch: Job 12 to start at 2026-11-21T10:00:00 using 4 processors on nodes node1 in partition debug"
+    match = re.search(r"to start at (\S+) (using .*)", text)
+    if result.returncode == 0 and match:
+        return StartEstimate(partition, match.group(1), match.group(2))
+    reason = text.splitlines()[-1] if text else f"exit {result.returncode}"
+    return StartEstimate(partition, None, reason.removeprefix("sbatch: error: "))
 
 
 # ------------------------------------------------------------------------------ from inside a running job
@@ -283,6 +371,17 @@ def update_job(
     exclusion only while the job is pending)."""
     args = ["scontrol", "update", f"JobId={job_id}", *(f"{key}={value}" for key, value in fields.items())]
     return _in_job(args, 60, attempts, ignore_sigterm)
+
+
+EVAL_STEP_ENV = "HPCTRAIN_EVAL_STEP"  # trainer.eval_job: the step an evaluation job evaluates
+
+
+def submit_dependent(script: Path, after_job: str, env: dict[str, str]) -> Outcome:
+    """From inside a job: ``sbatch --parsable --dependency=after:<after_job> SCRIPT`` with ``env`` as the new
+    job's environment (the caller leaves this job's SLURM_* out: sbatch would take them as its own)."""
+    args = ["sbatch", "--parsable", f"--dependency=after:{after_job}", "--export=ALL", str(script)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    return Outcome(" ".join(args), result.returncode, result.stdout, result.stderr)
 
 
 def end_time(job_id: str) -> float | None:

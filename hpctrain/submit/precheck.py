@@ -69,12 +69,81 @@ def precheck(
             check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
             _check_unlocked(Path(cfg.hydra.run.dir))
     first = checked[0][0]
+    _check_pack(first, len(checked), multirun)
+    _check_eval_job(first, config_dirs or [])
     if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
         from hpctrain.launch.project import project_dir
         from hpctrain.launch.snapshot import plan_project
 
         plan_project(project_dir(), first.cluster.snapshot_paths)
+        _check_partitions(first)
     return checked[0]
+
+
+def _check_pack(cfg: Config, members: int, multirun: bool) -> None:
+    """``cluster.pack`` packs members of a sweep into one job: no more than the sweep has."""
+    from hpctrain.errors import ConfigError
+
+    if cfg.cluster.pack > members:
+        what = f"the sweep has {members} member{'s' * (members != 1)}" if multirun else "a single run"
+        raise ConfigError(
+            "cluster.pack",
+            cfg.cluster.pack,
+            f"packs sweep members into one job, and {what}",
+            valid=f"1..{members}",
+        )
+
+
+def _check_eval_job(cfg: Config, config_dirs: list[Path]) -> None:
+    """``trainer.eval_job`` names a Slurm cluster profile, and the run is on Slurm (its job submits them)."""
+    from hpctrain.config.compose import group_options
+    from hpctrain.config.sanity import check_text
+    from hpctrain.errors import ConfigError
+
+    name = cfg.trainer.eval_job
+    if name is None:
+        return
+    check_text("trainer.eval_job", name)
+    profiles = group_options("cluster", config_dirs)
+    if name not in profiles:
+        raise ConfigError("trainer.eval_job", name, "no cluster profile so named", valid=", ".join(profiles))
+    if cfg.cluster.kind != "slurm":
+        raise ConfigError(
+            "trainer.eval_job", name,
+            f"evaluation jobs are submitted by a Slurm job, and cluster={cfg.cluster.name} runs here",
+            valid="a Slurm cluster profile for the run, or hpctrain eval RUN_DIR afterwards",
+        )  # fmt: skip
+    from hpctrain.launch.eval_job import eval_profile
+
+    if eval_profile(name, config_dirs).kind != "slurm":
+        raise ConfigError("trainer.eval_job", name, "not a Slurm cluster profile (cluster.kind=local)",
+                          valid=", ".join(p for p in profiles if p != "local"))  # fmt: skip
+
+
+def _check_partitions(cfg: Config) -> None:
+    """Every partition of ``cluster.partition`` (a list a,b lets Slurm start the job where it can soonest)
+    exists on the cluster. Skipped where no Slurm client can answer (a dry run away from the cluster)."""
+    from hpctrain.errors import ConfigError
+    from hpctrain.slurm.commands import SlurmUnavailable, partitions
+
+    if not cfg.cluster.partition:
+        return
+    wanted = cfg.cluster.partition.split(",")
+    if "" in wanted:
+        raise ConfigError("cluster.partition", cfg.cluster.partition, "an empty partition name in the list",
+                          valid="partition names joined by commas, e.g. debug,long")  # fmt: skip
+    try:
+        known = partitions()
+    except (SlurmUnavailable, RuntimeError, OSError):
+        return
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ConfigError(
+            "cluster.partition",
+            cfg.cluster.partition,
+            f"no partition {unknown[0]} on this cluster",
+            valid=", ".join(known) or "(sinfo lists none)",
+        )
 
 
 def _check_unlocked(run_dir: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,7 +67,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         cfg = keep_global_batch(cfg, run_dir)
         # Before anything compiles: a requeued job finds what an earlier start of it compiled.
         compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
-        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog)
+        on_commit = eval_jobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
+        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit)
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except Exception as err:
@@ -93,3 +95,35 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     requeue.requeue_or_fail(
         job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
     )
+
+
+def eval_jobs(run_dir: Path, job_id: str) -> Callable[[int], None]:
+    """``trainer.eval_job``: after each committed checkpoint, submit the run's evaluation script
+    (``eval.sbatch``, written at submission) as a job that depends on this one, from a background thread:
+    the training loop never waits for sbatch."""
+    import threading
+
+    from hpctrain.slurm import commands
+
+    script = RunDir(run_dir).eval_script
+
+    def submit(step: int) -> None:
+        # This job's SLURM_*/SBATCH_* would be read by sbatch as options of the new job: left out.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+        env.update({k: v for k, v in os.environ.items() if k == "SLURM_CONF"})
+        env[commands.EVAL_STEP_ENV] = str(step)
+
+        def go() -> None:
+            try:
+                outcome = commands.submit_dependent(script, job_id, env)
+            except (OSError, ValueError) as err:  # no sbatch here, or it timed out
+                log.warning("trainer.eval_job: cannot submit the evaluation of step %d: %s", step, err)
+                return
+            if outcome.ok:
+                log.info("Evaluation job %s for step %d (after job %s)", outcome.stdout.strip(), step, job_id)
+            else:
+                log.warning("trainer.eval_job: %s failed: %s", outcome.command, outcome.stderr.strip())
+
+        threading.Thread(target=go, name=f"eval-job-{step}", daemon=True).start()
+
+    return submit

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,10 +165,13 @@ def fit(
     observer: Observer | None,
     stop: StopCheck,
     watchdog: Watchdog,
+    on_commit: Callable[[int], None] | None = None,
 ) -> FitResult:
-    """Build the run, then train step by step until ``max_steps`` or a stop signal; save on the way."""
+    """Build the run, then train step by step until ``max_steps`` or a stop signal; save on the way.
+    ``on_commit``: called on rank 0 with the step of each checkpoint committed (``trainer.eval_job``)."""
     t = cfg.trainer
     run = build_run(cfg, shape, env, device, run_dir)
+    run.checkpoints.on_commit = on_commit
     state, checkpoints = run.state, run.checkpoints
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)

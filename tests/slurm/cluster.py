@@ -394,6 +394,23 @@ class SlurmTestCluster:
         options.update(kw)
         return subprocess.run(cmd, env=env, **options)
 
+    @contextlib.contextmanager
+    def reconfigured(
+        self, settings: Mapping[str, str] | None = None, lines: Sequence[str] = ()
+    ) -> Iterator[None]:
+        """slurm.conf with ``settings`` (``{"MaxArraySize": "4"}``: a key's line replaced, or added) and extra
+        ``lines`` (a partition) for a while: ``scontrol reconfigure`` now and again when it is restored."""
+        original = self.conf_path.read_text()
+        kept = [line for line in original.splitlines() if line.split("=", 1)[0] not in (settings or {})]
+        changed = kept + [f"{key}={value}" for key, value in (settings or {}).items()] + list(lines)
+        self.conf_path.write_text("\n".join(changed) + "\n")
+        try:
+            self.run(["scontrol", "reconfigure"])
+            yield
+        finally:
+            self.conf_path.write_text(original)
+            self.run(["scontrol", "reconfigure"], check=False)
+
     def start(self, timeout: float = 60) -> None:
         """Bring the cluster up; return once every node is idle (and sacct answers)."""
         if self._started:
