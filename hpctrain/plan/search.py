@@ -19,15 +19,16 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import (
     PIPELINE_SCHEDULES,
     STRATEGY_DIMS,
+    Degrees,
     global_batch_size,
     samples_per_pass,
     world_size,
 )
 from hpctrain.errors import ConfigError
-from hpctrain.models.facts import MeasuredModel
+from hpctrain.models.facts import ModelFacts
+from hpctrain.models.spec import model_spec
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
-from hpctrain.plan.layout import planned_model
 
 AC_MODES = ("none", "selective", "full")
 # Pipeline micro-batches per pass tried, as multiples of the pipeline degree (more: smaller bubble, more
@@ -66,25 +67,23 @@ def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
             yield "3d", {"pp": pp, "dp_shard": world // (pp * tp), "tp": tp}
 
 
-def _splits_model(
-    cfg: Config, tp: int, pp: int, per_rank: int, measured: MeasuredModel | None = None
-) -> bool:
-    """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first. A
-    measured model (a user's: no declared shapes) splits over data-parallel ranks only."""
+def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int, measured: ModelFacts | None = None) -> bool:
+    """The model's own layout rules (its spec's ``check_layout``) for these degrees, checked cheaply first;
+    with sequence parallelism, positions that split evenly. A measured model (a user's: its facts hold the
+    split of the run's own layout) splits over data-parallel ranks only."""
     if measured is not None:
         return tp == 1 and pp == 1
-    model = planned_model(cfg)
-    if tp > 1:
-        if model.n_heads % tp or (model.d_model * model.mlp_ratio) % tp:
-            return False
-        if getattr(model, "vocab_size", tp) % tp:  # a vocabulary the embedding and head split
-            return False
-        if cfg.parallel.sequence_parallel and model.tokens_per_sample % tp:
-            return False
-    return not (pp > 1 and model.n_layers % (pp * per_rank))
+    spec = model_spec(cfg.model)
+    if tp > 1 and cfg.parallel.sequence_parallel and spec.tokens_per_sample % tp:
+        return False
+    try:
+        spec.check_layout(Degrees(pp=pp, tp=tp), cfg.parallel, pp * per_rank)
+    except ConfigError:
+        return False
+    return True
 
 
-def _candidates(cfg: Config, measured: MeasuredModel | None = None) -> Iterator[Config]:
+def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Config]:
     p, t = cfg.parallel, cfg.trainer
     # A measured model: full checkpointing where blocks were found to wrap (selective is not measured).
     ac_modes = AC_MODES if measured is None else ("none", "full")[: 1 + bool(measured.blocks)]
@@ -160,7 +159,7 @@ def _rank_key(est: Estimate) -> tuple[float, int]:
     return step, est.largest.total
 
 
-def alternatives(cfg: Config, limit: int = 3, measured: MeasuredModel | None = None) -> list[Alternative]:
+def alternatives(cfg: Config, limit: int = 3, measured: ModelFacts | None = None) -> list[Alternative]:
     """Up to ``limit`` layouts that fit, fastest first (least memory first when the step time is unknown):
     for each split of the ranks (strategy and degrees) its fastest variant (checkpointing, pipeline
     micro-batches, the largest micro-batch size that fits). ``measured``: the facts of a model without

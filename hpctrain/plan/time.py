@@ -1,5 +1,6 @@
-"""Time per step: compute at the achievable MFU, each strategy's communication, the pipeline bubble.
-Torch-free; the method and its sources are in :mod:`hpctrain.plan.estimate`.
+"""Time per step: compute at the achievable MFU, each strategy's communication, the pipeline bubble, from
+the model's fact sheet (declared or measured). Torch-free; the method and its sources are in
+:mod:`hpctrain.plan.estimate`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from hpctrain.config.shape import (
     global_batch_size,
     world_size,
 )
+from hpctrain.models.facts import ModelFacts
+from hpctrain.plan.activations import applied_ac, model_parallel_volumes
 from hpctrain.plan.layout import (
     BACKWARD_SHARE,
     COMM_EFFICIENCY,
@@ -20,9 +23,8 @@ from hpctrain.plan.layout import (
     LOOPED_SCHEDULES,
     SELECTIVE_RECOMPUTE,
     Layout,
-    planned_model,
 )
-from hpctrain.plan.memory import RankMemory, dtypes, unsharded_numel
+from hpctrain.plan.memory import RankMemory, counted_params
 
 
 # ------------------------------------------------------------------------------------------------ time
@@ -50,6 +52,10 @@ class StepTime:
     mfu: float  # model FLOPs / (step time × ranks × peak)
     gpu_hours: float  # for trainer.max_steps
     cost: float | None  # gpu_hours × cluster.cost_per_gpu_hour
+
+    def rate(self, unit: str) -> float:
+        """Throughput in ``unit`` per second (a model's throughput unit: tokens or samples)."""
+        return float(getattr(self, f"{unit}_per_s"))
 
 
 def ranks_per_node(cfg: Config) -> int:
@@ -85,34 +91,21 @@ def _comm(cfg: Config, name: str, volume: float, size: int, stride: int, hidden_
     return Comm(name, volume, seconds, max(0.0, seconds - hidden_behind), link)
 
 
-def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -> list[Comm]:
+def communication(
+    cfg: Config, lay: Layout, mem: RankMemory, facts: ModelFacts, compute_s: float
+) -> list[Comm]:
     """What one rank sends per step, by strategy (ring collectives: all-reduce 2(n−1)/n × size, all-gather
-    and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles)."""
-    model, d = planned_model(cfg), lay.degrees
-    dt = dtypes(lay.regime)
-    whole = unsharded_numel(cfg, lay, mem.pp_rank)
-    forward_passes = lay.passes * lay.microbatches
-    tp_stride, pp_stride = 1, d.tp * d.dp
-    comms = data_parallel_comms(cfg, lay, whole, compute_s, 2 * cfg.parallel.powersgd_rank / model.d_model)
-    if d.tp > 1:
-        n, width = lay.n_tokens, model.d_model
-        # Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the
-        # same bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's.
-        per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
-        all_reduces = mem.blocks * per_block
-        volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-        if model.input_kind == "tokens":
-            # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
-            volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-            volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
-        comms.append(_comm(cfg, "TP collectives", volume * forward_passes, d.tp, tp_stride, 0.0))
-    if d.pp > 1:
-        stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
-        boundaries = sum(1 for s in mem.stages if s != lay.n_stages - 1) + sum(
-            1 for s in mem.stages if s != 0
-        )
-        volume = forward_passes * boundaries * stream  # activations forward, their gradients backward
-        comms.append(_comm(cfg, "PP send/receive", volume, d.pp, pp_stride, 0.0))
+    and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles): the
+    data-parallel collectives of the rank's parameters, and the tensor- and pipeline-parallel traffic the
+    sheet's activation source gives (:func:`hpctrain.plan.activations.model_parallel_volumes`)."""
+    d = lay.degrees
+    whole = counted_params(facts, lay, list(mem.stages)).unsharded
+    share = facts.powersgd_share(cfg.parallel.powersgd_rank)
+    comms = data_parallel_comms(cfg, lay, whole, compute_s, share)
+    groups = {"TP collectives": (d.tp, 1), "PP send/receive": (d.pp, d.tp * d.dp)}  # (size, stride)
+    for name, volume in model_parallel_volumes(lay, facts, mem.blocks, mem.stages).items():
+        size, stride = groups[name]
+        comms.append(_comm(cfg, name, volume, size, stride, 0.0))
     return comms
 
 
@@ -172,13 +165,13 @@ def pipeline_bubble(schedule: str, pp: int, microbatches: int, per_rank: int) ->
     return bubble / (microbatches + bubble)
 
 
-def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
+def step_time(cfg: Config, lay: Layout, mem: RankMemory, facts: ModelFacts) -> StepTime | None:
     """None when the cluster's peak FLOP/s is unknown (CPU profiles)."""
-    c = cfg.cluster
-    if not c.peak_flops:
+    if not cfg.cluster.peak_flops:
         return None
-    model_flops = planned_model(cfg).flops_per_token() * global_batch_size(cfg) * lay.tokens
-    return timed_step(cfg, lay, model_flops, lay.ac, lambda seconds: communication(cfg, lay, mem, seconds))
+    model_flops = facts.training_flops(global_batch_size(cfg))
+    ac = applied_ac(lay, facts)
+    return timed_step(cfg, lay, model_flops, ac, lambda seconds: communication(cfg, lay, mem, facts, seconds))
 
 
 def timed_step(
