@@ -197,7 +197,9 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
     return Held({k: v for k, v in parts.items() if v}, buffers)
 
 
-def model_parallel_volumes(lay: Layout, facts: ModelFacts, blocks: int, stages: tuple[int, ...]) -> dict:
+def model_parallel_volumes(
+    lay: Layout, facts: ModelFacts, blocks: int, stages: tuple[int, ...]
+) -> dict[str, float]:
     """Bytes one rank sends per step over its tensor- and pipeline-parallel groups (the rank holding
     ``blocks`` blocks of ``stages``); counted from declared shapes only (a measured model's: none).
 
