@@ -126,7 +126,7 @@ def test_measured_activations_scale_to_a_larger_batch(in_project: Path, args: li
     """The line fitted through 2 and 4 samples, at 8, against the saved-tensor bytes of 8 samples."""
     cfg = user_cfg(*args)
     facts = measure_model(cfg)
-    assert not facts.note and facts.samples == (2, 4)
+    assert facts.measured is not None and not facts.measured.note and facts.measured.samples == (2, 4)
     acts = facts.activations_in("fp32")
     model = build_model(cfg, "cpu")
     blocks = []
@@ -169,7 +169,8 @@ def test_a_model_too_large_to_build_on_cpu_is_planned_without_activations(
     monkeypatch.setattr(footprint, "MEASURE_LIMIT", 1000)
     cfg = user_cfg(*CNN)
     facts = measure_model(cfg)
-    assert facts.n_params == 10858 and facts.note.startswith("not measured") and not facts.activations
+    m = facts.measured
+    assert facts.n_params == 10858 and m is not None and m.note.startswith("not measured") and not m.lines
     est = estimate(cfg, facts)
     assert est.largest.activations == 0 and est.largest.params == 4 * 10858
     line = activation_line(est)

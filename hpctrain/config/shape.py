@@ -190,8 +190,8 @@ class RunShape:
 
     @property
     def passes(self) -> int:
-        """Forward/backward passes per optimizer step (gradient accumulation)."""
-        return self.global_batch_size // self.samples_per_pass
+        """Forward/backward passes per optimizer step (gradient accumulation); at least one."""
+        return max(1, self.global_batch_size // self.samples_per_pass)
 
     @property
     def loss_holders(self) -> int:

@@ -11,7 +11,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import Ends
 from hpctrain.models.spec import ParamSpec, TransformerSpec, at_least
+
+INT64 = 8  # bytes of a token id (torch.long)
+FP32 = 4
 
 
 @dataclass
@@ -40,6 +44,24 @@ class GPTSpec(TransformerSpec):
     @property
     def tied_embeddings(self) -> bool:
         return bool(self.tie_embeddings)
+
+    @property
+    def throughput_unit(self) -> str:
+        return "tokens"
+
+    def ends(self) -> Ends:
+        """Token ids in (int64, looked up: the learned positions' lookup saves its ids once per forward), a
+        vocabulary-split embedding and head under TP, logits for every position out."""
+        return Ends(
+            input_numel=self.seq_len,
+            input_itemsize=INT64,
+            input_float=False,
+            input_fixed_bytes=self.seq_len * INT64,
+            head_positions=self.seq_len,
+            head_width=self.vocab_size,
+            norm_gathers_sequence=False,
+            vocab_parallel=True,
+        )
 
     def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
         idx = torch.randint(0, self.vocab_size, (samples, self.seq_len + 1), generator=generator)
@@ -74,7 +96,7 @@ class GPTSpec(TransformerSpec):
         input)."""
         d = self.d_model
         return (
-            ParamSpec("tok_emb.weight", (self.vocab_size, d), 0, self.tie_embeddings),
+            ParamSpec("tok_emb.weight", (self.vocab_size, d), 0, self.tie_embeddings, vocab_lookup=True),
             ParamSpec("pos_emb.weight", (self.seq_len, d)),
         )
 
@@ -139,6 +161,21 @@ class ViTSpec(TransformerSpec):
 
         size = self.image_size
         return SyntheticImages(num_samples, self.in_channels, size, size, self.num_classes, seed)
+
+    def ends(self) -> Ends:
+        """fp32 images in (the patch convolution saves its 16-bit copy under autocast and FSDP's mixed
+        precision), one row of class logits per sample out: the head reads the class token, so the final
+        norm gathers the sequence under sequence parallelism (``ViT.TP_PLAN``)."""
+        return Ends(
+            input_numel=self.in_channels * self.image_size**2,
+            input_itemsize=FP32,
+            input_float=True,
+            input_fixed_bytes=0,
+            head_positions=1,
+            head_width=self.num_classes,
+            norm_gathers_sequence=True,
+            vocab_parallel=False,
+        )
 
     def example_batch(self, samples: int, generator: Any, torch: Any) -> tuple[Any, Any]:
         size = (samples, self.in_channels, self.image_size, self.image_size)

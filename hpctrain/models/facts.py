@@ -1,17 +1,28 @@
-"""What the planner learns of a model that declares no shapes (a user's ``_target_``) by building it:
-torch-free records, filled by :mod:`hpctrain.submit.footprint` and read by :mod:`hpctrain.plan.user`.
+"""The planner's fact sheet of a model (:class:`ModelFacts`), whatever its source. Torch-free.
 
-The parameters are read from the model built on the meta device (names, shapes, dtypes: exact). The
-activations cannot be derived from parameters: they are measured, as the bytes autograd saves for the
-backward of a forward on a few samples on the CPU, and kept as a line ``fixed + per_sample · samples``
-fitted through two batch sizes (the fixed part: what does not grow with the batch, such as autocast's
-16-bit weight copies).
+One record for every model :mod:`hpctrain.plan` estimates: each parameter tensor (name, shape, bytes per
+element, the dimension tensor parallelism splits, the pipeline stages holding it, its FSDP unit, whether
+autocast caches a 16-bit copy of it, the declared special cases as flags), the blocks, positions per
+sample, FLOPs, and a source of activations. Two sources fill it:
+
+- **declared**: a built-in model's spec (:meth:`hpctrain.models.spec.TransformerSpec.facts`) lists its
+  parameters from its declared shapes, and its activations are computed from them per block
+  (:class:`TransformerShape`, read by :mod:`hpctrain.plan.activations`);
+- **measured**: a model that declares nothing (a user's ``_target_``) is built by
+  :mod:`hpctrain.submit.footprint`: the parameters are read on the meta device (names, shapes, dtypes:
+  exact), the activations measured (:class:`Measured`): the bytes autograd saves for the backward of a
+  forward on a few samples on the CPU, kept as a line ``fixed + per_sample · samples`` fitted through two
+  batch sizes (the fixed part: what does not grow with the batch, such as autocast's 16-bit weight copies).
+
+Both are facts of the model *under the run's split* (the stages of a pipeline, the dimensions of a
+tensor-parallel plan), which the caller gives when it makes the sheet.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -25,12 +36,58 @@ class ParamFact:
     unit: int = -1
     tp_dim: int | None = None  # the dimension the run's tensor-parallel plan splits (None: replicated)
     stages: tuple[int, ...] | None = None  # the pipeline stages holding it under the run's split (None: all)
+    # An input of a linear or conv whose 16-bit copy autocast caches for the step (declared; a measured
+    # model's copies are in its measured activations' fixed part).
+    autocast_copy: bool = False
+    # Under tensor parallelism without FSDP its gradient is whole on every rank: DTensor's backward of a
+    # vocabulary-split embedding lookup yields a replicated gradient (FSDP reduce-scatters it to the shard).
+    whole_grad_under_tp: bool = False
+    # A copy of a weight tied to another stage's (Megatron's embedding group: the last pipeline stage's LM
+    # head holds its own copy of the token embedding): held and trained there, not a distinct parameter.
+    copy: bool = False
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
 
+# ------------------------------------------------------------------------------------ declared activations
+@dataclass(frozen=True)
+class Ends:
+    """What a declared model's input and output ends keep for the backward, as facts the planner reads
+    instead of asking which kind of model it is."""
+
+    input_numel: int  # elements of one sample as the data gives it (T token ids, or C·H·W pixels)
+    input_itemsize: int  # bytes per element of it (int64 ids, fp32 pixels)
+    # Floating-point input: autocast and FSDP's mixed precision cast it to 16 bits, and the first layer
+    # saves that copy (integer ids are looked up, not cast).
+    input_float: bool
+    input_fixed_bytes: int  # saved once per forward whatever the batch (a learned-position lookup's ids)
+    head_positions: int  # positions per sample the head reads (every token for an LM, 1 class token)
+    head_width: int  # logits per position read (the vocabulary, or the classes)
+    # The final norm gathers the sequence under sequence parallelism and runs replicated (a head that reads
+    # one position: hpctrain.parallel.tp's "gather_sequence").
+    norm_gathers_sequence: bool
+    # The embedding and the head split a vocabulary under tensor parallelism: the lookup saves its
+    # shifted, masked ids and all-reduces its output, the head's input gradient is all-reduced and the
+    # logits are gathered.
+    vocab_parallel: bool
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A declared pre-norm transformer (``hpctrain.models.layers.Block``): what the per-block formulas of
+    :mod:`hpctrain.plan.activations` read."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    mlp_ratio: int
+    dropout: float
+    ends: Ends
+
+
+# ------------------------------------------------------------------------------------ measured activations
 @dataclass(frozen=True)
 class Linear:
     """Bytes as a function of the samples of a micro-batch: ``fixed + per_sample · samples``."""
@@ -65,36 +122,87 @@ class Activations:
 
 
 @dataclass(frozen=True)
-class MeasuredModel:
+class Measured:
+    """Activations measured on the CPU (:mod:`hpctrain.submit.footprint`), one line set per regime."""
+
+    samples: tuple[int, ...] = ()  # the batch sizes measured; () when not measured
+    lines: tuple[Activations, ...] = ()
+    note: str = ""  # why the activations were not measured ("" when they were)
+    input_kind: str | None = None  # "tokens" (integer [B, T]) | "images" (float [B, C, H, W]) | None
+    seconds: float = 0.0  # what building and measuring took
+
+    def in_regime(self, regime: str) -> Activations | None:
+        found = [a for a in self.lines if a.regime == regime]
+        return found[0] if found else (self.lines[0] if self.lines else None)
+
+
+# -------------------------------------------------------------------------------------------- the sheet
+@dataclass(frozen=True)
+class ModelFacts:
+    """Everything :mod:`hpctrain.plan` knows of a model, declared or measured (see the module docstring)."""
+
     target: str
     params: tuple[ParamFact, ...]
     buffer_bytes: int  # registered buffers (running statistics, masks): on every rank, not sharded
-    blocks: int  # FSDP / checkpointing units found (hpctrain.parallel.blocks), 0: the model is one unit
-    input_kind: str | None  # "tokens" (integer [B, T]) | "images" (float [B, C, H, W]) | None
-    tokens_per_sample: int  # T for token input, else 1
-    samples: tuple[int, ...] = ()  # the batch sizes measured; () when not measured
-    activations: tuple[Activations, ...] = ()
-    flops_per_sample: float | None = None  # forward + backward, counted (torch.utils.flop_counter)
-    note: str = ""  # why the activations were not measured ("" when they were)
-    seconds: float = 0.0  # what building and measuring took
+    blocks: int  # FSDP / checkpointing units (hpctrain.parallel.blocks), 0: the model is one unit
+    tokens_per_sample: int | None  # positions per sample the blocks see; None: unknown (rates per sample)
+    activations: TransformerShape | Measured
+    throughput_unit: str = "samples"  # what a rate is counted in beside samples (the model spec's)
+    flops_per_token: float | None = None  # declared: forward + backward per position (PaLM's 6N + 12LHQT)
+    flops_per_sample: float | None = None  # measured: forward + backward, counted (torch.utils.flop_counter)
+    # PowerSGD's share of the gradient bytes is r(a + b)/(ab) for each a × b matrix; a declared transformer's
+    # is estimated as for d × d blocks, 2r/d, with this d (None: counted per tensor).
+    matrix_width: int | None = None
 
-    @property
+    @cached_property
     def n_params(self) -> int:
-        return sum(p.numel for p in self.params)
+        """Distinct parameters (a tied weight's copy on another stage not counted again)."""
+        return sum(p.numel for p in self.params if not p.copy)
 
     @property
     def param_bytes(self) -> int:
-        return sum(p.numel * p.itemsize for p in self.params)
+        return sum(p.numel * p.itemsize for p in self.params if not p.copy)
 
-    def unit_numel(self, unit: int) -> int:
-        return sum(p.numel for p in self.params if p.unit == unit)
+    @property
+    def measured(self) -> Measured | None:
+        """The measurement behind the sheet; None for a declared model."""
+        return self.activations if isinstance(self.activations, Measured) else None
 
     def activations_in(self, regime: str) -> Activations | None:
-        found = [a for a in self.activations if a.regime == regime]
-        return found[0] if found else (self.activations[0] if self.activations else None)
+        """The measured activations in ``regime`` (the first measured if not that one); None if declared."""
+        return self.measured.in_regime(regime) if self.measured is not None else None
 
-    def training_flops_per_sample(self) -> float:
-        """Counted when measured, else 6·N per token (token input) or per sample (Kaplan et al. 2020)."""
+    def training_flops(self, samples: int) -> float:
+        """Forward + backward FLOPs of ``samples``: declared per position, counted when measured, else 6·N
+        per position (per sample when positions are unknown; Kaplan et al. 2020)."""
+        if self.flops_per_token is not None:
+            return self.flops_per_token * samples * (self.tokens_per_sample or 1)
         if self.flops_per_sample is not None:
-            return self.flops_per_sample
-        return 6.0 * self.n_params * self.tokens_per_sample
+            return self.flops_per_sample * samples
+        return 6.0 * self.n_params * (self.tokens_per_sample or 1) * samples
+
+    def powersgd_share(self, rank: int) -> float:
+        """The share of the gradient bytes PowerSGD sends at ``rank`` (Vogels et al. 2019): it all-reduces
+        P (a × r) and Q (b × r) for each a × b matrix, the other tensors whole."""
+        if self.matrix_width is not None:
+            return 2 * rank / self.matrix_width
+        total, sent = 0, 0
+        for q in self.params:
+            total += q.numel
+            rows = q.shape[0] if q.shape else 1
+            cols = q.numel // rows if rows else 0
+            sent += min(q.numel, rank * (rows + cols)) if len(q.shape) >= 2 else q.numel
+        return sent / total if total else 1.0
+
+    def describe_input(self) -> str:
+        """What the measured batch was, for the plan's model line ("" when unknown or declared)."""
+        m = self.measured
+        if m is None or m.input_kind is None:
+            return ""
+        if m.input_kind == "tokens":
+            return f", {self.tokens_per_sample} tokens per sample"
+        return f", takes {m.input_kind}"
+
+
+# The sheet of a measured model, by the name its callers in hpctrain.submit use.
+MeasuredModel = ModelFacts

@@ -19,13 +19,14 @@ from typing import Any, ClassVar
 from hpctrain.config.schema import ModelConfig
 from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import Ends, ModelFacts, ParamFact, TransformerShape
 
 Shape = tuple[int, ...] | None  # a built-in dataset's fixed (C, H, W, classes), if it has one
 
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One parameter tensor of a built-in model, for the planner (hpctrain.plan)."""
+    """One parameter tensor of a built-in model as declared (its sheet entry: :class:`ParamFact`)."""
 
     name: str
     shape: tuple[int, ...]
@@ -33,6 +34,7 @@ class ParamSpec:
         None  # the dimension tensor parallelism shards (hpctrain.parallel.tp), None: replicated
     )
     autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
+    vocab_lookup: bool = False  # an embedding looked up by vocabulary-split ids under TP (see ParamFact)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class ModelSpec:
     def tokens_per_sample(self) -> int:
         """Positions per sample the blocks see; 1 when unknown (throughput is then in samples)."""
         return 1
+
+    @property
+    def throughput_unit(self) -> str:
+        """What a run's rate is counted in beside samples: "tokens" for a language model, else "samples"."""
+        return "samples"
 
     @property
     def tied_embeddings(self) -> bool:
@@ -225,6 +232,50 @@ class TransformerSpec(ModelSpec):
     def output_copies(self) -> tuple[ParamSpec, ...]:
         """Copies of first-stage weights the last pipeline stage also holds (weights tied across stages)."""
         return ()
+
+    def ends(self) -> Ends:
+        """What the model's input and output keep for the backward (the planner's activations)."""
+        raise NotImplementedError
+
+    def facts(self, n_stages: int = 1) -> ModelFacts:
+        """The planner's fact sheet of this model run as ``n_stages`` pipeline stages: every parameter
+        tensor (fp32), block ``k`` the FSDP unit ``k`` on stage ⌊k / (n_layers / n_stages)⌋ (the layers
+        split evenly, :mod:`hpctrain.parallel.pipeline`), the input parameters on the first stage, the output
+        parameters on the last, which under a pipeline also holds its copies of tied weights; the
+        activations from the declared shapes."""
+        first, last = (0,), (n_stages - 1,)
+        per_stage = self.n_layers // n_stages
+        # A vocabulary-split lookup's gradient is whole under TP, unless the head tied to it on the same
+        # stage computes its split gradient first (the embedding's is added into it).
+        same_stage_head = self.tied_embeddings and n_stages == 1
+
+        def fact(
+            spec: ParamSpec, name: str, unit: int, stages: tuple[int, ...], copy: bool = False
+        ) -> ParamFact:
+            whole = spec.vocab_lookup and not same_stage_head
+            return ParamFact(name, spec.shape, 4, unit, spec.tp_dim, stages, spec.autocast_copy, whole, copy)
+
+        params = [fact(s, s.name, -1, first) for s in self.input_params()]
+        for k in range(self.n_layers):
+            # Layers beyond an even split are on no stage (the layout check refuses such a split).
+            stages = (k // per_stage,) if per_stage and k // per_stage < n_stages else ()
+            params += [fact(s, f"layers.{k}.{s.name}", k, stages) for s in self.block_param_specs()]
+        params += [fact(s, s.name, -1, last) for s in self.output_params()]
+        if n_stages > 1:
+            params += [fact(s, s.name, -1, last, copy=True) for s in self.output_copies()]
+        return ModelFacts(
+            target=self.target,
+            params=tuple(params),
+            buffer_bytes=0,
+            blocks=self.n_layers,
+            tokens_per_sample=self.tokens_per_sample,
+            activations=TransformerShape(
+                self.n_layers, self.d_model, self.n_heads, self.mlp_ratio, self.dropout, self.ends()
+            ),
+            throughput_unit=self.throughput_unit,
+            flops_per_token=self.flops_per_token(),
+            matrix_width=self.d_model,
+        )
 
 
 def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:

@@ -1,39 +1,46 @@
 """Memory per GPU and time per step of a run, computed from its typed config alone.
 
 Must not import torch: ``hpctrain plan`` and the check before every submission run on login nodes.
-A model that declares no shapes (a user's ``_target_``) is counted by :mod:`hpctrain.plan.user` from the
-facts its caller measured; everything below is about the built-in transformers.
 
-Memory is counted per rank, for the model as ``hpctrain.parallel.apply.parallelize`` lays it out:
+Every model is estimated the same way, from its fact sheet (:class:`hpctrain.models.facts.ModelFacts`):
+a built-in model's is declared by its spec (:meth:`hpctrain.models.spec.TransformerSpec.facts`), a user's
+``_target_`` is measured by the caller (:mod:`hpctrain.submit.footprint`: parameters on the meta device,
+activations on the CPU), so this package stays torch-free.
 
-- **Model state** from the exact parameter shapes of ``hpctrain.models`` (GPT / ViT), split as the real code
-  splits them: tensor parallelism shards the Megatron column/row dimensions and the vocabulary (Shoeybi et al.
-  2019), FSDP2 then cuts dimension 0 of each (TP-local) tensor into ``dp_shard`` chunks of ⌈n / dp_shard⌉
-  rows (``torch.chunk``), so the first data-parallel rank holds the most; a pipeline rank holds its stages'
-  blocks, the first stage the embeddings, the last the final norm and head. Parameters and gradients are
-  fp32 in every precision (FSDP's mixed precision keeps fp32 master shards and reduces in fp32; autocast
-  keeps fp32 parameters); AdamW keeps two fp32 states per parameter and a 4-byte step count per tensor,
-  SGD with momentum one fp32 buffer (Rajbhandari et al. 2020, ZeRO, section 3: 16 bytes per parameter
+Memory is counted per rank, for the model as ``hpctrain.parallel.apply.parallelize`` lays it out
+(:mod:`hpctrain.plan.memory`):
+
+- **Model state** from each parameter tensor of the sheet, split as the real code splits it: tensor
+  parallelism shards the dimension its role splits (the Megatron column/row dimensions and the vocabulary,
+  Shoeybi et al. 2019), FSDP2 then cuts dimension 0 of each (TP-local) tensor into ``dp_shard`` chunks of
+  ⌈n / dp_shard⌉ rows (``torch.chunk``), so the first data-parallel rank holds the most; a pipeline rank
+  holds the tensors of its stages (a built-in's first stage the embeddings, the last the final norm and head
+  and its copy of a tied embedding). Parameters and gradients are kept in the parameters' dtype (fp32 for
+  the built-ins) in every precision (FSDP's mixed precision keeps fp32 master shards and reduces in fp32;
+  autocast keeps fp32 parameters); AdamW keeps two states like each parameter and a 4-byte step count per
+  tensor, SGD with momentum one buffer (Rajbhandari et al. 2020, ZeRO, section 3: 16 bytes per parameter
   for mixed-precision Adam, of which ZeRO-3 shards all).
-- **Activations**: the bytes autograd and activation checkpointing keep from the forward for the backward,
-  per micro-batch, from the operations of ``hpctrain.models.layers`` (which tensors each op saves, in which
-  dtype; Korthikanti et al. 2022, "Reducing Activation Recomputation", section 4, count the same way for
-  Megatron blocks: 34·s·b·h bytes per layer in 16 bits without checkpointing), times the micro-batches in
-  flight: one without pipeline, ``pp − r`` on pipeline rank r under 1F1B and all of them under GPipe
-  (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training", section 2.2), torch's warm-up
-  count for the looped schedules.
+- **Activations** (:mod:`hpctrain.plan.activations`): the bytes autograd and activation checkpointing keep
+  from the forward for the backward, per micro-batch. Declared: from the operations of
+  ``hpctrain.models.layers`` (which tensors each op saves, in which dtype; Korthikanti et al. 2022,
+  "Reducing Activation Recomputation", section 4, count the same way for Megatron blocks: 34·s·b·h bytes per
+  layer in 16 bits without checkpointing). Measured: the line through two batch sizes. Either times the
+  micro-batches in flight: one without pipeline, ``pp − r`` on pipeline rank r under 1F1B and all of them
+  under GPipe (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training", section 2.2),
+  torch's warm-up count for the looped schedules.
 - **Buffers**: communication and runtime memory outside the two above: DDP buckets, FSDP's all-gathered
   (unsharded) blocks and the prefetched next one, TP/SP gathers, pipeline receive buffers, autocast's
-  low-precision weight copies, the loss's gradient, and with activation checkpointing the one block being
-  recomputed.
+  low-precision weight copies, the loss's gradient, with activation checkpointing the one block being
+  recomputed, and a model's registered buffers.
 
 A safety reserve is kept on every GPU: :data:`CUDA_CONTEXT_GIB` for the CUDA context, cuBLAS/cuDNN
 workspaces and NCCL's communicator buffers, and :data:`FRAGMENTATION` of the GPU's memory for the caching
 allocator's fragmentation.
 
-Time per step: model FLOPs (``hpctrain.models.flops.flops_per_token``, 6N + 12·L·H·Q·T per token, plus a
-second forward under full activation checkpointing) at ``cluster.achievable_mfu`` of ``cluster.peak_flops``,
-the communication of each strategy at :data:`COMM_EFFICIENCY` of the link bandwidth (ring collectives send
+Time per step (:mod:`hpctrain.plan.time`): model FLOPs (declared:
+``hpctrain.models.flops.flops_per_token``, 6N + 12·L·H·Q·T per token; measured: counted; plus a second
+forward under full activation checkpointing) at ``cluster.achievable_mfu`` of ``cluster.peak_flops``, the
+communication of each strategy at :data:`COMM_EFFICIENCY` of the link bandwidth (ring collectives send
 2(n−1)/n of the data per all-reduce and (n−1)/n per all-gather or reduce-scatter), data-parallel
 communication hidden behind compute where it overlaps, and the pipeline bubble (pp − 1)/(m + pp − 1)
 (Narayanan et al. 2021, section 2.2; divided by the stages per rank for the looped schedules).
@@ -45,12 +52,10 @@ import re
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import (
-    world_size,
-)
 from hpctrain.errors import ConfigError
-from hpctrain.models.facts import MeasuredModel
+from hpctrain.models.facts import ModelFacts
 from hpctrain.models.spec import ParamSpec, model_spec
+from hpctrain.plan.activations import block_activation_bytes, in_flight
 from hpctrain.plan.layout import (
     CUDA_CONTEXT_GIB,
     FP32,
@@ -58,21 +63,13 @@ from hpctrain.plan.layout import (
     GIB,
     MIB,
     Layout,
+    declared_facts,
     layout_of,
     local_numel,
-    planned_model,
     rank_stages,
 )
-from hpctrain.plan.memory import (
-    RankMemory,
-    block_activation_bytes,
-    in_flight,
-    model_state_numel,
-    optimizer_bytes,
-    rank_memory,
-)
+from hpctrain.plan.memory import RankMemory, model_state_numel, optimizer_bytes, rank_memory
 from hpctrain.plan.time import StepTime, pipeline_bubble, step_time
-from hpctrain.plan.user import user_rank_memory, user_step_time
 
 
 # --------------------------------------------------------------------------------------------- verdict
@@ -143,7 +140,12 @@ class Estimate:
     largest: RankMemory
     verdict: Verdict
     time: StepTime | None
-    measured: MeasuredModel | None = None  # a model without declared shapes: what was measured of it
+    facts: ModelFacts  # what the estimate is made of: declared, or measured of a user's model
+
+    @property
+    def measured(self) -> ModelFacts | None:
+        """The facts when they were measured (a user's model), else None."""
+        return self.facts if self.facts.measured is not None else None
 
 
 def check_plan_inputs(cfg: Config) -> None:
@@ -159,30 +161,25 @@ def check_plan_inputs(cfg: Config) -> None:
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")
 
 
-def estimate(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
-    """The plan of a validated config (``hpctrain.config.validate.validate``). A model that declares no
-    shapes (a user's) is planned from ``measured``, its facts (:mod:`hpctrain.plan.user`); without them it
-    is a ConfigError."""
+def estimate(cfg: Config, measured: ModelFacts | None = None) -> Estimate:
+    """The plan of a validated config (``hpctrain.config.validate.validate``), from ``measured``, the facts
+    measured of a model that declares no shapes (a user's), or else from the built-in model's declared
+    sheet (a ConfigError for a model that has neither)."""
     check_plan_inputs(cfg)
-    if measured is not None:
-        lay = layout_of(cfg, tokens=measured.tokens_per_sample)
-        ranks = tuple(user_rank_memory(cfg, lay, measured, r) for r in range(lay.degrees.pp))
-        n_params = measured.n_params
-    else:
-        lay = layout_of(cfg)
-        ranks = tuple(rank_memory(cfg, lay, r) for r in range(lay.degrees.pp))
-        n_params = planned_model(cfg).param_count()
+    facts = declared_facts(cfg) if measured is None else measured
+    lay = layout_of(cfg, tokens=facts.tokens_per_sample or 1)
+    ranks = tuple(rank_memory(cfg, lay, r, facts) for r in range(lay.degrees.pp))
     largest = max(ranks, key=lambda m: (m.total, m.model_state))
     return Estimate(
         model=model_spec(cfg.model).name,
-        n_params=n_params,
-        world=world_size(cfg),
+        n_params=facts.n_params,
+        world=lay.shape.world_size,
         layout=lay,
         ranks=ranks,
         largest=largest,
         verdict=verdict(cfg, largest),
-        time=step_time(cfg, lay, largest) if measured is None else user_step_time(cfg, lay, measured),
-        measured=measured,
+        time=step_time(cfg, lay, largest, facts),
+        facts=facts,
     )
 
 

@@ -8,8 +8,9 @@ import math
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import Degrees, run_shape
+from hpctrain.config.shape import Degrees, RunShape, run_shape
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import ModelFacts, ParamFact
 from hpctrain.models.spec import ParamSpec, TransformerSpec, model_spec
 
 GIB = 2**30
@@ -37,20 +38,37 @@ LOOPED_SCHEDULES = ("interleaved_1f1b", "interleaved_zero_bubble", "zbv_zero_bub
 
 # --------------------------------------------------------------------------------------------- the model
 def planned_model(cfg: Config) -> TransformerSpec:
-    """The model's declared shapes, which the estimate is made of; a ConfigError for a model that declares
-    none (a user's ``_target_``: the estimate covers the built-in transformers)."""
+    """The model's declared spec, which its fact sheet is made of; a ConfigError for a model that declares
+    none (a user's ``_target_``: its facts are measured, :func:`hpctrain.submit.measure.measured_for`)."""
     spec = model_spec(cfg.model)
     if not isinstance(spec, TransformerSpec):
         raise ConfigError(
             "model._target_",
             spec.target,
-            "declares no shapes the planner can read (it estimates the built-in GPT and ViT; training and "
-            "submitting such a model skip the memory check)",
+            "declares no shapes the planner can read: it is planned from the facts measured of it "
+            "(hpctrain.submit.measure.measured_for)",
         )
     return spec
 
 
-def local_numel(spec: ParamSpec, tp: int, shards: int, shard_rank: int) -> int:
+def declared_facts(cfg: Config) -> ModelFacts:
+    """The fact sheet of a built-in model under the run's pipeline split (a ConfigError for a model that
+    declares none, see :func:`planned_model`)."""
+    spec = planned_model(cfg)
+    n_stages = run_shape(cfg).n_stages
+    # The search estimates hundreds of layouts of one model: build each split's sheet once.
+    key = (type(spec), repr(spec), n_stages)
+    if key not in _SHEETS:
+        if len(_SHEETS) >= 64:
+            _SHEETS.clear()
+        _SHEETS[key] = spec.facts(n_stages)
+    return _SHEETS[key]
+
+
+_SHEETS: dict[tuple[type, str, int], ModelFacts] = {}
+
+
+def local_numel(spec: ParamSpec | ParamFact, tp: int, shards: int, shard_rank: int) -> int:
     """Elements of ``spec`` on one rank: the TP shard, then FSDP2's dim-0 chunk of it (``torch.chunk``:
     ⌈n / shards⌉ rows each, the last ranks fewer or none)."""
     shape = list(spec.shape)
@@ -73,8 +91,10 @@ def rank_stages(schedule: str, pp_rank: int, pp: int, per_rank: int) -> list[int
 # ------------------------------------------------------------------------------------------- the layout
 @dataclass(frozen=True)
 class Layout:
-    """The numbers of a config that the estimate needs, derived once."""
+    """The numbers of a config that the estimate needs, read from its RunShape (``shape``: the derived
+    numbers themselves) and its parallel group."""
 
+    shape: RunShape
     degrees: Degrees
     precision: str
     regime: str  # fp32 | autocast (16-bit matmuls, fp32 parameters) | fsdp_mixed (FSDP's 16-bit parameters)
@@ -95,10 +115,11 @@ class Layout:
 
 
 def layout_of(cfg: Config, tokens: int | None = None) -> Layout:
-    """``tokens``: per sample, for a model without declared shapes (measured: hpctrain.plan.user)."""
+    """``tokens``: positions per sample (of the model's fact sheet; None: the built-in model's declared)."""
     shape = run_shape(cfg)
     d, p = shape.degrees, cfg.parallel
     return Layout(
+        shape=shape,
         degrees=d,
         precision=cfg.trainer.precision,
         regime=shape.regime,
@@ -106,7 +127,7 @@ def layout_of(cfg: Config, tokens: int | None = None) -> Layout:
         per_rank=shape.stages_per_rank,
         n_stages=shape.n_stages,
         microbatches=shape.microbatches,
-        passes=max(1, shape.passes),
+        passes=shape.passes,
         micro_batch=shape.micro_batch_size,
         tokens=planned_model(cfg).tokens_per_sample if tokens is None else tokens,
         seq_shards=d.tp if d.tp > 1 and p.sequence_parallel else 1,

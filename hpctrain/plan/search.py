@@ -16,18 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import (
-    PIPELINE_SCHEDULES,
-    STRATEGY_DIMS,
-    global_batch_size,
-    samples_per_pass,
-    world_size,
-)
+from hpctrain.config.shape import PIPELINE_SCHEDULES, STRATEGY_DIMS, Degrees, run_shape
 from hpctrain.errors import ConfigError
-from hpctrain.models.facts import MeasuredModel
+from hpctrain.models.facts import ModelFacts
+from hpctrain.models.spec import model_spec
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
-from hpctrain.plan.layout import planned_model
 
 AC_MODES = ("none", "selective", "full")
 # Pipeline micro-batches per pass tried, as multiples of the pipeline degree (more: smaller bubble, more
@@ -66,30 +60,28 @@ def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
             yield "3d", {"pp": pp, "dp_shard": world // (pp * tp), "tp": tp}
 
 
-def _splits_model(
-    cfg: Config, tp: int, pp: int, per_rank: int, measured: MeasuredModel | None = None
-) -> bool:
-    """The divisibility rules of ``hpctrain.config.validate`` for these degrees, checked cheaply first. A
-    measured model (a user's: no declared shapes) splits over data-parallel ranks only."""
+def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int, measured: ModelFacts | None = None) -> bool:
+    """The model's own layout rules (its spec's ``check_layout``) for these degrees, checked cheaply first;
+    with sequence parallelism, positions that split evenly. A measured model (a user's: its facts hold the
+    split of the run's own layout) splits over data-parallel ranks only."""
     if measured is not None:
         return tp == 1 and pp == 1
-    model = planned_model(cfg)
-    if tp > 1:
-        if model.n_heads % tp or (model.d_model * model.mlp_ratio) % tp:
-            return False
-        if getattr(model, "vocab_size", tp) % tp:  # a vocabulary the embedding and head split
-            return False
-        if cfg.parallel.sequence_parallel and model.tokens_per_sample % tp:
-            return False
-    return not (pp > 1 and model.n_layers % (pp * per_rank))
+    spec = model_spec(cfg.model)
+    if tp > 1 and cfg.parallel.sequence_parallel and spec.tokens_per_sample % tp:
+        return False
+    try:
+        spec.check_layout(Degrees(pp=pp, tp=tp), cfg.parallel, pp * per_rank)
+    except ConfigError:
+        return False
+    return True
 
 
-def _candidates(cfg: Config, measured: MeasuredModel | None = None) -> Iterator[Config]:
+def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Config]:
     p, t = cfg.parallel, cfg.trainer
     # A measured model: full checkpointing where blocks were found to wrap (selective is not measured).
     ac_modes = AC_MODES if measured is None else ("none", "full")[: 1 + bool(measured.blocks)]
-    world = world_size(cfg)
-    batch = global_batch_size(cfg)
+    shape = run_shape(cfg)
+    world, batch = shape.world_size, shape.global_batch_size
     # Keep the user's schedule when it pipelines already; otherwise 1F1B, which needs one stage per rank.
     schedule = p.schedule if p.name in ("pp", "3d") else "1f1b"
     per_rank = PIPELINE_SCHEDULES[schedule] or 2
@@ -150,7 +142,8 @@ def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
                 out.append(f"parallel.{key}={getattr(q, key)}")
     if cfg.trainer.micro_batch_size != original.trainer.micro_batch_size:
         out.append(f"trainer.micro_batch_size={cfg.trainer.micro_batch_size}")
-    if samples_per_pass(cfg) != global_batch_size(cfg) and original.trainer.global_batch_size is None:
+    shape = run_shape(cfg)
+    if shape.samples_per_pass != shape.global_batch_size and original.trainer.global_batch_size is None:
         out.append(f"trainer.global_batch_size={cfg.trainer.global_batch_size}")
     return tuple(out)
 
@@ -160,7 +153,7 @@ def _rank_key(est: Estimate) -> tuple[float, int]:
     return step, est.largest.total
 
 
-def alternatives(cfg: Config, limit: int = 3, measured: MeasuredModel | None = None) -> list[Alternative]:
+def alternatives(cfg: Config, limit: int = 3, measured: ModelFacts | None = None) -> list[Alternative]:
     """Up to ``limit`` layouts that fit, fastest first (least memory first when the step time is unknown):
     for each split of the ranks (strategy and degrees) its fastest variant (checkpointing, pipeline
     micro-batches, the largest micro-batch size that fits). ``measured``: the facts of a model without

@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import global_batch_size, samples_per_pass
+from hpctrain.config.shape import run_shape
 from hpctrain.models.spec import model_spec
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
@@ -25,14 +25,11 @@ WHAT_WIDTH = 62  # the description column of the memory table
 
 def measured_model_line(est: Estimate) -> str:
     """The model row of the plan of a measured model."""
-    m = est.measured
-    assert m is not None
-    kind = f", {m.tokens_per_sample} tokens per sample" if m.input_kind == "tokens" else ""
-    kind = kind or (f", takes {m.input_kind}" if m.input_kind else "")
+    m = est.facts
     blocks = f"{m.blocks} blocks" if m.blocks else "no blocks found"
     return (
         f"{human_count(est.n_params)}-parameter {est.model} ({m.target}: {est.n_params:,} parameters "
-        f"read on the meta device, {blocks}{kind})"
+        f"read on the meta device, {blocks}{m.describe_input()})"
     )
 
 
@@ -42,13 +39,13 @@ def human_bytes(n: float) -> str:
 
 def activation_line(est: Estimate) -> str | None:
     """How the activations of a model without declared shapes were found (None for the built-ins)."""
-    m = est.measured
+    m = est.facts.measured
     if m is None:
         return None
     if m.note:
         return f"activations  cannot be derived from the parameters and were {m.note}"
     lay = est.layout
-    acts = m.activations_in(lay.regime)
+    acts = m.in_regime(lay.regime)
     assert acts is not None
     regime = {"fp32": "fp32", "autocast": "bf16 autocast", "fsdp_mixed": "bf16 parameters"}[acts.regime]
     sizes = " and ".join(str(n) for n in m.samples)
@@ -57,11 +54,12 @@ def activation_line(est: Estimate) -> str | None:
         f"activations  measured (not derivable from parameters), a forward + backward of {sizes} samples on "
         f"CPU, {regime}: {human_bytes(line.per_sample)} per sample + {human_bytes(line.fixed)} fixed"
     )
-    if lay.ac == "full" and m.blocks:
+    blocks = est.facts.blocks
+    if lay.ac == "full" and blocks:
         kept = human_bytes(acts.checkpointed.per_sample)
         text += f"; checkpointed blocks keep their inputs: {kept} per sample"
     elif lay.ac != "none":
-        why = "no blocks found to checkpoint" if not m.blocks else "selective checkpointing not measured"
+        why = "no blocks found to checkpoint" if not blocks else "selective checkpointing not measured"
         text += f"; an upper bound ({why})"
     if lay.degrees.tp > 1 or lay.degrees.pp > 1:
         text += "; split over tp/pp approximately (blocks by their share and tp; no TP/PP buffers counted)"
@@ -123,15 +121,15 @@ def _layout_line(cfg: Config, est: Estimate) -> str:
 
 def _batch_line(cfg: Config, est: Estimate) -> str:
     lay = est.layout
-    per_pass = samples_per_pass(cfg)
+    per_pass = lay.shape.samples_per_pass
     passes = f"{lay.passes} pass{'es' * (lay.passes > 1)}"
     pieces = f"{passes} × {lay.degrees.dp} data-parallel × micro-batch {lay.micro_batch}"
     if lay.degrees.pp > 1:
         pieces += f" × {lay.microbatches} pipeline micro-batches"
-    tokens = f" ({global_batch_size(cfg) * lay.tokens:,} tokens)"
-    if est.measured is not None and est.measured.input_kind != "tokens":
-        tokens = ""
-    return f"{global_batch_size(cfg)} samples per step{tokens} = {pieces} (a pass: {per_pass})"
+    # In tokens where the model's positions per sample are known (declared, or token ids measured).
+    batch = lay.shape.global_batch_size
+    tokens = f" ({batch * lay.tokens:,} tokens)" if est.facts.tokens_per_sample else ""
+    return f"{batch} samples per step{tokens} = {pieces} (a pass: {per_pass})"
 
 
 def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
@@ -159,10 +157,9 @@ def memory_table(cfg: Config, est: Estimate) -> list[str]:
     shard = "sharded" if est.layout.sharded else "local"
     device = "host (offloaded)" if mem.host else f"fp32, {shard}"
     flying = f"{mem.blocks} blocks, {mem.in_flight} micro-batch{'es' * (mem.in_flight > 1)} in flight"
-    if est.measured is not None:
-        flying = (
-            f"measured, micro-batch {est.layout.micro_batch}" if not est.measured.note else "not measured"
-        )
+    measured = est.facts.measured
+    if measured is not None:
+        flying = f"measured, micro-batch {est.layout.micro_batch}" if not measured.note else "not measured"
     buffer_names = tuple(k for k in mem.parts if k not in ACTIVATION_PARTS)
     # GiB, or MiB for the small models of a CPU run.
     unit, scale = ("GiB", GIB) if max(mem.total, v.capacity) >= GIB else ("MiB", MIB)
@@ -238,8 +235,9 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
         lines.append(f"  {comm.name:<34}{comm.seconds:>9.3f} s  {volume}{hidden}")
     if est.layout.degrees.pp > 1:
         lines.append(f"  {'pipeline bubble':<34}{t.bubble:>9.1%}")
-    rate = f"{human_count(t.tokens_per_s)} tokens/s" if model_spec(cfg.model).input_kind == "tokens" else ""
-    rate = ", ".join(x for x in (rate, f"{human_count(t.samples_per_s)} samples/s") if x)
+    # The model's throughput unit, then samples.
+    units = dict.fromkeys((est.facts.throughput_unit, "samples"))
+    rate = ", ".join(f"{human_count(t.rate(unit))} {unit}/s" for unit in units)
     lines.append(f"  {'step':<34}{t.step_s:>9.3f} s  {rate}, MFU {t.mfu:.1%}")
     cost = f", ${t.cost:,.2f} at ${c.cost_per_gpu_hour:g} per GPU-hour" if t.cost is not None else ""
     lines.append(f"  {f'{cfg.trainer.max_steps} steps':<34}{t.gpu_hours:>9.2f} GPU-hours{cost}")
@@ -248,7 +246,8 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
 
 def alternatives_table(cfg: Config, alts: list[Alternative]) -> list[str]:
     same = (
-        f"same {cfg.cluster.name} ranks, {global_batch_size(cfg)} samples per step, {cfg.trainer.precision}"
+        f"same {cfg.cluster.name} ranks, {run_shape(cfg).global_batch_size} samples per step, "
+        f"{cfg.trainer.precision}"
     )
     if not alts:
         return [f"alternatives ({same}): none fits"]
@@ -300,9 +299,10 @@ def summary(cfg: Config, est: Estimate) -> str:
         cost = f", ${t.cost:,.2f}" if t.cost is not None else ""
         text += f"; ~{t.step_s:.3g} s per step, {t.gpu_hours:.3g} GPU-hours{cost}"
         text += f" for {cfg.trainer.max_steps} steps"
-    if est.measured is not None:  # a user's model: how its numbers were found
-        acts = est.measured.activations_in(est.layout.regime)
-        how = est.measured.note
+    measured = est.facts.measured
+    if measured is not None:  # a user's model: how its numbers were found
+        acts = measured.in_regime(est.layout.regime)
+        how = measured.note
         if acts is not None:
             how = f"measured on CPU ({human_bytes(acts.saved.per_sample)} per sample)"
         text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"

@@ -1,5 +1,6 @@
-"""Time per step: compute at the achievable MFU, each strategy's communication, the pipeline bubble.
-Torch-free; the method and its sources are in :mod:`hpctrain.plan.estimate`.
+"""Time per step: compute at the achievable MFU, each strategy's communication, the pipeline bubble, from
+the model's fact sheet (declared or measured). Torch-free; the method and its sources are in
+:mod:`hpctrain.plan.estimate`.
 """
 
 from __future__ import annotations
@@ -8,10 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
-from hpctrain.config.shape import (
-    global_batch_size,
-    world_size,
-)
+from hpctrain.models.facts import ModelFacts
+from hpctrain.plan.activations import applied_ac, model_parallel_volumes
 from hpctrain.plan.layout import (
     BACKWARD_SHARE,
     COMM_EFFICIENCY,
@@ -20,9 +19,8 @@ from hpctrain.plan.layout import (
     LOOPED_SCHEDULES,
     SELECTIVE_RECOMPUTE,
     Layout,
-    planned_model,
 )
-from hpctrain.plan.memory import RankMemory, dtypes, unsharded_numel
+from hpctrain.plan.memory import RankMemory, counted_params
 from hpctrain.precision import float8_converts
 
 
@@ -52,6 +50,10 @@ class StepTime:
     gpu_hours: float  # for trainer.max_steps
     cost: float | None  # gpu_hours × cluster.cost_per_gpu_hour
     float8_share: float = 0.0  # of the model FLOPs, those priced at cluster.peak_fp8_flops (fp8 runs)
+
+    def rate(self, unit: str) -> float:
+        """Throughput in ``unit`` per second (a model's throughput unit: tokens or samples)."""
+        return float(getattr(self, f"{unit}_per_s"))
 
 
 def ranks_per_node(cfg: Config) -> int:
@@ -87,34 +89,21 @@ def _comm(cfg: Config, name: str, volume: float, size: int, stride: int, hidden_
     return Comm(name, volume, seconds, max(0.0, seconds - hidden_behind), link)
 
 
-def communication(cfg: Config, lay: Layout, mem: RankMemory, compute_s: float) -> list[Comm]:
+def communication(
+    cfg: Config, lay: Layout, mem: RankMemory, facts: ModelFacts, compute_s: float
+) -> list[Comm]:
     """What one rank sends per step, by strategy (ring collectives: all-reduce 2(n−1)/n × size, all-gather
-    and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles)."""
-    model, d = planned_model(cfg), lay.degrees
-    dt = dtypes(lay.regime)
-    whole = unsharded_numel(cfg, lay, mem.pp_rank)
-    forward_passes = lay.passes * lay.microbatches
-    tp_stride, pp_stride = 1, d.tp * d.dp
-    comms = data_parallel_comms(cfg, lay, whole, compute_s, 2 * cfg.parallel.powersgd_rank / model.d_model)
-    if d.tp > 1:
-        n, width = lay.n_tokens, model.d_model
-        # Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the
-        # same bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's.
-        per_block = 4 + {"full": 2, "selective": 1 if lay.seq_shards > 1 else 2}.get(lay.ac, 0)
-        all_reduces = mem.blocks * per_block
-        volume = all_reduces * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-        if model.input_kind == "tokens":
-            # The vocabulary-split embedding's all-reduce and the head input's gradient; the logits gathered.
-            volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
-            volume += (d.tp - 1) / d.tp * n * model.vocab_size * dt.logits
-        comms.append(_comm(cfg, "TP collectives", volume * forward_passes, d.tp, tp_stride, 0.0))
-    if d.pp > 1:
-        stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
-        boundaries = sum(1 for s in mem.stages if s != lay.n_stages - 1) + sum(
-            1 for s in mem.stages if s != 0
-        )
-        volume = forward_passes * boundaries * stream  # activations forward, their gradients backward
-        comms.append(_comm(cfg, "PP send/receive", volume, d.pp, pp_stride, 0.0))
+    and reduce-scatter (n−1)/n × size, each size being the whole tensor the group assembles): the
+    data-parallel collectives of the rank's parameters, and the tensor- and pipeline-parallel traffic the
+    sheet's activation source gives (:func:`hpctrain.plan.activations.model_parallel_volumes`)."""
+    d = lay.degrees
+    whole = counted_params(facts, lay, list(mem.stages)).unsharded
+    share = facts.powersgd_share(cfg.parallel.powersgd_rank)
+    comms = data_parallel_comms(cfg, lay, whole, compute_s, share)
+    groups = {"TP collectives": (d.tp, 1), "PP send/receive": (d.pp, d.stride("pp"))}  # (size, stride)
+    for name, volume in model_parallel_volumes(lay, facts, mem.blocks, mem.stages).items():
+        size, stride = groups[name]
+        comms.append(_comm(cfg, name, volume, size, stride, 0.0))
     return comms
 
 
@@ -125,8 +114,8 @@ def data_parallel_comms(
     sharding); ``powersgd_factor``: the share of the gradient bytes PowerSGD sends."""
     p, d = cfg.parallel, lay.degrees
     comms: list[Comm] = []
-    forward_passes = lay.passes * lay.microbatches
-    shard_stride, replicate_stride = d.tp, d.tp * d.dp_shard
+    forward_passes = lay.shape.forward_passes
+    shard_stride, replicate_stride = d.stride("dp_shard"), d.stride("dp_replicate")
     if d.dp_replicate > 1 and not lay.sharded:
         n = d.dp_replicate
         grad_bytes = whole * FP32
@@ -145,7 +134,7 @@ def data_parallel_comms(
         if d.pp > 1:
             # Under the pipeline a block stays gathered after its backward (see rank_memory): gathered once
             # for the first forward, then again for each backward under ZeRO-3; reduced once per pass.
-            gathers = lay.passes * (1 + lay.microbatches if p.reshard_after_forward else 1)
+            gathers = lay.passes + lay.shape.forward_passes if p.reshard_after_forward else lay.passes
         else:
             gathers = (2 if p.reshard_after_forward else 1) * forward_passes
         reduces = lay.passes
@@ -174,30 +163,31 @@ def pipeline_bubble(schedule: str, pp: int, microbatches: int, per_rank: int) ->
     return bubble / (microbatches + bubble)
 
 
-def step_time(cfg: Config, lay: Layout, mem: RankMemory) -> StepTime | None:
+def step_time(cfg: Config, lay: Layout, mem: RankMemory, facts: ModelFacts) -> StepTime | None:
     """None when the cluster's peak FLOP/s is unknown (CPU profiles)."""
-    c = cfg.cluster
-    if not c.peak_flops:
+    if not cfg.cluster.peak_flops:
         return None
-    model_flops = planned_model(cfg).flops_per_token() * global_batch_size(cfg) * lay.tokens
-    comms = lambda seconds: communication(cfg, lay, mem, seconds)  # noqa: E731
-    return timed_step(cfg, lay, model_flops, lay.ac, comms, float8_share(cfg))
+    model_flops = facts.training_flops(lay.shape.global_batch_size)
+    ac = applied_ac(lay, facts)
+    comms = lambda seconds: communication(cfg, lay, mem, facts, seconds)  # noqa: E731
+    return timed_step(cfg, lay, model_flops, ac, comms, float8_share(cfg, facts))
 
 
-def float8_share(cfg: Config) -> float:
-    """The share of a built-in model's FLOPs that ``trainer.precision=fp8`` runs in float8: 6 FLOPs per
-    weight per token (forward and both backward matmuls) of the blocks' Linear layers that
+def float8_share(cfg: Config, facts: ModelFacts) -> float:
+    """The share of the model's FLOPs that ``trainer.precision=fp8`` runs in float8: 6 FLOPs per weight per
+    position (forward and both backward matmuls) of the blocks' Linear layers that
     :func:`hpctrain.precision.float8_converts` picks (the layers hpctrain converts), over all model FLOPs.
     0 for other precisions, or when the profile names no ``cluster.peak_fp8_flops`` to price them at."""
     if cfg.trainer.precision != "fp8" or not cfg.cluster.peak_fp8_flops:
         return 0.0
-    model = planned_model(cfg)
     linear = sum(
-        spec.shape[0] * spec.shape[1]
-        for spec in model.block_param_specs()
-        if len(spec.shape) == 2 and float8_converts(spec.shape[0], spec.shape[1])
+        p.shape[0] * p.shape[1]
+        for p in facts.params
+        if p.unit >= 0 and not p.copy and len(p.shape) == 2 and float8_converts(p.shape[0], p.shape[1])
     )
-    return 6 * linear * model.n_layers / model.flops_per_token()
+    if facts.flops_per_token is not None:  # declared
+        return 6 * linear / facts.flops_per_token
+    return 6 * linear * (facts.tokens_per_sample or 1) / facts.training_flops(1)
 
 
 def timed_step(
@@ -213,12 +203,12 @@ def timed_step(
     ``fp8_share`` of the FLOPs run at ``cluster.peak_fp8_flops``, the rest at ``cluster.peak_flops``."""
     c = cfg.cluster
     assert c.peak_flops
-    samples = global_batch_size(cfg)
+    samples = lay.shape.global_batch_size
     tokens = samples * lay.tokens
     # Full checkpointing runs each block's forward again in the backward: one third more (the forward is 2
     # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
     executed = model_flops * (4 / 3 if ac == "full" else 1.0)
-    ranks = world_size(cfg)
+    ranks = lay.shape.world_size
     seconds_per_flop = (1 - fp8_share) / c.peak_flops + (fp8_share / c.peak_fp8_flops if fp8_share else 0.0)
     compute_s = executed / ranks * seconds_per_flop / c.achievable_mfu
     if ac == "selective":

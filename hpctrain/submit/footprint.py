@@ -1,6 +1,7 @@
-"""The planner's facts of a model that declares no shapes (a user's ``_target_``): parameters read on the
-meta device, activations measured on the CPU. Imports torch; only such models come here
-(:func:`hpctrain.cli.plan.measured_for`), the built-ins are planned from their declared shapes.
+"""The planner's fact sheet (:class:`hpctrain.models.facts.ModelFacts`) of a model that declares no shapes
+(a user's ``_target_``): parameters read on the meta device, activations measured on the CPU. Imports torch;
+only such models come here (:func:`hpctrain.submit.measure.measured_for`), the built-ins declare their sheet
+(:meth:`hpctrain.models.spec.TransformerSpec.facts`).
 
 1. The model is built on the meta device (:func:`hpctrain.submit.probe.build_model`: no memory, no weights;
    the user's exceptions keep their traceback) and each parameter's name, shape and dtype read, with the
@@ -33,7 +34,8 @@ from torch import nn
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
-from hpctrain.models.facts import Activations, Linear, MeasuredModel, ParamFact
+from hpctrain.models.facts import Activations, Linear, Measured, ModelFacts, ParamFact
+from hpctrain.models.spec import model_spec
 from hpctrain.parallel.blocks import find_blocks
 from hpctrain.precision import amp, regimes_of
 from hpctrain.submit.probe import build_model, first_batches
@@ -43,9 +45,9 @@ SAMPLES = (2, 4)
 MEASURE_LIMIT = 2 * 2**30  # bytes of parameters and buffers built on the CPU to measure the activations
 
 
-def measure_model(cfg: Config) -> MeasuredModel:
-    """The facts of ``cfg``'s model; a ConfigError (UserCodeError: with the user's traceback) when it
-    cannot be built, a note in the facts when its activations cannot be measured."""
+def measure_model(cfg: Config) -> ModelFacts:
+    """The fact sheet of ``cfg``'s model; a ConfigError (UserCodeError: with the user's traceback) when it
+    cannot be built, a note in its measurement when its activations cannot be measured."""
     start = time.perf_counter()
     meta = build_model(cfg, "meta")
     unit_of = {}
@@ -56,19 +58,33 @@ def measure_model(cfg: Config) -> MeasuredModel:
     tp_dims, stages = _splits(cfg, meta)
     params = tuple(
         ParamFact(
-            name, tuple(p.shape), p.element_size(), unit_of.get(name, -1), tp_dims.get(name), stages(name)
+            name,
+            tuple(p.shape),
+            p.element_size(),
+            unit=unit_of.get(name, -1),
+            tp_dim=tp_dims.get(name),
+            stages=stages(name),
         )
         for name, p in meta.named_parameters()
     )
     buffer_bytes = sum(b.numel() * b.element_size() for b in meta.buffers())
     batches = first_batches(cfg, list(SAMPLES))
     main = inputs_of(batches[0])
-    input_kind, tokens = None, 1
+    # What the batch is: token ids [B, T] (their positions per sample known), images [B, C, H, W], or else.
+    input_kind, tokens = None, None
     if isinstance(main, torch.Tensor) and main.dim() == 2 and not main.is_floating_point():
         input_kind, tokens = "tokens", int(main.shape[1])
     elif isinstance(main, torch.Tensor) and main.dim() == 4 and main.is_floating_point():
         input_kind = "images"
-    facts = MeasuredModel(cfg.model.target, params, buffer_bytes, len(blocks), input_kind, tokens)
+    facts = ModelFacts(
+        target=cfg.model.target,
+        params=params,
+        buffer_bytes=buffer_bytes,
+        blocks=len(blocks),
+        tokens_per_sample=tokens,
+        activations=Measured(input_kind=input_kind),
+        throughput_unit=model_spec(cfg.model).throughput_unit,
+    )
     state = facts.param_bytes + buffer_bytes
     del meta
     if state > MEASURE_LIMIT:
@@ -76,20 +92,15 @@ def measure_model(cfg: Config) -> MeasuredModel:
             f"not measured: its {state / 2**30:.1f} GiB of parameters and buffers are more than this check "
             f"builds on the CPU ({MEASURE_LIMIT / 2**30:.0f} GiB); the memory below counts none"
         )
-        return _with(facts, note=note, seconds=time.perf_counter() - start)
+        return _with(facts, Measured(note=note, input_kind=input_kind, seconds=time.perf_counter() - start))
     try:
         acts, flops = _measure_all(cfg, batches)
     except Exception as err:  # a model that runs on GPUs only, say: the plan goes on without activations
         text = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         note = f"not measured: a forward of it on the CPU raised {type(err).__name__}: {text}"
-        return _with(facts, note=note, seconds=time.perf_counter() - start)
-    return _with(
-        facts,
-        samples=SAMPLES,
-        activations=acts,
-        flops_per_sample=flops,
-        seconds=time.perf_counter() - start,
-    )
+        return _with(facts, Measured(note=note, input_kind=input_kind, seconds=time.perf_counter() - start))
+    measured = Measured(SAMPLES, acts, input_kind=input_kind, seconds=time.perf_counter() - start)
+    return _with(facts, measured, flops_per_sample=flops)
 
 
 # The dimension of a module's weight and bias each tensor-parallel role splits (hpctrain.parallel.tp:
@@ -139,10 +150,10 @@ def _splits(cfg: Config, meta: nn.Module) -> tuple[dict[str, int], Any]:
     return tp_dims, stages
 
 
-def _with(facts: MeasuredModel, **changes: Any) -> MeasuredModel:
+def _with(facts: ModelFacts, measured: Measured, **changes: Any) -> ModelFacts:
     import dataclasses
 
-    return dataclasses.replace(facts, **changes)
+    return dataclasses.replace(facts, activations=measured, **changes)
 
 
 def regimes(cfg: Config) -> list[str]:
