@@ -48,8 +48,8 @@ from hpctrain.config.shape import degrees, global_batch_size, samples_per_pass
 from hpctrain.config.validate import validate
 from hpctrain.data import GlobalBatchSampler, build_datasets, shard_for_rank, split_micro_batches
 from hpctrain.models import build_model
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.flops import param_count
-from hpctrain.models.spec import model_spec
 from hpctrain.parallel.apply import parallelize, prime_ddp_buckets
 from hpctrain.precision.amp import grad_scaler
 from hpctrain.rendezvous.env import DistEnv

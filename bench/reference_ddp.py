@@ -24,7 +24,7 @@ def reference_worker(
     from hpctrain.config.shape import global_batch_size
     from hpctrain.data import GlobalBatchSampler, build_datasets
     from hpctrain.models import build_model
-    from hpctrain.models.spec import model_spec
+    from hpctrain.models.builtin import model_spec
 
     cfg = to_typed(compose(overrides))
     t, o = cfg.trainer, cfg.optim

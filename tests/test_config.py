@@ -11,7 +11,7 @@ from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.models.builtin import GPTSpec as GPTConfig
 from hpctrain.models.builtin import ViTSpec as ViTConfig
-from hpctrain.models.spec import model_spec
+from hpctrain.models.builtin import model_spec
 from hpctrain.submit.precheck import precheck
 from hpctrain.submit.sweep import sweep_members
 

@@ -16,8 +16,8 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import Degrees, degrees, world_size
 from hpctrain.config.validate import validate
 from hpctrain.errors import ConfigError
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.flops import flops_per_token, param_count
-from hpctrain.models.spec import model_spec
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.search import alternatives
 from hpctrain.submit.fits import check_fits

@@ -7,12 +7,15 @@ its rules for data and layouts. :data:`BUILTIN` maps each model's ``_target_`` t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from hpctrain.config.schema import ModelConfig
+from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
 from hpctrain.models.facts import Ends
-from hpctrain.models.spec import ParamSpec, TransformerSpec, at_least
+from hpctrain.models.spec import ModelSpec, ParamSpec, TransformerSpec, at_least
 
 INT64 = 8  # bytes of a token id (torch.long)
 FP32 = 4
@@ -252,3 +255,21 @@ BUILTIN: dict[str, type[TransformerSpec]] = {
     "hpctrain.models.gpt.GPT": GPTSpec,
     "hpctrain.models.vit.ViT": ViTSpec,
 }
+
+
+def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
+    """The spec of ``model``: declared for a built-in target (its arguments checked), else unknown facts."""
+    if isinstance(model, ModelSpec):
+        return model
+    spec_type = BUILTIN.get(model.target)
+    if spec_type is None:
+        return ModelSpec(target=model.target)
+    fields = [f.name for f in dataclasses.fields(spec_type) if f.name != "target"]
+    for key, value in model.args.items():
+        if key not in fields:
+            raise ConfigError(
+                f"model.{key}", value, f"not an argument of {model.target}", valid=", ".join(fields)
+            )
+    spec = typed_from(spec_type, model.args, "model")
+    spec.check()
+    return spec

@@ -8,7 +8,8 @@ declares no counts (a user's model) gives None; the trainer then counts the buil
 from __future__ import annotations
 
 from hpctrain.config.schema import ModelConfig
-from hpctrain.models.spec import ModelSpec, model_spec
+from hpctrain.models.builtin import model_spec
+from hpctrain.models.spec import ModelSpec
 
 
 def param_count(model: ModelConfig | ModelSpec, include_embeddings: bool = True) -> int | None:

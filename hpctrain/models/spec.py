@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpctrain.config.schema import ModelConfig
-from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
 from hpctrain.models.facts import Ends, ModelFacts, ParamFact, TransformerShape
 
@@ -116,7 +115,7 @@ class ModelSpec:
     @property
     def per_token(self) -> bool:
         """Throughput is counted in tokens (the model takes token ids), else in samples."""
-        return self.input_kind == "tokens"
+        return self.throughput_unit != "samples"
 
     @property
     def context_length(self) -> int | None:
@@ -276,26 +275,6 @@ class TransformerSpec(ModelSpec):
             flops_per_token=self.flops_per_token(),
             matrix_width=self.d_model,
         )
-
-
-def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
-    """The spec of ``model``: declared for a built-in target (its arguments checked), else unknown facts."""
-    if isinstance(model, ModelSpec):
-        return model
-    from hpctrain.models.builtin import BUILTIN
-
-    spec_type = BUILTIN.get(model.target)
-    if spec_type is None:
-        return ModelSpec(target=model.target)
-    fields = [f.name for f in dataclasses.fields(spec_type) if f.name != "target"]
-    for key, value in model.args.items():
-        if key not in fields:
-            raise ConfigError(
-                f"model.{key}", value, f"not an argument of {model.target}", valid=", ".join(fields)
-            )
-    spec = typed_from(spec_type, model.args, "model")
-    spec.check()
-    return spec
 
 
 def at_least(key: str, value: float, low: float) -> None:

@@ -14,7 +14,8 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.config.validate import validate
 from hpctrain.data.catalog import check_data, check_feeds, dataset_gives, default_for
-from hpctrain.models.spec import ModelSpec, model_spec
+from hpctrain.models.builtin import model_spec
+from hpctrain.models.spec import ModelSpec
 
 
 def check_run(cfg: Config, run_dir: str | Path | None = None) -> RunShape:

@@ -53,8 +53,9 @@ from dataclasses import dataclass
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import ModelFacts
-from hpctrain.models.spec import ParamSpec, model_spec
+from hpctrain.models.spec import ParamSpec
 from hpctrain.plan.activations import block_activation_bytes, in_flight
 from hpctrain.plan.layout import (
     CUDA_CONTEXT_GIB,

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import Degrees, RunShape, run_shape
 from hpctrain.errors import ConfigError
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import ModelFacts, ParamFact
-from hpctrain.models.spec import ParamSpec, TransformerSpec, model_spec
+from hpctrain.models.spec import ParamSpec, TransformerSpec
 
 GIB = 2**30
 MIB = 2**20

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import PIPELINE_SCHEDULES, STRATEGY_DIMS, Degrees, run_shape
 from hpctrain.errors import ConfigError
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import ModelFacts
-from hpctrain.models.spec import model_spec
 from hpctrain.plan.check import check_run
 from hpctrain.plan.estimate import Estimate, estimate
 

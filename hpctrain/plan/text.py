@@ -7,7 +7,7 @@ import textwrap
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
-from hpctrain.models.spec import model_spec
+from hpctrain.models.builtin import model_spec
 from hpctrain.plan.estimate import (
     CUDA_CONTEXT_GIB,
     FRAGMENTATION,

@@ -34,8 +34,8 @@ from torch import nn
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import Activations, Linear, Measured, ModelFacts, ParamFact
-from hpctrain.models.spec import model_spec
 from hpctrain.parallel.blocks import find_blocks
 from hpctrain.precision import amp, regimes_of
 from hpctrain.submit.probe import build_model, first_batches

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from hpctrain.config.schema import Config
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import MeasuredModel
-from hpctrain.models.spec import model_spec
 
 _MEASURED: dict[str, MeasuredModel] = {}
 

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
-from hpctrain.models.spec import model_spec
+from hpctrain.models.builtin import model_spec
 from hpctrain.precision import float8_problem
 
 

@@ -124,7 +124,7 @@ def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
     them (on the CPU; the dataset is built once)."""
     from hpctrain.data import build_datasets
     from hpctrain.data.user import build_user_datasets
-    from hpctrain.models.spec import model_spec
+    from hpctrain.models.builtin import model_spec
 
     if cfg.data.target is not None:
         train_set, _ = user_call(

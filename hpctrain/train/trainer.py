@@ -35,7 +35,7 @@ from hpctrain.data.stream import BatchStream
 from hpctrain.data.user import build_user_datasets
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
-from hpctrain.models.spec import model_spec
+from hpctrain.models.builtin import model_spec
 from hpctrain.observe.loggers import Observer
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_

@@ -85,7 +85,7 @@ def generate(
 
 def _context_length(model: Any, model_cfg: Any) -> int:
     """How many positions the model takes: its spec's tokens per sample, else a transformers config's."""
-    from hpctrain.models.spec import model_spec
+    from hpctrain.models.builtin import model_spec
 
     spec = model_spec(model_cfg)
     if spec.tokens_per_sample > 1:

@@ -14,8 +14,9 @@ import pytest
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.config.validate import validate
+from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import Activations, Linear, Measured
-from hpctrain.models.spec import ParamSpec, model_spec
+from hpctrain.models.spec import ParamSpec
 from hpctrain.plan import estimate as plan
 from hpctrain.plan.layout import declared_facts, layout_of, local_numel, rank_stages
 from hpctrain.plan.memory import rank_memory
