@@ -8,7 +8,9 @@ batch × layout, data × model), which read each other's results; split, they wo
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     _check_parallel(cfg)
     _check_optim(cfg)
     _check_trainer(cfg)
+    _check_checkpoint(cfg)
     _check_logger(cfg)
     check_faults(cfg.faults)
     _check_batch(cfg)
@@ -424,7 +427,8 @@ def _check_trainer(cfg: Config) -> None:
         _at_least(f"trainer.{key}", getattr(t, key), 0)
     _one_of("trainer.precision", t.precision, PRECISIONS)
     if t.resume not in ("auto", "never"):
-        problem = checkpoint_layout.problem_with(Path(t.resume))
+        # Sizes and the manifest here; each file's checksum is verified by the worker as it loads it.
+        problem = checkpoint_layout.problem_with(Path(t.resume), checksums=False)
         if problem:
             raise ConfigError(
                 "trainer.resume",
@@ -444,6 +448,49 @@ def _check_trainer(cfg: Config) -> None:
                 f"expected FIRST:LAST, steps with 1 ≤ FIRST ≤ LAST ≤ trainer.max_steps={t.max_steps}",
                 valid="e.g. 10:12",
             )
+
+
+WRITER_FAILURE = ("warn", "stop")
+
+
+def _check_checkpoint(cfg: Config) -> None:
+    """The fast tier: an interval ≥ 1 (or none), an absolute node-local path (for a local run, one this
+    machine can write; a Slurm node's is checked by the job, with the state's size)."""
+    c = cfg.checkpoint
+    _one_of("checkpoint.on_writer_failure", c.on_writer_failure, WRITER_FAILURE)
+    given = os.environ.get(checkpoint_layout.JOB_ID_ENV)
+    if given is not None and not checkpoint_layout.valid_job_id(given):
+        raise ConfigError(checkpoint_layout.JOB_ID_ENV, given, "not a job id",
+                          valid="1-64 characters of A-Z a-z 0-9 . _ -")  # fmt: skip
+    if c.local_every is None:
+        return
+    if c.local_every < 1:
+        raise ConfigError(
+            "checkpoint.local_every", c.local_every, "must be ≥ 1 (steps between fast-tier copies)",
+            valid="e.g. 10, or null to keep no fast tier",
+        )  # fmt: skip
+    if cfg.task.name != "train":
+        raise ConfigError(
+            "checkpoint.local_every",
+            c.local_every,
+            f"the fast tier is hpctrain's trainer's, not task={cfg.task.name}'s",
+            valid="null with task=script",
+        )
+    path = Path(c.local_path)
+    if not c.local_path or not path.is_absolute():
+        raise ConfigError(
+            "checkpoint.local_path", c.local_path, "must be an absolute path (a node-local directory)",
+            valid="e.g. /dev/shm",
+        )  # fmt: skip
+    if cfg.cluster.kind == "local":
+        valid = "an existing writable node-local directory, e.g. /dev/shm"
+        if not path.is_dir():
+            raise ConfigError("checkpoint.local_path", c.local_path, "is not a directory here", valid=valid)
+        try:
+            Path(tempfile.mkdtemp(prefix=".hpctrain-probe-", dir=path)).rmdir()
+        except OSError as err:
+            reason = f"not writable: {err.strerror or err}"
+            raise ConfigError("checkpoint.local_path", c.local_path, reason, valid=valid) from None
 
 
 def _check_logger(cfg: Config) -> None:

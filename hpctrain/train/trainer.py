@@ -12,6 +12,7 @@ A little over 400 lines: the loop is kept in one file on purpose, to be read top
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -24,13 +25,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.manager import CheckpointManager
+from hpctrain.checkpoint.staging import state_bytes
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.data import GlobalBatchSampler, build_datasets, split_micro_batches
 from hpctrain.data.stream import BatchStream
 from hpctrain.data.user import build_user_datasets
+from hpctrain.errors import ConfigError
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.spec import model_spec
@@ -44,6 +48,7 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
+from hpctrain.rundir import checkpoints as ckpt_layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
@@ -137,16 +142,32 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
     faults = FaultInjector(cfg.faults, env.rank)
+    fast_tier = build_fast_tier(cfg, env, run_dir)
     checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults
-    )
+        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
+        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
+        timeout_s=cfg.cluster.dist_timeout_s,
+    )  # fmt: skip
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
     checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
+    if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
+        fast_tier.prepare(state_bytes(resumable), "checkpoint.local_path")
     resumed = checkpoints.resume(
         resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
     )
+    if resumed is None and checkpoints.state_touched:
+        # Part of a checkpoint reached the state before a later file of it failed its checksum, and no other
+        # checkpoint loaded over it: start from the fresh state, built again.
+        log.warning(
+            "No checkpoint loaded and a damaged one left part of itself in the state: building it anew"
+        )
+        checkpoints.close(end_of_job=False)
+        return build_run(dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")), shape,
+                         env, device, run_dir)  # fmt: skip
     if resumed is not None:
         set_hyperparameters(optimizer, scheduler, cfg)
+    if t.async_checkpoint or fast_tier is not None:
+        checkpoints.start_writer()  # its process boots beside the first steps
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
@@ -194,6 +215,7 @@ def fit(
     )
     run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
+    local_every = cfg.checkpoint.local_every if checkpoints.fast is not None else None
     stopped_by: str | None = None
     step_start = time.perf_counter()
     while state.step < t.max_steps:
@@ -243,12 +265,14 @@ def fit(
         elif observer is not None:
             observer.advance(state.step)
         stopped_by = stop(step_s, save_s)
-        if last or stopped_by or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0):
+        shared = last or stopped_by or (t.ckpt_every > 0 and state.step % t.ckpt_every == 0)
+        # The fast tier is for a restart inside this job: not after its last step.
+        local = local_every is not None and state.step % local_every == 0 and not (last or stopped_by)
+        if shared or local:
             watchdog.enter(state.step, "checkpoint")
             save_start = time.perf_counter()
-            checkpoints.save(
-                state.step, run.resumable, blocking=not t.async_checkpoint or last or bool(stopped_by)
-            )
+            blocking = not t.async_checkpoint or last or bool(stopped_by)
+            checkpoints.save(state.step, run.resumable, blocking=blocking, shared=bool(shared), local=local)
             save_s = time.perf_counter() - save_start
         elif checkpoints.pending:
             checkpoints.poll()  # a background write that finished is committed now, not at the next save
@@ -259,6 +283,22 @@ def fit(
     checkpoints.close()
     run.batches.close()
     return FitResult(state, stopped_by)
+
+
+def build_fast_tier(cfg: Config, env: DistEnv, run_dir: Path) -> FastTier | None:
+    """This rank's fast tier (``checkpoint.local_every``), keyed by the run directory and this job."""
+    c = cfg.checkpoint
+    if c.local_every is None:
+        return None
+    job = ckpt_layout.job_identity(os.environ)
+    if job is None:
+        raise ConfigError(
+            "checkpoint.local_every", c.local_every,
+            "needs a job: an srun task of a Slurm job, or a worker of hpctrain's local launcher (which sets "
+            f"{ckpt_layout.JOB_ID_ENV})", valid="null outside those",
+        )  # fmt: skip
+    paths = ckpt_layout.FastTierPaths(Path(c.local_path), ckpt_layout.run_key(run_dir), job)
+    return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size, c.local_every)
 
 
 def train_step(

@@ -1,0 +1,487 @@
+"""The fast tier: each rank's newest state in node-local memory, and a copy of it on a peer node.
+
+Every ``checkpoint.local_every`` steps the writer process (``hpctrain.checkpoint.writer``) saves its rank's
+own state (a DCP checkpoint of one rank: the local shards, no resharding) into ``checkpoint.local_path``
+(``/dev/shm`` by default: memory) and sends it to the writer of its peer, the rank with the same local
+rank on the next node ((rank + ranks per node) mod world size), which keeps it beside its own; each keeps
+the newest copy only. The paths (``hpctrain.rundir.checkpoints.FastTierPaths``) are keyed by the run
+directory, the job and the host. A copy is a DCP checkpoint of one rank with a version-3 manifest (sizes,
+CRC-32C, and the run, job, rank, world size, lineage and a signature of the state's local layout).
+
+A restart in the same job (:meth:`FastTier.restore`, called by ``CheckpointManager.resume``): every rank
+lists the copies it has (its own, and those it holds for its peer) that belong to this run, this job, this
+rank and world size, the run directory's current lineage (``checkpoints/lineage.json``) and a state of the
+same layout; the ranks agree (one all-gather) on the newest step newer than the shared tier's newest
+checkpoint that every rank can get: from its own copy, else from the rank that holds its copy (sent over the
+process group into the rank's node-local directory). Each rank then loads its copy with the verifying reader
+(``hpctrain.checkpoint.reader``: CRC-32C before any byte reaches the state). A copy that fails (truncated, a
+flipped bit) is skipped with a warning for the next one (the peer's copy of the same step, then an older
+step, then the shared tier); a resume never loads an unverified copy.
+
+Nothing of the fast tier outlives its job: each rank removes its node's directories at the end of training,
+the local launcher removes a launch's tier when it ends (``hpctrain.launch.local``), and a job of the same
+run starting on the node removes those of earlier jobs (one run directory, one run at a time: its lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hpctrain.errors import ConfigError
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.rundir.files import atomic_json
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class LocalSave:
+    """What the writer does for one fast-tier save (sent with its request)."""
+
+    own: str  # this rank's own copies
+    info: dict[str, Any]  # the manifest's facts: lineage, run, job, rank, world size, signature
+    send_to: int | None = None  # the peer rank that keeps a copy of ours
+    receive_from: int | None = None  # the rank whose copy we keep
+    held: str | None = None  # where we keep it
+
+
+@dataclass
+class Candidates:
+    own: dict[int, Path] = field(default_factory=dict)  # step → this rank's own copy
+    held: dict[int, dict[int, Path]] = field(default_factory=dict)  # owner rank → step → copy held for it
+
+
+# ------------------------------------------------------------------------------------- writer's side
+def save_local(
+    local: LocalSave, step: int, planner: Any, progress: Callable[[int], None] | None = None
+) -> Path:
+    """Save this rank's staged state into its node-local directory and commit it; keep the newest only;
+    then exchange copies with the peer. Runs in the writer process."""
+    import torch.distributed.checkpoint as dcp
+
+    from hpctrain.checkpoint.direct import DirectWriter
+
+    own = Path(local.own)
+    tmp = own / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    dcp.save(
+        {}, storage_writer=DirectWriter(tmp, direct=False, progress=progress), planner=planner, no_dist=True
+    )
+    layout.write_manifest(tmp, step, **local.info)
+    final = _commit(tmp, own, step)
+    if local.send_to is not None and local.receive_from is not None and local.held is not None:
+        exchange(final, local.send_to, Path(local.held), local.receive_from, step)
+    return final
+
+
+def _commit(tmp: Path, directory: Path, step: int) -> Path:
+    """Rename ``tmp`` to ``step_N`` in ``directory`` and remove every other copy there (newest only)."""
+    final = directory / layout.checkpoint_name(step)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for other in directory.iterdir():
+        if other != final:
+            shutil.rmtree(other, ignore_errors=True)
+    return final
+
+
+def exchange(
+    copy: Path | None, send_to: int | None, held: Path | None, receive_from: int | None, step: int
+) -> Path | None:
+    """Send ``copy`` to rank ``send_to`` and receive the copy of rank ``receive_from`` into ``held`` (either
+    may be None), at once: with every rank of a ring doing both, neither waits for the other. Returns the
+    copy received, verified and committed in ``held``."""
+    outgoing = _header(copy) if copy is not None else None
+    length = torch.zeros(1, dtype=torch.int64)
+    sent_length = torch.tensor([len(outgoing) if outgoing is not None else 0], dtype=torch.int64)
+    works = []
+    if outgoing is not None:
+        works.append(dist.isend(sent_length, send_to))
+    if receive_from is not None:
+        works.append(dist.irecv(length, receive_from))
+    _wait(works)
+    header = torch.zeros(int(length.item()), dtype=torch.uint8)
+    sent_header = torch.frombuffer(bytearray(outgoing or b"\0"), dtype=torch.uint8)
+    works = []
+    if outgoing is not None:
+        works.append(dist.isend(sent_header, send_to))
+    if receive_from is not None:
+        works.append(dist.irecv(header, receive_from))
+    _wait(works)
+    manifest = json.loads(header.numpy().tobytes()) if receive_from is not None else None
+    maps: list[mmap.mmap] = []
+    works, tensors = [], []
+    try:
+        if copy is not None:
+            for name, size in _files(layout.read_manifest(copy)):
+                if size:
+                    tensor, mapping = _mapped(copy / name, size, create=False)
+                    maps.append(mapping)
+                    tensors.append(tensor)
+                    works.append(dist.isend(tensor, send_to))
+        tmp = None
+        if manifest is not None and held is not None:
+            if manifest.get("step") != step:
+                raise RuntimeError(f"rank {receive_from} sent step {manifest.get('step')}, not {step}")
+            tmp = held / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for name, size in _files(manifest):
+                target = tmp / name
+                if not size:
+                    target.touch()
+                    continue
+                tensor, mapping = _mapped(target, size, create=True)
+                maps.append(mapping)
+                tensors.append(tensor)
+                works.append(dist.irecv(tensor, receive_from))
+        _wait(works)
+    finally:
+        del tensors
+        for mapping in maps:
+            mapping.close()
+    if tmp is None or manifest is None or held is None:
+        return None
+    return commit_received(tmp, manifest, held, step)
+
+
+def commit_received(tmp: Path, manifest: dict[str, Any], directory: Path, step: int) -> Path:
+    """Check a received copy against the manifest it came with, write that manifest, commit it."""
+    atomic_json(tmp / layout.MANIFEST, manifest)
+    problem = layout.problem_with(tmp)
+    if problem is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise RuntimeError(f"the copy received for step {step} is damaged: {problem}")
+    return _commit(tmp, directory, step)
+
+
+def _header(copy: Path) -> bytes:
+    return json.dumps(layout.read_manifest(copy)).encode()
+
+
+def _files(manifest: dict[str, Any]) -> list[tuple[str, int]]:
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise RuntimeError("a fast-tier copy's manifest lists no files")
+    out = []
+    for name, entry in sorted(files.items()):
+        if Path(name).is_absolute() or ".." in Path(name).parts or "/" in name:
+            raise RuntimeError(f"a fast-tier copy names {name!r}, outside the copy")
+        out.append((name, int(entry["size"])))
+    return out
+
+
+def _mapped(path: Path, size: int, create: bool) -> tuple[torch.Tensor, mmap.mmap]:
+    """The file's bytes as a uint8 tensor over a shared mapping (created at ``size`` when ``create``)."""
+    flags = os.O_RDWR | (os.O_CREAT | os.O_TRUNC if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if create else mmap.ACCESS_COPY)
+    finally:
+        os.close(fd)
+    return torch.frombuffer(mapping, dtype=torch.uint8), mapping
+
+
+def _wait(works: list[Any]) -> None:
+    for work in works:
+        work.wait()
+
+
+# ------------------------------------------------------------------------------------ training's side
+class FastTier:
+    """One rank's view of the fast tier (its node-local paths, its peer) and the restart that uses it."""
+
+    def __init__(
+        self,
+        paths: layout.FastTierPaths,
+        host: str,
+        rank: int,
+        world_size: int,
+        local_world_size: int,
+        every: int,
+    ) -> None:
+        self.paths = paths
+        self.host = host
+        self.rank = rank
+        self.world_size = world_size
+        self.per_node = max(1, min(local_world_size, world_size))
+        self.every = every
+
+    # --- topology
+    def peer_of(self, rank: int) -> int | None:
+        """The rank that keeps ``rank``'s copy: the same local rank on the next node (none on one node)."""
+        if self.world_size <= self.per_node:
+            return None
+        return (rank + self.per_node) % self.world_size
+
+    def source_of(self, rank: int) -> int | None:
+        """The rank whose copy ``rank`` keeps."""
+        if self.world_size <= self.per_node:
+            return None
+        return (rank - self.per_node) % self.world_size
+
+    @property
+    def own(self) -> Path:
+        return self.paths.own(self.host, self.rank)
+
+    def held(self, owner: int) -> Path:
+        return self.paths.held(self.host, self.rank, owner)
+
+    @property
+    def is_node_leader(self) -> bool:
+        return self.rank % self.per_node == 0
+
+    # --- start and end
+    def prepare(self, state_bytes: int, key: str) -> None:
+        """Create this rank's directories (after removing the tiers of this run's earlier jobs) and refuse,
+        in one line, a path that is not writable or has no room for the tier (``key``: the config key)."""
+        removed = self.paths.remove_other_jobs()
+        if removed and self.is_node_leader:
+            log.info(
+                "Removed the fast tier of this run's earlier job(s) %s on %s", ", ".join(removed), self.host
+            )
+        try:
+            self.paths.make(self.own)
+            source = self.source_of(self.rank)
+            if source is not None:
+                self.paths.make(self.held(source))
+            probe = self.own / f".probe-{os.getpid()}"
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as err:
+            raise ConfigError(key, str(self.paths.base), f"not writable: {err.strerror or err}",
+                              valid="a writable node-local directory, e.g. /dev/shm") from None  # fmt: skip
+        # Per rank: its newest copy and the one being written, the same for the copy it keeps for its peer,
+        # and the staging segment (shared memory: /dev/shm too).
+        copies = 2 + (2 if self.source_of(self.rank) is not None else 0) + 1
+        needed = state_bytes * copies * self.per_node
+        # Copies this rank already keeps (a restart) are replaced, not added to.
+        rank_dir = self.paths.rank_dir(self.host, self.rank)
+        kept = sum(p.stat().st_size for p in rank_dir.rglob("*") if p.is_file()) * self.per_node
+        usage = shutil.disk_usage(self.paths.user_root)
+        if usage.free + kept < needed:
+            raise ConfigError(
+                key,
+                str(self.paths.base),
+                f"{(usage.free + kept) / GIB:.2f} GiB free on {self.host}, the fast tier needs "
+                f"{needed / GIB:.2f} GiB ({self.per_node} rank(s) × {copies} × {state_bytes / GIB:.2f} GiB "
+                f"of state: the newest copy and one being written"
+                f"{', the same for a peer' if copies == 5 else ''}, the staging segment)",
+                valid="a node-local directory with that much room (or a larger /dev/shm)",
+            )
+
+    def request(self, info: dict[str, Any]) -> LocalSave:
+        source = self.source_of(self.rank)
+        return LocalSave(
+            own=str(self.own),
+            info={**info, "tier": "local", "run": self.paths.run, "job": self.paths.job, "rank": self.rank,
+                  "world_size": self.world_size},
+            send_to=self.peer_of(self.rank),
+            receive_from=source,
+            held=str(self.held(source)) if source is not None else None,
+        )  # fmt: skip
+
+    def end_of_job(self) -> None:
+        """Remove this job's tier on this node (collective: after every rank's last use)."""
+        _barrier()
+        if self.is_node_leader:
+            self.paths.remove_job()
+        _barrier()
+
+    # --- restart
+    def candidates(self, lineage: str | None, signature: str) -> Candidates:
+        """This rank's copies that a restart may load (committed, sizes as in their manifest, this run, job,
+        rank, world size, lineage and state layout); each other copy is named in a warning."""
+        found = Candidates()
+        if lineage is None:
+            return found
+        expect = {"run": self.paths.run, "job": self.paths.job, "world_size": self.world_size,
+                  "lineage": lineage, "signature": signature, "tier": "local"}  # fmt: skip
+        for copy in layout.copies(self.own):
+            problem = _problem(copy, {**expect, "rank": self.rank})
+            if problem is None:
+                found.own[layout.step_of(copy)] = copy
+            else:
+                log.warning("Skipping fast-tier copy %s: %s", copy, problem)
+        rank_dir = self.paths.rank_dir(self.host, self.rank)
+        if rank_dir.is_dir():
+            for held in rank_dir.iterdir():
+                owner = held.name[len(layout.PEER_PREFIX) :]
+                if not held.name.startswith(layout.PEER_PREFIX) or not owner.isdigit():
+                    continue
+                for copy in layout.copies(held):
+                    problem = _problem(copy, {**expect, "rank": int(owner)})
+                    if problem is None:
+                        found.held.setdefault(int(owner), {})[layout.step_of(copy)] = copy
+                    else:
+                        log.warning("Skipping fast-tier copy %s: %s", copy, problem)
+        return found
+
+    def restore(
+        self,
+        found: Candidates,
+        newer_than: int,
+        group: dist.ProcessGroup | None,
+        load: Callable[[Path], str | None],
+    ) -> tuple[int, Path, str] | None:
+        """Load the newest step newer than ``newer_than`` that every rank can get (collective). ``load(copy)``
+        loads one copy into the state (None, or why it failed). Returns (step, this rank's copy, where it came
+        from) or None when no step of the fast tier loads."""
+        every = _all_gather((sorted(found.own), {o: sorted(s) for o, s in found.held.items()}), group)
+        steps = sorted(
+            {s for own, _ in every for s in own} | {s for _, held in every for h in held.values() for s in h}
+        )
+        for step in (s for s in reversed(steps) if s > newer_than):
+            # Where each rank can get this step: its own copy first, then the ranks that hold one for it.
+            sources = []
+            for r in range(self.world_size):
+                ways = [r] if step in every[r][0] else []
+                ways += [h for h in range(self.world_size) if step in every[h][1].get(r, [])]
+                sources.append(ways)
+            if not all(sources):
+                continue
+            choice = [0] * self.world_size
+            while True:
+                failed = self._attempt(
+                    step, [ways[i] for ways, i in zip(sources, choice, strict=True)], found, group, load
+                )
+                failures = _all_gather(failed, group)
+                if not any(failures):
+                    origin = (
+                        "its own copy"
+                        if sources[self.rank][choice[self.rank]] == self.rank
+                        else (f"the copy rank {sources[self.rank][choice[self.rank]]} kept for it")
+                    )
+                    return step, self.own / layout.checkpoint_name(step), origin
+                if self.rank == 0:
+                    for r, why in enumerate(failures):
+                        if why:
+                            log.warning("Fast-tier copy of rank %d, step %d, not loaded: %s", r, step, why)
+                for r, why in enumerate(failures):
+                    if why:
+                        choice[r] += 1
+                if any(choice[r] >= len(sources[r]) for r in range(self.world_size)):
+                    break  # a rank has no copy of this step left: an older step, or the shared tier
+        return None
+
+    def _attempt(
+        self,
+        step: int,
+        holders: list[int],
+        found: Candidates,
+        group: dist.ProcessGroup | None,
+        load: Callable[[Path], str | None],
+    ) -> str | None:
+        """One try at ``step``: copies sent where a rank loads another's, then every rank loads."""
+        problem: str | None = None
+        for owner, holder in enumerate(holders):  # the same order on every rank
+            if holder == owner:
+                continue
+            try:
+                if self.rank == holder:
+                    _send_copy(found.held[owner][step], owner, group)
+                elif self.rank == owner:
+                    started = time.perf_counter()
+                    tmp = self.own / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
+                    _receive_copy(tmp, holder, group)
+                    log.info("Received the fast-tier copy of step %d from rank %d in %.2f s", step, holder,
+                             time.perf_counter() - started)  # fmt: skip
+            except Exception as err:  # a transfer that failed is this try's failure; the next tries another
+                problem = f"{type(err).__name__}: {err}"
+        if problem is not None:
+            return problem
+        copy = self.own / layout.checkpoint_name(step)
+        if holders[self.rank] == self.rank:
+            copy = found.own[step]
+        return load(copy)
+
+    def after_resume(self, lineage: str, step: int) -> None:
+        """Drop copies the run has moved past: of another lineage, or ahead of the step it resumed from."""
+        rank_dir = self.paths.rank_dir(self.host, self.rank)
+        if not rank_dir.is_dir():
+            return
+        for sub in (d for d in rank_dir.iterdir() if d.is_dir()):
+            for copy in sub.glob(f"{layout.TMP_PREFIX}*"):
+                shutil.rmtree(copy, ignore_errors=True)
+            for copy in layout.copies(sub):
+                if layout.lineage_of(copy) != lineage or layout.step_of(copy) > step:
+                    shutil.rmtree(copy, ignore_errors=True)
+
+
+def _problem(copy: Path, expect: dict[str, Any]) -> str | None:
+    problem = layout.problem_with(copy, checksums=False)
+    if problem is not None:
+        return problem
+    manifest = layout.read_manifest(copy)
+    for key, value in expect.items():
+        if manifest.get(key) != value:
+            return f"its {key} is {manifest.get(key)!r}, this run's {value!r}"
+    return None
+
+
+def _send_copy(copy: Path, dst: int, group: dist.ProcessGroup | None) -> None:
+    header = _header(copy)
+    dist.send(torch.tensor([len(header)], dtype=torch.int64), _global(dst, group), group=group)
+    dist.send(torch.frombuffer(bytearray(header), dtype=torch.uint8), _global(dst, group), group=group)
+    for name, size in _files(layout.read_manifest(copy)):
+        if size:
+            tensor, mapping = _mapped(copy / name, size, create=False)
+            try:
+                dist.send(tensor, _global(dst, group), group=group)
+            finally:
+                del tensor
+                mapping.close()
+
+
+def _receive_copy(tmp: Path, src: int, group: dist.ProcessGroup | None) -> Path:
+    length = torch.zeros(1, dtype=torch.int64)
+    dist.recv(length, _global(src, group), group=group)
+    header = torch.zeros(int(length.item()), dtype=torch.uint8)
+    dist.recv(header, _global(src, group), group=group)
+    manifest = json.loads(header.numpy().tobytes())
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, size in _files(manifest):
+        if not size:
+            (tmp / name).touch()
+            continue
+        tensor, mapping = _mapped(tmp / name, size, create=True)
+        try:
+            dist.recv(tensor, _global(src, group), group=group)
+        finally:
+            del tensor
+            mapping.close()
+    return commit_received(tmp, manifest, tmp.parent, int(manifest["step"]))
+
+
+def _global(rank: int, group: dist.ProcessGroup | None) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _all_gather(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return [value]
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, value, group=group)
+    return every
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
