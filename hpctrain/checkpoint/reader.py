@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from hpctrain.checkpoint.direct import RAW
-from hpctrain.checkpoint.safe import SafeFileSystemReader
+from hpctrain.checkpoint.safe import SafeFileSystemReader, weights_only
 from hpctrain.rundir import checkpoints as layout
 
 CHUNK = 8 << 20  # checksummed 8 MiB at a time: the readahead keeps going meanwhile
@@ -135,7 +135,9 @@ class FastReader(SafeFileSystemReader):
                 )
             tensor = piece.view(dtype).reshape(sizes)
         else:  # written before the raw format: a torch.save record, read weights-only
-            tensor = torch.load(io.BytesIO(piece.numpy().tobytes()), map_location="cpu", weights_only=True)
+            tensor = weights_only(item, io.BytesIO(piece.numpy().tobytes()))
+            if not isinstance(tensor, torch.Tensor):
+                raise CheckpointDamaged(f"{fqn}: the stored record is a {type(tensor).__name__}, no tensor")
         tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():

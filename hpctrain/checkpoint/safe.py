@@ -110,7 +110,7 @@ class SafeEmptyStatePlanner(_EmptyStateDictLoadPlanner):
 def weights_only(read_item: ReadItem, value: io.BytesIO) -> Any:
     """A value of a checkpoint (DCP's ``torch.save`` bytes), unpickled weights-only or refused."""
     try:
-        return torch.load(value, weights_only=True)
+        return torch.load(value, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UnsafeCheckpoint(
