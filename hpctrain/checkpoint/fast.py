@@ -3,10 +3,12 @@
 Every ``checkpoint.local_every`` steps the writer process (``hpctrain.checkpoint.writer``) saves its rank's
 own state (a DCP checkpoint of one rank: the local shards, no resharding) into ``checkpoint.local_path``
 (``/dev/shm`` by default: memory) and sends it to the writer of its peer, the rank with the same local
-rank on the next node ((rank + ranks per node) mod world size), which keeps it beside its own; each keeps
-the newest copy only. The paths (``hpctrain.rundir.checkpoints.FastTierPaths``) are keyed by the run
-directory, the job and the host. A copy is a DCP checkpoint of one rank with a version-3 manifest (sizes,
-CRC-32C, and the run, job, rank, world size, lineage and a signature of the state's local layout).
+rank on the next node ((rank + ranks per node) mod world size), which keeps it beside its own. Each
+directory keeps two copies at most: a save starts once the one before is written on every rank, so the
+older of the two is on every rank while the newer may still be being written. The paths
+(``hpctrain.rundir.checkpoints.FastTierPaths``) are keyed by the run directory, the job and the host. A
+copy is a DCP checkpoint of one rank with a version-3 manifest (sizes, CRC-32C, and the run, job, rank,
+world size, lineage and a signature of the state's local layout).
 
 A restart in the same job (:meth:`FastTier.restore`, called by ``CheckpointManager.resume``): every rank
 lists the copies it has (its own, and those it holds for its peer) that belong to this run, this job, this
@@ -61,6 +63,7 @@ class LocalSave:
 
 @dataclass
 class Candidates:
+    signature: str = ""  # this rank's state's (a held copy must have its owner's)
     own: dict[int, Path] = field(default_factory=dict)  # step → this rank's own copy
     held: dict[int, dict[int, Path]] = field(default_factory=dict)  # owner rank → step → copy held for it
 
@@ -69,15 +72,15 @@ class Candidates:
 def save_local(
     local: LocalSave, step: int, planner: Any, progress: Callable[[int], None] | None = None
 ) -> Path:
-    """Save this rank's staged state into its node-local directory and commit it; keep the newest only;
+    """Save this rank's staged state into its node-local directory and commit it (beside the copy before);
     then exchange copies with the peer. Runs in the writer process."""
     import torch.distributed.checkpoint as dcp
 
     from hpctrain.checkpoint.direct import DirectWriter
 
     own = Path(local.own)
+    _trim(own)
     tmp = own / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
-    shutil.rmtree(tmp, ignore_errors=True)
     dcp.save(
         {}, storage_writer=DirectWriter(tmp, direct=False, progress=progress), planner=planner, no_dist=True
     )
@@ -88,14 +91,22 @@ def save_local(
     return final
 
 
+def _trim(directory: Path) -> None:
+    """Before a new copy is written: keep only the newest committed one. A save is started only once the one
+    before is written on every rank, so that copy is one every rank has; with the one being written, a
+    directory holds two copies at most, and a restart always finds a step all ranks share."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{layout.TMP_PREFIX}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for older in layout.copies(directory)[1:]:
+        shutil.rmtree(older, ignore_errors=True)
+
+
 def _commit(tmp: Path, directory: Path, step: int) -> Path:
-    """Rename ``tmp`` to ``step_N`` in ``directory`` and remove every other copy there (newest only)."""
+    """Rename ``tmp`` to ``step_N`` in ``directory`` (a copy of that step already there is replaced)."""
     final = directory / layout.checkpoint_name(step)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for other in directory.iterdir():
-        if other != final:
-            shutil.rmtree(other, ignore_errors=True)
     return final
 
 
@@ -137,8 +148,8 @@ def exchange(
         if manifest is not None and held is not None:
             if manifest.get("step") != step:
                 raise RuntimeError(f"rank {receive_from} sent step {manifest.get('step')}, not {step}")
+            _trim(held)
             tmp = held / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
-            shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             for name, size in _files(manifest):
                 target = tmp / name
@@ -267,8 +278,8 @@ class FastTier:
         except OSError as err:
             raise ConfigError(key, str(self.paths.base), f"not writable: {err.strerror or err}",
                               valid="a writable node-local directory, e.g. /dev/shm") from None  # fmt: skip
-        # Per rank: its newest copy and the one being written, the same for the copy it keeps for its peer,
-        # and the staging segment (shared memory: /dev/shm too).
+        # Per rank: the copy every rank has and the one being written, the same for the copies it keeps for
+        # its peer, and the staging segment (shared memory: /dev/shm too).
         copies = 2 + (2 if self.source_of(self.rank) is not None else 0) + 1
         needed = state_bytes * copies * self.per_node
         # Copies this rank already keeps (a restart) are replaced, not added to.
@@ -281,7 +292,7 @@ class FastTier:
                 str(self.paths.base),
                 f"{(usage.free + kept) / GIB:.2f} GiB free on {self.host}, the fast tier needs "
                 f"{needed / GIB:.2f} GiB ({self.per_node} rank(s) × {copies} × {state_bytes / GIB:.2f} GiB "
-                f"of state: the newest copy and one being written"
+                f"of state: the copy every rank has and one being written"
                 f"{', the same for a peer' if copies == 5 else ''}, the staging segment)",
                 valid="a node-local directory with that much room (or a larger /dev/shm)",
             )
@@ -307,14 +318,15 @@ class FastTier:
     # --- restart
     def candidates(self, lineage: str | None, signature: str) -> Candidates:
         """This rank's copies that a restart may load (committed, sizes as in their manifest, this run, job,
-        rank, world size, lineage and state layout); each other copy is named in a warning."""
-        found = Candidates()
+        rank, world size, lineage and, for its own, state layout: a held copy's layout is its owner's, which
+        :meth:`restore` compares); each other copy is named in a warning."""
+        found = Candidates(signature)
         if lineage is None:
             return found
         expect = {"run": self.paths.run, "job": self.paths.job, "world_size": self.world_size,
-                  "lineage": lineage, "signature": signature, "tier": "local"}  # fmt: skip
+                  "lineage": lineage, "tier": "local"}  # fmt: skip
         for copy in layout.copies(self.own):
-            problem = _problem(copy, {**expect, "rank": self.rank})
+            problem = _problem(copy, {**expect, "rank": self.rank, "signature": signature})
             if problem is None:
                 found.own[layout.step_of(copy)] = copy
             else:
@@ -343,16 +355,20 @@ class FastTier:
         """Load the newest step newer than ``newer_than`` that every rank can get (collective). ``load(copy)``
         loads one copy into the state (None, or why it failed). Returns (step, this rank's copy, where it came
         from) or None when no step of the fast tier loads."""
-        every = _all_gather((sorted(found.own), {o: sorted(s) for o, s in found.held.items()}), group)
+        held = {o: {s: layout.read_manifest(c).get("signature") for s, c in copies.items()}
+                for o, copies in found.held.items()}  # fmt: skip
+        every = _all_gather((sorted(found.own), held, found.signature), group)
         steps = sorted(
-            {s for own, _ in every for s in own} | {s for _, held in every for h in held.values() for s in h}
+            {s for own, _, _ in every for s in own}
+            | {s for _, kept, _ in every for h in kept.values() for s in h}
         )
         for step in (s for s in reversed(steps) if s > newer_than):
-            # Where each rank can get this step: its own copy first, then the ranks that hold one for it.
+            # Where each rank can get this step: its own copy first, then the ranks that hold one for it (of
+            # a state laid out as the owner's is now).
             sources = []
             for r in range(self.world_size):
                 ways = [r] if step in every[r][0] else []
-                ways += [h for h in range(self.world_size) if step in every[h][1].get(r, [])]
+                ways += [h for h in range(self.world_size) if every[h][1].get(r, {}).get(step) == every[r][2]]
                 sources.append(ways)
             if not all(sources):
                 continue

@@ -48,6 +48,7 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,15 +244,16 @@ class CheckpointManager:
         if self._pending is not None:
             started = time.perf_counter()
             pending = self._pending
-            self._settle(block=True)
-            if pending.tmp is not None and self.rank == 0:
+            if self._settle(block=True) and pending.tmp is not None and self.rank == 0:
                 log.info(
                     "Committed %s (written by the writer process; waited %.2f s for it)",
                     pending.final.name,
                     time.perf_counter() - started,
                 )
 
-    def _settle(self, block: bool) -> None:
+    def _settle(self, block: bool) -> bool:
+        """Resolve the pending save if every rank's writer is done (commit: True) or any failed (False);
+        ``block``: until one of them. Collective: one all-reduce per look."""
         pending = self._pending
         assert pending is not None
         while True:
@@ -263,7 +265,7 @@ class CheckpointManager:
             if failed:
                 self._pending = None
                 self._writer_failed(pending, failure)
-                return
+                return False
             if done == _world_size():
                 self._pending = None
                 if pending.tmp is not None:
@@ -272,9 +274,9 @@ class CheckpointManager:
                         log.info("Committed %s (written beside training)", pending.final.name)
                     if block:
                         _barrier()  # every rank returns with the checkpoint committed
-                return
+                return True
             if not block:
-                return
+                return False
             time.sleep(0.005)
 
     def _writer_failed(self, pending: _Pending, failure: str | None) -> None:
@@ -304,6 +306,7 @@ class CheckpointManager:
                 why,
                 kept,
             )
+        self.start_writer()  # the next generation boots beside the steps until the next save
 
     def close(self, end_of_job: bool = True) -> None:
         """Finish any pending save and pruning, stop the writer, free the staging segment; at the end of the
@@ -354,6 +357,10 @@ class CheckpointManager:
         ``check(candidate)``: called for an intact candidate before anything is loaded; it raises
         ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config)."""
         loaded = self._resume(state, policy, check)
+        if loaded is None and _world_size() > 1:
+            # A fresh lineage is rank 0's: every rank's fast-tier copies and every manifest must name one.
+            self.lineage = _gather_over_ranks(self.lineage, self._background_group())[0]
+            self._own_lineages = {self.lineage}
         if self.fast is not None:
             if self.rank == 0:
                 layout.write_lineage(self.root, self.lineage, self.fast.paths.job)
@@ -447,12 +454,14 @@ class CheckpointManager:
                 _check_fits(directory, metadata.state_dict_metadata, state)
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
-            dcp.load(
-                {k: v for k, v in state.items() if k not in absent},
-                storage_reader=reader,
-                planner=SafeLoadPlanner(),
-                no_dist=no_dist,
-            )
+            with warnings.catch_warnings():  # a fast-tier copy is one rank's by design: DCP's note is noise
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(
+                    {k: v for k, v in state.items() if k not in absent},
+                    storage_reader=reader,
+                    planner=SafeLoadPlanner(),
+                    no_dist=no_dist,
+                )
         except (KeyboardInterrupt, SystemExit, CheckpointMismatch):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException
@@ -586,8 +595,6 @@ def _gather_over_ranks(value: Any, group: dist.ProcessGroup | None) -> list[Any]
 def read_checkpoint(directory: Path) -> dict[str, Any]:
     """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
     inspection and export."""
-    import warnings
-
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from hpctrain.checkpoint.safe import SafeEmptyStatePlanner

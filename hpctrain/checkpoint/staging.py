@@ -26,7 +26,7 @@ import contextlib
 import hashlib
 import io
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,9 +79,28 @@ def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return flatten_state_dict(_stateful_to_state_dict(dict(state)))
 
 
+@contextlib.contextmanager
+def fresh_optimizers_kept(state: dict[str, Any]) -> Iterator[None]:
+    """Leave an optimizer that has not stepped yet as it was. torch's ``get_state_dict`` gives one without
+    state a step at lr 0 to create its state (``_init_optim_state``), which counts as AdamW's first step and
+    changes every update after: a look at the state before training must not."""
+    fresh = [
+        optimizer
+        for stateful in state.values()
+        if isinstance(optimizer := getattr(stateful, "optimizer", None), torch.optim.Optimizer)
+        and not optimizer.state
+    ]
+    try:
+        yield
+    finally:
+        for optimizer in fresh:
+            optimizer.state.clear()
+
+
 def state_bytes(state: dict[str, Any]) -> int:
     """Bytes of this rank's tensors in these Statefuls (its local shards; tied tensors once)."""
-    flat, _ = flat_state(state)
+    with fresh_optimizers_kept(state):
+        flat, _ = flat_state(state)
     seen: set[tuple[int, int]] = set()
     total = 0
     for value in flat.values():
@@ -112,8 +131,9 @@ def plan_signature(plan: SavePlan) -> str:
 
 def state_signature(state: dict[str, Any]) -> str:
     """:func:`plan_signature` of these Statefuls as they are now."""
-    flat, _ = flat_state(state)
-    return plan_signature(create_default_local_save_plan(flat, True))
+    with fresh_optimizers_kept(state):
+        flat, _ = flat_state(state)
+        return plan_signature(create_default_local_save_plan(flat, True))
 
 
 class SegmentStager:

@@ -30,6 +30,7 @@ import io
 import logging
 import multiprocessing
 import os
+import queue
 import signal
 import threading
 import time
@@ -119,10 +120,15 @@ class Writer:
         )
         self.process.start()
         child.close()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # receiving
         self._ready = False
         self._outcomes: dict[int, str | None] = {}  # request id → None (done) or why it failed
         self._lost: str | None = None
+        # Requests go out through a thread of their own: a send blocks while the writer is still booting and
+        # its pipe is full, and neither training nor the manager's poll may wait for that.
+        self._outbox: queue.Queue[tuple[str, SaveRequest] | None] = queue.Queue()
+        self._sender = threading.Thread(target=self._send_all, name="hpctrain-writer-send", daemon=True)
+        self._sender.start()
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Block until the writer has started and joined its group (raises when it could not)."""
@@ -137,11 +143,17 @@ class Writer:
                 )
 
     def submit(self, request: SaveRequest) -> None:
-        with self._lock:
+        self._outbox.put(("save", request))
+
+    def _send_all(self) -> None:
+        while (message := self._outbox.get()) is not None:
             try:
-                self._conn.send(("save", request))
+                self._conn.send(message)
             except (OSError, ValueError) as err:  # the writer is gone: the outcome says so
                 self._lost = self._lost or f"could not send it the save: {err}"
+                return
+        with contextlib.suppress(OSError, ValueError):
+            self._conn.send(None)  # asks the writer to finish and exit
 
     def outcome(self, request_id: int) -> tuple[bool, str | None]:
         """(finished, why it failed or None) of a submitted request; a dead writer fails it."""
@@ -179,8 +191,8 @@ class Writer:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Ask the writer to finish and exit; kill it if it does not."""
-        with self._lock, contextlib.suppress(OSError, ValueError):
-            self._conn.send(None)
+        self._outbox.put(None)
+        self._sender.join(timeout=grace_s)
         self.process.join(timeout=grace_s)
         self.kill()
 
@@ -188,6 +200,7 @@ class Writer:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
+        self._outbox.put(None)
         self._conn.close()
 
 

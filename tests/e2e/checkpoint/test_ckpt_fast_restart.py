@@ -152,16 +152,16 @@ def test_a_lost_node_restarts_from_the_copy_its_peer_kept_bitwise(reference: Pat
         _group(_fit, 2, str(run), [*args, KILL], job)
     paths = layout.FastTierPaths(Path("/dev/shm"), layout.run_key(run), f"local-{job}")
     host = os.uname().nodename
-    own = {r: layout.copies(paths.own(host, r)) for r in (0, 1)}
-    held = {r: layout.copies(paths.held(host, 1 - r, r)) for r in (0, 1)}
-    newest = layout.step_of(own[0][0])
-    assert newest in (6, 7) and layout.step_of(held[1][0]) >= 6 and layout.step_of(held[0][0]) >= 6
+    kept = [paths.own(host, 0), paths.own(host, 1), paths.held(host, 0, 1), paths.held(host, 1, 0)]
+    steps = set.intersection(*({layout.step_of(c) for c in layout.copies(d)} for d in kept))
+    step = max(steps)  # every rank's own copy, and the one its peer kept, of this step
+    assert step >= 6, steps
+    for directory in kept:  # exactly this step everywhere, so that the restart meets the damage below
+        for copy in layout.copies(directory):
+            if layout.step_of(copy) != step:
+                shutil.rmtree(copy)
     # Rank 1's own copy is lost; rank 0's own copy has a flipped bit.
     shutil.rmtree(paths.own(host, 1))
-    step = min(newest, layout.step_of(held[1][0]), layout.step_of(held[0][0]))
-    for copy in own[0]:
-        if layout.step_of(copy) != step:
-            shutil.rmtree(copy)  # keep the step both peers have
     shard = next((paths.own(host, 0) / layout.checkpoint_name(step)).glob("*.distcp"))
     data = bytearray(shard.read_bytes())
     data[len(data) // 3] ^= 0x08
@@ -169,9 +169,8 @@ def test_a_lost_node_restarts_from_the_copy_its_peer_kept_bitwise(reference: Pat
 
     _group(_fit, 2, str(run), args, job)
     log0, log1 = ((run / "logs" / f"rank{r}.log").read_text() for r in (0, 1))
-    assert (
-        f"Fast-tier copy of rank 0, step {step}, not loaded: __0_0.distcp does not match its checksum" in log0
-    )
+    damaged = f"rank 0, step {step}, not loaded: CheckpointDamaged: __0_0.distcp does not match its checksum"
+    assert damaged in log0, f"{log0[-3000:]}\n----\n{log1[-3000:]}"
     resumed = (
         f"Resumed from the fast tier (step {step}, newer than the shared tier's step 4): the copy rank 1"
     )

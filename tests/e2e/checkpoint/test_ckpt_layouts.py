@@ -33,7 +33,7 @@ LAYOUTS = [  # name, overrides, written by the writer process (else synchronousl
     ("ddp", ["parallel=ddp"], False),
     ("fsdp", ["parallel=fsdp"], True),
     ("tp", ["parallel=tp"], False),
-    ("pp", ["parallel=pp", "parallel.microbatches=2"], False),
+    ("pp", ["parallel=pp", "parallel.microbatches=4"], False),
     ("3d", ["parallel=3d", "parallel.microbatches=2"], True),
 ]
 RESHARD = ("2d", ["parallel=2d"])

@@ -31,11 +31,13 @@ def test_a_killed_writer_loses_its_checkpoint_only_and_training_goes_on(tmp_path
     assert names == ["step_00000008", "step_00000006", "step_00000002"], names
     assert [r["step"] for r in metrics(run)] == list(range(1, 9))
     log = (run / "logs" / "rank0.log").read_text()
-    assert (
-        "Checkpoint writer failed while writing step_00000004 (rank 1: the writer process died (killed by "
-        "SIGKILL)): it was not committed, step_00000002 stays the newest checkpoint; training goes on with "
-        "new writers (checkpoint.on_writer_failure=warn)"
-    ) in log
+    warning = log.split("Checkpoint writer failed while writing step_00000004 (")[1].splitlines()[0]
+    # Rank 0's writer may fail too, its peer gone mid-collective: the line names every rank's failure.
+    assert "rank 1: the writer process died (killed by SIGKILL)" in warning
+    assert warning.endswith(
+        "it was not committed, step_00000002 stays the newest checkpoint; training goes on with new writers "
+        "(checkpoint.on_writer_failure=warn)"
+    )
     assert "Committed step_00000006" in log and "Committed step_00000004" not in log
     assert not list((run / "checkpoints").glob(".tmp-*"))
 
