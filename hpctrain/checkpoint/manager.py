@@ -240,7 +240,9 @@ class CheckpointManager:
             self._settle(block=False)
 
     def wait(self) -> None:
-        """Finish and commit the pending save, if any (collective while one is pending)."""
+        """Finish and commit the pending save, if any. Collective once any save went to the writer: a rank
+        whose commit :meth:`poll` already made still meets the others here, so every rank returns with the
+        checkpoint committed."""
         if self._pending is not None:
             started = time.perf_counter()
             pending = self._pending
@@ -250,6 +252,8 @@ class CheckpointManager:
                     pending.final.name,
                     time.perf_counter() - started,
                 )
+        elif self._writer is not None:
+            _barrier()
 
     def _settle(self, block: bool) -> bool:
         """Resolve the pending save if every rank's writer is done (commit: True) or any failed (False);

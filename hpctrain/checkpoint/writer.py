@@ -45,7 +45,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
-from hpctrain.checkpoint import fast
+from hpctrain.checkpoint import replica
 from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.staging import Slot
 from hpctrain.faults import FaultInjector, FaultsConfig
@@ -76,7 +76,7 @@ class SaveRequest:
     plan: SavePlan | None = None
     segment: torch.Tensor | None = None
     shared: str | None = None  # write DCP's shards here (a .tmp- directory the trainer commits)
-    local: fast.LocalSave | None = None  # and/or a copy into the fast tier
+    local: replica.LocalSave | None = None  # and/or a copy into the fast tier
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -296,7 +296,7 @@ def _save(
 
     if request.local is not None:
         # First: the fast tier is in memory, and a restart wants it soonest.
-        fast.save_local(request.local, request.step, StagedPlanner(plan, buffers, request.blobs), progress)
+        replica.save_local(request.local, request.step, StagedPlanner(plan, buffers, request.blobs), progress)
     if request.shared is not None:
         writer = DirectWriter(request.shared, background=True, progress=progress)
         planner = StagedPlanner(plan, buffers, request.blobs)

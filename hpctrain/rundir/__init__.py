@@ -9,6 +9,8 @@
     <run>/logs/rank<R>.log            each rank's log; rank<R>.error.json: the error it died of
     <run>/heartbeats/rank<R>.json     the hang watchdog's heartbeats
     <run>/checkpoints/step_<N>/       committed checkpoints (hpctrain.rundir.checkpoints)
+    <run>/checkpoints/lineage.json    the lineage the run continues (with the checkpoint fast tier on)
+    <checkpoint.local_path>/hpctrain-fast-<uid>/...   node-local: the fast tier (hpctrain.rundir.checkpoints)
     <run>/profile/                    torch.profiler traces (logger.tensorboard: tensorboard/plugins/profile/)
     <run>/tensorboard/                TensorBoard event files (logger.tensorboard)
     <run>/plots/                      hpctrain report's PNGs

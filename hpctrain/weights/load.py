@@ -4,8 +4,8 @@ Reading (``model.init_from``, ``hpctrain export``, ``hpctrain generate``), never
 tensors:
 
 - an hpctrain checkpoint (``checkpoints/step_N``) or a run directory (its latest committed checkpoint): the
-  model's tensors of the DCP checkpoint, consolidated in this process through the safe reader
-  (:mod:`hpctrain.checkpoint.safe`), whatever layout saved it;
+  model's tensors of the DCP checkpoint, consolidated in this process through the verifying reader
+  (:mod:`hpctrain.checkpoint.reader`, :mod:`hpctrain.checkpoint.safe`), whatever layout saved it;
 - a safetensors file, or a folder of them (transformers' ``save_pretrained`` shards with their index);
 - a torch state dict (``.pt`` / ``.bin``), loaded with ``weights_only=True``; a dict holding it under
   ``state_dict`` or ``model`` is unwrapped.
