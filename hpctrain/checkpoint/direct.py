@@ -10,9 +10,11 @@ tensor's dtype and chunk shape, and the storage entry names the format with a tr
 (``hpctrain.checkpoint.reader`` reads it). Non-tensor values stay DCP's own bytes (``torch.save`` of plain
 data, read back weights-only).
 
-- A shard goes through :class:`ShardStream`: bytes are gathered in one of two 16 MiB page-aligned buffers
-  while an I/O thread writes the other with ``O_DIRECT`` and computes its CRC-32C (both release the GIL), so
-  the copy, the checksum and the disk overlap: a synchronous save writes at the disk's speed. The last block
+- A shard goes through :class:`ShardStream`: bytes are gathered in 16 MiB page-aligned buffers that one
+  thread checksums (CRC-32C) and another writes with ``O_DIRECT`` while the next is filled (the copy, the
+  checksum and the write all release the GIL); a tensor of 1 MiB or more is placed in the file so that its
+  4 KiB blocks line up with its memory's and written from its own memory, not copied: a synchronous save
+  writes at the disk's speed. The last block
   is padded and the file truncated to its length. Where the file system refuses ``O_DIRECT`` (tmpfs, some
   network file systems) the same stream writes through the page cache; the checksum is the same either way.
   The CRC-32C of the whole shard is left beside it (``<shard>.crc32c``) for the manifest
@@ -48,6 +50,7 @@ RAW = "hpctrain-raw/1"  # a tensor stored as its raw (little-endian, C-contiguou
 ALIGN = 64  # every tensor starts at a multiple: any dtype can be viewed in place from the bytes
 BLOCK = 4096  # O_DIRECT wants offsets, lengths and the buffer's address aligned to the logical block size
 BUFFER = 16 << 20  # one write per 16 MiB: large sequential writes
+OWN_MEMORY = 1 << 20  # a tensor this large is written from its own memory (no copy into a buffer)
 NICE = 19
 
 
@@ -91,9 +94,9 @@ class DirectWriter(FileSystemWriter):
                     info = _StorageInfo(name, offset, stream.tell() - offset)
                 else:
                     assert isinstance(data, torch.Tensor)
-                    stream.pad_to(ALIGN)
-                    offset = stream.tell()
-                    stream.write_tensor(data.detach())
+                    tensor = tensor_bytes(data.detach())
+                    offset = stream.place(tensor)
+                    stream.write_tensor(tensor)
                     info = _StorageInfo(name, offset, stream.tell() - offset, transform_descriptors=[RAW])
                 results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
             stream.close()
@@ -115,8 +118,14 @@ def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 class ShardStream:
     """A write-only file: ``write`` / ``write_tensor`` append, ``tell`` is the logical length, ``close`` makes
-    it durable (fsync) and records its size and CRC-32C beside it. Two buffers: the caller fills one while the
-    I/O thread writes the other."""
+    it durable (fsync) and records its size and CRC-32C beside it.
+
+    Three buffers flow through three stages, each its own thread: the caller fills one, a checksum thread
+    computes the CRC-32C of the one filled before (in order: the checksum is of the whole file), and a write
+    thread writes the one before that. Each stage releases the GIL (torch's copy, ``crc32c``, ``os.write``),
+    so on two cores the copy and the checksum run beside the disk's write: the disk sets the pace."""
+
+    STAGES = 3
 
     def __init__(
         self, path: Path, direct: bool = True, progress: Callable[[int], None] | None = None
@@ -131,20 +140,28 @@ class ShardStream:
         except OSError:  # EINVAL: this file system has no O_DIRECT
             self._fd = os.open(path, flags, 0o644)
             self.direct = False
-        self._maps = [mmap.mmap(-1, BUFFER), mmap.mmap(-1, BUFFER)]  # anonymous mappings are page-aligned
+        # Anonymous mappings are page-aligned, as O_DIRECT wants.
+        self._maps = [mmap.mmap(-1, BUFFER) for _ in range(self.STAGES)]
         self._buffers = [torch.frombuffer(m, dtype=torch.uint8) for m in self._maps]
-        self._free = [threading.Event(), threading.Event()]
-        for event in self._free:
-            event.set()
-        self._current = 0
+        self._free: queue.Queue[int] = queue.Queue()
+        for index in range(self.STAGES):
+            self._free.put(index)
+        self._current = self._free.get()
         self._filled = 0
         self._length = 0
         self._written = 0
         self._crc = 0
         self._error: BaseException | None = None
-        self._jobs: queue.Queue[tuple[int, int, int] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._drain_jobs, name="hpctrain-shard-io", daemon=True)
-        self._thread.start()
+        # A job: (buffer index, bytes, bytes to write with the padding), or (-1, a tensor's bytes written from
+        # its own memory, -1).
+        self._to_checksum: queue.Queue[tuple[int, Any, int] | None] = queue.Queue()
+        self._to_write: queue.Queue[tuple[int, Any, int] | None] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._checksum_jobs, name="hpctrain-shard-crc", daemon=True),
+            threading.Thread(target=self._write_jobs, name="hpctrain-shard-io", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
         self.closed = False
 
     def tell(self) -> int:
@@ -157,9 +174,8 @@ class ShardStream:
         done = 0
         while done < size:
             take = min(size - done, BUFFER - self._filled)
-            memoryview(self._maps[self._current])[self._filled : self._filled + take] = view[
-                done : done + take
-            ]
+            target = memoryview(self._maps[self._current])
+            target[self._filled : self._filled + take] = view[done : done + take]
             self._filled += take
             done += take
             if self._filled == BUFFER:
@@ -167,33 +183,60 @@ class ShardStream:
         self._length += size
         return size
 
-    def write_tensor(self, tensor: torch.Tensor) -> int:
-        source = tensor_bytes(tensor)
+    def place(self, source: torch.Tensor) -> int:
+        """Pad so that ``source`` (a tensor's bytes, :func:`tensor_bytes`) starts at a 64-byte aligned offset,
+        and, when it is large enough to be written from its own memory with ``O_DIRECT``, at an offset that
+        shares its address's place within a 4 KiB block (then the blocks of the file and of the memory line
+        up); returns that offset."""
+        self.pad_to(ALIGN)
+        if self.direct and source.numel() >= OWN_MEMORY:
+            self.pad_to(BLOCK, source.data_ptr() % BLOCK)
+        return self._length
+
+    def write_tensor(self, source: torch.Tensor) -> int:
+        """Append a tensor's bytes. A large one (placed by :meth:`place`) is written from its own memory, not
+        copied into a buffer: the blocks before and after its aligned middle go through the buffers. The
+        tensor must not change until :meth:`close` returns."""
+        source = tensor_bytes(source)
+        size = source.numel()
+        if size >= OWN_MEMORY:
+            head = (-source.data_ptr()) % BLOCK if self.direct else 0
+            body = (size - head) // BLOCK * BLOCK if self.direct else size
+            if not self.direct or (self._length + head) % BLOCK == 0:
+                self._copy_in(source[:head])
+                if self._filled:  # the file up to here, a whole number of blocks with O_DIRECT
+                    self._hand_over(self._filled)
+                self._raise_error()
+                self._to_checksum.put((-1, source[head : head + body], -1))
+                self._length += body
+                self._copy_in(source[head + body :])
+                return size
+        self._copy_in(source)
+        return size
+
+    def _copy_in(self, source: torch.Tensor) -> None:
         size = source.numel()
         done = 0
         while done < size:
             take = min(size - done, BUFFER - self._filled)
-            # torch's copy releases the GIL: the I/O thread's checksum and write go on meanwhile.
             self._buffers[self._current][self._filled : self._filled + take].copy_(source[done : done + take])
             self._filled += take
             done += take
             if self._filled == BUFFER:
                 self._hand_over(BUFFER)
         self._length += size
-        return size
 
-    def pad_to(self, align: int) -> None:
-        gap = -self._length % align
+    def pad_to(self, align: int, remainder: int = 0) -> None:
+        """Pad with zeros until the length is ``remainder`` modulo ``align``."""
+        gap = (remainder - self._length) % align
         if gap:
             self.write(bytes(gap))
 
     def _hand_over(self, size: int, padded: int | None = None) -> None:
-        """Give the current buffer to the I/O thread and take the other one once it is free."""
+        """Pass the current buffer on (checksum, then write) and take the next free one."""
         self._raise_error()
-        self._free[self._current].clear()
-        self._jobs.put((self._current, size, padded if padded is not None else size))
-        self._current ^= 1
-        self._free[self._current].wait()
+        self._to_checksum.put((self._current, size, padded if padded is not None else size))
+        self._current = self._free.get()
         self._raise_error()
         self._filled = 0
 
@@ -201,21 +244,39 @@ class ShardStream:
         if self._error is not None:
             raise self._error
 
-    def _drain_jobs(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            index, size, padded = job
+    def _checksum_jobs(self) -> None:
+        while (job := self._to_checksum.get()) is not None:
+            index, what, _ = job
             try:
                 if self._error is None:
-                    view = memoryview(self._maps[index])
-                    self._crc = layout.checksum(view[:size], self._crc)
-                    self._write_all(view[:padded])
-                    self._written += size
+                    with self._view(index, what, what) as part:
+                        self._crc = layout.checksum(part, self._crc)
+            except BaseException as err:  # re-raised by the filling thread
+                self._error = err
+            self._to_write.put(job)
+        self._to_write.put(None)
+
+    def _write_jobs(self) -> None:
+        while (job := self._to_write.get()) is not None:
+            index, what, padded = job
+            try:
+                if self._error is None:
+                    with self._view(index, what, padded) as part:
+                        self._write_all(part)
+                        self._written += part.nbytes
                     if self.progress is not None:
                         self.progress(self._written)
             except BaseException as err:  # re-raised by the filling thread
                 self._error = err
             finally:
-                self._free[index].set()
+                if index >= 0:
+                    self._free.put(index)
+
+    def _view(self, index: int, what: Any, length: Any) -> memoryview:
+        """The bytes of a job: ``length`` bytes of buffer ``index``, or (index -1) a tensor's own."""
+        if index < 0:
+            return memoryview(what.numpy()).cast("B")
+        return memoryview(self._maps[index])[:length]
 
     def _write_all(self, view: memoryview) -> None:
         written = 0
@@ -239,7 +300,7 @@ class ShardStream:
                 padded = -(-tail // BLOCK) * BLOCK if self.direct else tail
                 self._buffers[self._current][tail:padded].zero_()
                 self._hand_over(tail, padded)
-            self._stop_thread()
+            self._stop_threads()
             self._raise_error()
             # The padding is not part of the file (whether the tail went out with O_DIRECT or not: the I/O
             # thread may have fallen back to the page cache after the padding was decided).
@@ -252,13 +313,14 @@ class ShardStream:
     def abandon(self) -> None:
         """Close without recording a checksum (the write failed: the checkpoint is never committed)."""
         if not self.closed:
-            self._stop_thread()
+            self._stop_threads()
             self._release()
 
-    def _stop_thread(self) -> None:
-        if self._thread.is_alive():
-            self._jobs.put(None)
-            self._thread.join()
+    def _stop_threads(self) -> None:
+        if self._threads[0].is_alive():
+            self._to_checksum.put(None)
+        for thread in self._threads:
+            thread.join()
 
     def _release(self) -> None:
         self.closed = True

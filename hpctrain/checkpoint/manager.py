@@ -62,7 +62,7 @@ from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.reader import FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner
-from hpctrain.checkpoint.staging import SegmentStager, Staged, state_signature
+from hpctrain.checkpoint.staging import EncodingSavePlanner, SegmentStager, Staged, state_signature
 from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
@@ -156,9 +156,8 @@ class CheckpointManager:
                 tmp.mkdir(parents=True)
             _barrier()
         if shared and blocking:
-            dcp.save(
-                dict(state), storage_writer=DirectWriter(tmp)
-            )  # returns once every rank's shards are written
+            # Returns once every rank's shards are written.
+            dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
             self._commit(step, tmp, final)
             _barrier()
         if in_background:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -33,8 +34,8 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-from torch.distributed.checkpoint.default_planner import create_default_local_save_plan
-from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
+from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
@@ -148,6 +149,8 @@ class SegmentStager:
         self._optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[RemovableHandle] = []
         self._copying: Future[Staged] | None = None
+        self._encodings: dict[tuple[str, str], bytes] = {}
+        self._copier: _Copier | None = None
 
     def defer_until_step(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
         """Copy these optimizers' parameters and state beside the next step (see the module docstring)."""
@@ -175,9 +178,7 @@ class SegmentStager:
             for name, value in flat.items():
                 local = _local(value)
                 if local is None:
-                    buffer = io.BytesIO()
-                    torch.save(value, buffer)  # DCP's own encoding of a value (read back weights-only)
-                    blobs[name] = buffer.getvalue()
+                    blobs[name] = self._encoded(value)
                     continue
                 slot = self._slots[name]
                 if slot.offset in copied:
@@ -197,10 +198,13 @@ class SegmentStager:
             return staged
         done: Future[Staged] = Future()
         self._copying = done
-        threading.Thread(
-            target=_copy_all, args=(staged, done, then), daemon=True, name="hpctrain-stage"
-        ).start()
+        if self._copier is None:  # one thread for every save: starting one costs ms on a busy machine
+            self._copier = _Copier()
+        self._copier.jobs.put((staged, done, then))
         return staged
+
+    def _encoded(self, value: Any) -> bytes:
+        return encode_value(value, self._encodings)
 
     def wait_staged(self) -> None:
         """Return once every tensor of the last save is copied (re-raises the copy's failure)."""
@@ -216,6 +220,9 @@ class SegmentStager:
 
     def close(self) -> None:
         self.wait_staged()
+        if self._copier is not None:
+            self._copier.jobs.put(None)
+            self._copier = None
         self._segment = None
         self._layout_key = None
         for hook in self._hooks:
@@ -293,6 +300,49 @@ class SegmentStager:
         )
 
 
+def encode_value(value: Any, cache: dict[tuple[str, str], bytes]) -> bytes:
+    """DCP's own encoding of a value (``torch.save``, read back weights-only). A flattened optimizer state
+    repeats each option per parameter (2,161 values for GPT-2 small, 0.2-0.29 s of torch.save here): plain
+    values are encoded once per distinct value (``cache``, emptied when it grows past a few thousand: a
+    learning rate is another value every step)."""
+    key = _plain_key(value)
+    if key is not None and key in cache:
+        return cache[key]
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    if key is not None:
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = buffer.getvalue()
+    return buffer.getvalue()
+
+
+class EncodingSavePlanner(DefaultSavePlanner):
+    """DCP's default save planner (for a save written by the training process itself), its values encoded
+    by :func:`encode_value` and its plans cached by DCP from one save to the next while they are unchanged
+    (``enable_plan_caching``: no global planning then)."""
+
+    _cache: dict[tuple[str, str], bytes] = {}  # noqa: RUF012 - shared by every save of the process, on purpose
+
+    def __init__(self) -> None:
+        super().__init__(enable_plan_caching=True)
+
+    def transform_object(self, write_item: WriteItem, object: Any) -> Any:
+        if write_item.type == WriteItemType.BYTE_IO:
+            return io.BytesIO(encode_value(object, EncodingSavePlanner._cache))
+        return super().transform_object(write_item, object)
+
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain_key(value: Any) -> tuple[str, str] | None:
+    """A key naming a plain value exactly (``repr`` round-trips floats), or None for anything else."""
+    if isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+        return type(value).__name__, repr(value)
+    return None
+
+
 def _local(value: Any) -> torch.Tensor | None:
     if isinstance(value, DTensor):
         return value.to_local()
@@ -307,11 +357,22 @@ def _storage(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
+class _Copier:
+    """The thread that copies beside the next step (a thread of its own: it lowers its own priority)."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue[tuple[Staged, Future[Staged], Callable[..., None]] | None] = queue.Queue()
+        threading.Thread(target=self._run, name="hpctrain-stage", daemon=True).start()
+
+    def _run(self) -> None:
+        nice_this_thread()
+        while (job := self.jobs.get()) is not None:
+            _copy_all(*job)
+
+
 def _copy_all(
     staged: Staged, done: Future[Staged], then: Callable[[Staged | None, BaseException | None], None]
 ) -> None:
-    """The background copy (a thread of its own: it may lower its own priority)."""
-    nice_this_thread()
     try:
         with torch.no_grad():
             stream = torch.cuda.Stream() if staged.ready is not None else None

@@ -38,6 +38,9 @@ def _state() -> dict[str, Any]:
         "scalar": torch.tensor(2.5),
         "empty": torch.zeros(0, 4),
         "transposed": torch.randn(4, 6).t(),  # not contiguous: stored in C order
+        # Large enough to be written from their own memory (direct.OWN_MEMORY), one of an odd length.
+        "large": torch.randn(600_000),
+        "odd": torch.randint(0, 255, ((1 << 20) + 3,), dtype=torch.uint8),
         "values": {"step": 7, "name": "run", "floats": [1.5, 2.5]},
     }
 
