@@ -19,7 +19,9 @@ count) keeps every core busy. Per round, in this order:
   (target ≤ 0.05), and a write rate (the checkpoint's bytes over its time) to set against the disk's of the
   same round (target ≥ 0.8).
 
-The CPU time each window used in this process is printed too (the writer's is in its own process). A
+The CPU time each window used in this process is printed too (the writer's is in its own process), and
+the training thread's own CPU time (``time.thread_time``): its increase is the work the save put on the
+training thread, a figure the load of other processes on a shared machine does not reach. A
 warm-up round is not counted (the first save maps the staging segment into the writer). Prints each round,
 the medians and the ratios. A timing is a figure, never an assertion.
 """
@@ -123,18 +125,19 @@ def main() -> None:
     manager = CheckpointManager(root / "checkpoints", keep_last=1, rank=0)
     manager.overlap_staging([optimizer])  # as hpctrain's trainer does: weights copied beside the next step
     manager.start_writer().wait_ready()  # booted before the timings, as beside a run's first steps
-    keys = ("plain", "with", "lost", "stall", "wait", "write", "sync", "cpu", "disk", "sync_rate")
+    keys = ("plain", "with", "lost", "stall", "wait", "write", "sync", "cpu", "own", "disk", "sync_rate")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     try:
         for round_ in range(args.rounds + 1):
             disk, _ = disk_write(root / "direct.bin", state_bytes, direct=True)
-            start, cpu = time.perf_counter(), cpu_seconds()
+            start, cpu, own = time.perf_counter(), cpu_seconds(), time.thread_time()
             for _ in range(args.steps):
                 train_step(model, optimizer, cfg)
                 train.step += 1
             plain, plain_cpu = time.perf_counter() - start, cpu_seconds() - cpu
+            plain_own = time.thread_time() - own
 
-            start, cpu = time.perf_counter(), cpu_seconds()
+            start, cpu, own = time.perf_counter(), cpu_seconds(), time.thread_time()
             train_step(model, optimizer, cfg)
             train.step += 1
             saved = time.perf_counter()
@@ -151,6 +154,7 @@ def main() -> None:
             manager.wait()
             wait = time.perf_counter() - waited
             with_save, with_cpu = time.perf_counter() - start, cpu_seconds() - cpu
+            with_own = time.thread_time() - own
             write = (write_end or time.perf_counter()) - saved  # to the end of the step it finished in
 
             start = time.perf_counter()
@@ -158,18 +162,19 @@ def main() -> None:
             sync = time.perf_counter() - start
             written = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
 
-            lost, extra_cpu = with_save - plain, with_cpu - plain_cpu
+            lost, extra_cpu, extra_own = with_save - plain, with_cpu - plain_cpu, with_own - plain_own
             label = "warm-up" if round_ == 0 else f"round {round_}"
             print(
                 f"{label:>8}: {args.steps} steps {plain:6.2f} s alone, {with_save:6.2f} s with an async save "
                 f"(stall {stall:.3f} s, written within {write:5.2f} s, wait() {wait:.3f} s): "
-                f"lost {lost:+.3f} s, CPU {extra_cpu:+.2f} s | sync save {sync:.3f} s "
+                f"lost {lost:+.3f} s, CPU {extra_cpu:+.2f} s (training thread {extra_own:+.3f} s) | "
+                f"sync save {sync:.3f} s "
                 f"({written / sync / 2**30:.2f} GiB/s; the disk {state_bytes / disk / 2**30:.2f} GiB/s)",
                 flush=True,
             )
             if round_ > 0:
-                values = (plain, with_save, lost, stall, wait, write, sync, extra_cpu, state_bytes / disk,
-                          written / sync)  # fmt: skip
+                values = (plain, with_save, lost, stall, wait, write, sync, extra_cpu, extra_own,
+                          state_bytes / disk, written / sync)  # fmt: skip
                 for key, value in zip(rows, values, strict=True):
                     rows[key].append(value)
         manager.close()
@@ -188,8 +193,10 @@ def main() -> None:
     print(f"stall / sync save: {med['stall'] / med['sync']:.3f}")
     print(f"time lost / sync save: {med['lost'] / med['sync']:.3f} (target <= 0.05)")
     print(
-        f"CPU the async save added in the training process: {med['cpu']:.2f} s (the steps' own jitter is "
-        f"{statistics.pstdev(rows['plain']):.2f} s per window here)"
+        f"CPU the async save added in the training process: {med['cpu']:.2f} s, on the training thread "
+        f"itself {med['own']:.3f} s = {med['own'] / med['sync']:.3f} of the sync save (the steps' own wall "
+        f"jitter is {statistics.pstdev(rows['plain']):.2f} s per window here; the thread's CPU time is what "
+        f"other processes' load does not reach)"
     )
     paired = statistics.median(r / d for r, d in zip(rows["sync_rate"], rows["disk"], strict=True))
     print(

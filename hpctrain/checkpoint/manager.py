@@ -176,6 +176,8 @@ class CheckpointManager:
             fast_request = self.fast.request({"lineage": self.lineage})
 
         def send(staged: Staged | None, error: BaseException | None) -> None:
+            if writer is not self._writer:  # replaced meanwhile (a failure): this save is settled already
+                return
             if staged is None:
                 pending.failure = f"staging failed: {type(error).__name__}: {error}"
                 return

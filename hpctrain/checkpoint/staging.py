@@ -385,8 +385,12 @@ def _copy_all(
                 stream.synchronize()
         staged.deferred = []
     except BaseException as err:
-        done.set_exception(err)
-        then(None, err)
+        try:
+            then(None, err)
+        finally:
+            done.set_exception(err)
     else:
-        done.set_result(staged)
-        then(staged, None)
+        try:
+            then(staged, None)  # before the step waiting for the copy goes on: the request is out
+        finally:
+            done.set_result(staged)
