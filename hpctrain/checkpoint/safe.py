@@ -107,10 +107,27 @@ class SafeEmptyStatePlanner(_EmptyStateDictLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
+_PLAIN = (bool, int, float, str, type(None))
+_decoded: dict[bytes, Any] = {}
+
+
 def weights_only(read_item: ReadItem, value: io.BytesIO) -> Any:
-    """A value of a checkpoint (DCP's ``torch.save`` bytes), unpickled weights-only or refused."""
+    """A value of a checkpoint (DCP's ``torch.save`` bytes), unpickled weights-only or refused. A flattened
+    optimizer state repeats each option per parameter (2,156 values for GPT-2 small, a second of torch.load
+    on a busy machine): the same small bytes that gave a plain, immutable value are decoded once."""
+    data = value.getvalue()
+    if len(data) <= 4096 and data in _decoded:
+        return _decoded[data]
     try:
-        return torch.load(value, map_location="cpu", weights_only=True)
+        loaded = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        if len(data) <= 4096 and (
+            isinstance(loaded, _PLAIN)
+            or (isinstance(loaded, tuple) and all(isinstance(v, _PLAIN) for v in loaded))
+        ):
+            if len(_decoded) > 4096:
+                _decoded.clear()
+            _decoded[data] = loaded
+        return loaded
     except pickle.UnpicklingError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UnsafeCheckpoint(
