@@ -1,24 +1,29 @@
-"""Training time an asynchronous checkpoint costs, against a synchronous save of the same state, same run.
+"""Training time an asynchronous checkpoint costs, against a synchronous save of the same state, same run;
+and a synchronous save's write rate against the disk's.
 
-    python bench/checkpoint_stall.py [--layers 12] [--d-model 768] [--steps 24] [--rounds 2] [--dir /tmp]
+    python bench/checkpoint_stall.py [--layers 12] [--d-model 768] [--steps 24] [--rounds 2] [--threads 1]
 
-One process, a GPT-2-small-sized model (~124M parameters, fp32) with AdamW state (model + 2 moments,
-1.4 GiB in all), saved by ``CheckpointManager`` under ``--dir``. Per round, alternating:
+One training process, a GPT-2-small-sized model (~124M parameters, fp32) with AdamW state (model + 2
+moments, 1.4 GiB in all), saved by ``CheckpointManager`` under ``--dir``. ``--threads`` is how many cores the
+training steps use: 1 leaves the other core of a 2-core machine to the writer process; 2 (or the machine's
+count) keeps every core busy. Per round, in this order:
 
+- the disk: the checkpoint's size written sequentially with ``O_DIRECT`` + fsync (what a save could reach);
 - ``--steps`` training steps with no checkpoint (the reference);
-- the same number of steps with one asynchronous save after the first: its stall is the time ``save``
-  blocks (as in hpctrain's trainer, the weights and optimizer state are copied beside the next step, whose
-  ``optimizer.step()`` waits for the copy); the write runs beside the remaining steps and ``wait()`` at
-  their end commits it. **Time lost** = the wall time of these steps, the save and the wait included, minus
-  the reference's: the stall, the slowdown of the steps the write ran beside, and any wait at the end;
+- the same number of steps with one asynchronous save after the first, as hpctrain's trainer does it: the
+  state is staged into shared memory (the weights and optimizer state beside the next step, whose
+  ``optimizer.step()`` waits for the copy) and the writer process writes it (``poll()`` every step commits it
+  once written, ``wait()`` at the end). **Time lost** = the wall time of these steps, the save and the wait
+  included, minus the reference's: the stall, the slowdown of every step the write ran beside, any wait;
 - a synchronous save (write, fsync, checksum, commit) of the same state: the figure the loss is a share of
-  (target ≤ 0.05, stretch 0.02).
+  (target ≤ 0.05), and a write rate (the checkpoint's bytes over its time) to set against the disk's of the
+  same round (target ≥ 0.8).
 
-The disk is measured in the same run: a plain buffered write + fsync of a file of the checkpoint's size, and
-the same bytes with ``O_DIRECT``, each with its CPU time (the writer's CPU is what it takes from training on
-a machine whose cores training fills; the CPU time each window used is measured too, so the save's own
-CPU shows apart from the steps' jitter). A warm-up round is not counted (the first async save allocates its
-staging buffers). Prints each round, the medians and the ratios.
+The CPU time each window used in this process is printed too (the writer's is in its own process), and
+the training thread's own CPU time (``time.thread_time``): its increase is the work the save put on the
+training thread, a figure the load of other processes on a shared machine does not reach. A
+warm-up round is not counted (the first save maps the staging segment into the writer). Prints each round,
+the medians and the ratios. A timing is a figure, never an assertion.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import resource
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -88,10 +92,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=50304)
     parser.add_argument("--steps", type=int, default=24, help="steps per window (the write must fit in them)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="cores the training steps use")
     parser.add_argument("--dir", default="/tmp")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     cfg = GPTConfig(
@@ -111,59 +117,64 @@ def main() -> None:
     )
     print(
         f"model: {params / 1e6:.1f}M parameters; model + optimizer state {state_bytes / 2**30:.2f} GiB "
-        f"(fp32); {torch.get_num_threads()} torch threads on {os.cpu_count()} CPUs; "
-        f"{args.steps} steps per window"
+        f"(fp32); training on {torch.get_num_threads()} thread(s) of {os.cpu_count()} CPUs; "
+        f"{args.steps} steps per window; writer process at nice 19"
     )
 
     root = Path(tempfile.mkdtemp(prefix="checkpoint_stall-", dir=args.dir))
     manager = CheckpointManager(root / "checkpoints", keep_last=1, rank=0)
     manager.overlap_staging([optimizer])  # as hpctrain's trainer does: weights copied beside the next step
-    keys = ("plain", "with", "lost", "stall", "wait", "write", "sync", "cpu")
+    manager.start_writer().wait_ready()  # booted before the timings, as beside a run's first steps
+    keys = ("plain", "with", "lost", "stall", "wait", "write", "sync", "cpu", "own", "disk", "sync_rate")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     try:
-        buffered = disk_write(root / "plain.bin", state_bytes, direct=False)
-        direct = disk_write(root / "direct.bin", state_bytes, direct=True)
         for round_ in range(args.rounds + 1):
-            start, cpu = time.perf_counter(), cpu_seconds()
+            disk, _ = disk_write(root / "direct.bin", state_bytes, direct=True)
+            start, cpu, own = time.perf_counter(), cpu_seconds(), time.thread_time()
             for _ in range(args.steps):
                 train_step(model, optimizer, cfg)
                 train.step += 1
             plain, plain_cpu = time.perf_counter() - start, cpu_seconds() - cpu
+            plain_own = time.thread_time() - own
 
-            start, cpu = time.perf_counter(), cpu_seconds()
+            start, cpu, own = time.perf_counter(), cpu_seconds(), time.thread_time()
             train_step(model, optimizer, cfg)
             train.step += 1
             saved = time.perf_counter()
             manager.save(train.step, state, blocking=False)
             stall = time.perf_counter() - saved
-            written = threading.Event()
-            assert manager._pending is not None
-            manager._pending.future.add_done_callback(lambda _, done=written: done.set())
             write_end = None
             for _ in range(args.steps - 1):
                 train_step(model, optimizer, cfg)
                 train.step += 1
-                if write_end is None and written.is_set():
+                manager.poll()  # as the trainer does every step: committed once written
+                if write_end is None and not manager.pending:
                     write_end = time.perf_counter()
             waited = time.perf_counter()
             manager.wait()
             wait = time.perf_counter() - waited
             with_save, with_cpu = time.perf_counter() - start, cpu_seconds() - cpu
+            with_own = time.thread_time() - own
             write = (write_end or time.perf_counter()) - saved  # to the end of the step it finished in
 
             start = time.perf_counter()
-            manager.save(train.step, state, blocking=True)
+            final = manager.save(train.step, state, blocking=True)
             sync = time.perf_counter() - start
+            written = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
 
-            lost, extra_cpu = with_save - plain, with_cpu - plain_cpu
+            lost, extra_cpu, extra_own = with_save - plain, with_cpu - plain_cpu, with_own - plain_own
             label = "warm-up" if round_ == 0 else f"round {round_}"
             print(
                 f"{label:>8}: {args.steps} steps {plain:6.2f} s alone, {with_save:6.2f} s with an async save "
-                f"(stall {stall:.3f} s, write done within {write:5.2f} s, wait() {wait:.3f} s): "
-                f"lost {lost:+.3f} s, CPU {extra_cpu:+.2f} s | sync save {sync:.3f} s"
+                f"(stall {stall:.3f} s, written within {write:5.2f} s, wait() {wait:.3f} s): "
+                f"lost {lost:+.3f} s, CPU {extra_cpu:+.2f} s (training thread {extra_own:+.3f} s) | "
+                f"sync save {sync:.3f} s "
+                f"({written / sync / 2**30:.2f} GiB/s; the disk {state_bytes / disk / 2**30:.2f} GiB/s)",
+                flush=True,
             )
             if round_ > 0:
-                values = (plain, with_save, lost, stall, wait, write, sync, extra_cpu)
+                values = (plain, with_save, lost, stall, wait, write, sync, extra_cpu, extra_own,
+                          state_bytes / disk, written / sync)  # fmt: skip
                 for key, value in zip(rows, values, strict=True):
                     rows[key].append(value)
         manager.close()
@@ -172,22 +183,25 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in rows.items()}
     gib = state_bytes / 2**30
-    print(f"disk, {gib:.2f} GiB sequential + fsync in this run:")
-    for name, (wall, cpu) in (("buffered", buffered), ("O_DIRECT", direct)):
-        print(f"  {name:>8}: {gib / wall:5.2f} GiB/s, {cpu:.2f} s CPU")
     print(f"median of {args.rounds} rounds:")
-    print(f"  synchronous save {med['sync']:.3f} s ({gib / med['sync']:.2f} GiB/s, the reference)")
+    print(f"  synchronous save {med['sync']:.3f} s ({med['sync_rate'] / 2**30:.2f} GiB/s, the reference)")
     print(
-        f"  asynchronous: stall {med['stall']:.3f} s, write {med['write']:.2f} s "
+        f"  asynchronous: stall {med['stall']:.3f} s, written within {med['write']:.2f} s "
         f"({gib / med['write']:.2f} GiB/s beside training), wait() at the end {med['wait']:.3f} s"
     )
     print(f"  {args.steps} steps: {med['plain']:.2f} s alone, {med['with']:.2f} s with the async save")
     print(f"stall / sync save: {med['stall'] / med['sync']:.3f}")
-    print(f"time lost / sync save: {med['lost'] / med['sync']:.3f} (target <= 0.05, stretch <= 0.02)")
+    print(f"time lost / sync save: {med['lost'] / med['sync']:.3f} (target <= 0.05)")
     print(
-        f"CPU the async save added: {med['cpu']:.2f} s = {med['cpu'] / med['sync']:.3f} of the sync save's "
-        f"wall (what it takes from training where training fills every core; the steps' own jitter is "
-        f"{statistics.pstdev(rows['plain']):.2f} s per window here)"
+        f"CPU the async save added in the training process: {med['cpu']:.2f} s, on the training thread "
+        f"itself {med['own']:.3f} s = {med['own'] / med['sync']:.3f} of the sync save (the steps' own wall "
+        f"jitter is {statistics.pstdev(rows['plain']):.2f} s per window here; the thread's CPU time is what "
+        f"other processes' load does not reach)"
+    )
+    paired = statistics.median(r / d for r, d in zip(rows["sync_rate"], rows["disk"], strict=True))
+    print(
+        f"sync save write rate / disk O_DIRECT write: {med['sync_rate'] / 2**30:.2f} / "
+        f"{med['disk'] / 2**30:.2f} GiB/s; median of each round's pair {paired:.2f} (target >= 0.8)"
     )
 
 

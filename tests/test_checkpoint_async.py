@@ -7,7 +7,9 @@ state at the step that was saved.
 
 from __future__ import annotations
 
+import io
 import os
+import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpctrain.checkpoint.manager import CheckpointManager
-from hpctrain.checkpoint.staging import BufferStager
+from hpctrain.checkpoint.staging import SegmentStager, Staged
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState
 from hpctrain.rundir import checkpoints as layout
 
@@ -131,25 +133,28 @@ def test_async_save_is_staged_before_returning_and_resumes_bitwise(tmp_path: Pat
     mp.spawn(worker, args=args, nprocs=WORLD_SIZE)
 
 
-def test_staging_copies_into_buffers_reused_from_one_save_to_the_next():
+def _staged_tensor(staged: Staged, name: str) -> torch.Tensor:
+    slot = staged.slots[name]
+    return staged.segment[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
+
+
+def test_staging_copies_into_a_shared_segment_reused_from_one_save_to_the_next():
     weight = torch.arange(6.0).reshape(2, 3)
-    state = {
-        "model": {"w": weight, "tied": weight, "t": weight.t()},
-        "step": 3,
-        "blob": b"x",
-        "lst": [weight],
-    }
-    stager = BufferStager()
-    first = stager.stage(state)
-    assert torch.equal(first["model"]["w"], weight) and first["model"]["w"].data_ptr() != weight.data_ptr()
-    assert first["model"]["tied"] is first["model"]["w"], "tensors sharing memory are staged once"
-    assert torch.equal(first["model"]["t"], weight.t()) and first["lst"][0] is first["model"]["w"]
-    assert first["step"] == 3 and first["blob"] == b"x"
+    state = {"model": {"w": weight, "tied": weight, "t": weight.t()}, "step": 3, "blob": b"x"}
+    stager = SegmentStager()
+    done: list[Staged] = []
+    first = stager.stage(state, is_coordinator=True, then=lambda staged, err: done.append(staged))
+    assert done == [first] and first.segment.is_shared()
+    assert torch.equal(_staged_tensor(first, "model.w"), weight)
+    assert first.slots["model.tied"] == first.slots["model.w"], "tensors sharing memory are staged once"
+    assert torch.equal(_staged_tensor(first, "model.t"), weight.t())
+    assert torch.load(io.BytesIO(first.blobs["step"]), weights_only=True) == 3
+    assert torch.load(io.BytesIO(first.blobs["blob"]), weights_only=True) == b"x"
     weight.add_(1)  # the optimizer changes the weights after staging: the staged copy does not change
-    assert torch.equal(first["model"]["w"], torch.arange(6.0).reshape(2, 3))
-    second = stager.stage(state)
-    assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr(), "buffer reused"
-    assert torch.equal(second["model"]["w"], weight)
+    assert torch.equal(_staged_tensor(first, "model.w"), torch.arange(6.0).reshape(2, 3))
+    second = stager.stage(state, is_coordinator=True, then=lambda staged, err: done.append(staged))
+    assert second.segment.data_ptr() == first.segment.data_ptr() and second.layout == first.layout, "reused"
+    assert torch.equal(_staged_tensor(second, "model.w"), weight)
     stager.close()
 
 
@@ -158,18 +163,25 @@ def test_overlapped_staging_copies_the_weights_before_the_optimizer_changes_them
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.5)
     model(torch.randn(8, 4)).sum().backward()
     optimizer.step()
-    stager = BufferStager()
+    stager = SegmentStager()
     stager.defer_until_step([optimizer])
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     before = {k: v.clone() for k, v in model.state_dict().items()}
     moment = optimizer.state[model.weight]["exp_avg"].clone()
-    staged = stager.stage(state)
-    assert isinstance(staged, Future)  # the weights are copied in the background
+    copied: Future = Future()
+    threads: list[str] = []
+
+    def then(staged: Staged | None, err: BaseException | None) -> None:
+        threads.append(threading.current_thread().name)
+        copied.set_result(staged)
+
+    stager.stage(state, is_coordinator=True, then=then)
     model(torch.randn(8, 4) + 3).sum().backward()  # the next step's forward changes the running mean
     optimizer.step()  # waits for the copy before it changes the weights
-    copy = staged.result()
-    assert all(torch.equal(copy["model"][k], before[k]) for k in before)
-    assert torch.equal(copy["optim"]["state"][0]["exp_avg"], moment)
+    copy = copied.result()
+    assert threads == ["hpctrain-stage"], "the weights are copied in the background"
+    assert all(torch.equal(_staged_tensor(copy, f"model.{k}"), before[k]) for k in before)
+    assert torch.equal(_staged_tensor(copy, "optim.state.0.exp_avg"), moment)
     assert not torch.equal(model.weight, before["weight"])
     assert not torch.equal(model.running_mean, before["running_mean"])
     stager.close()

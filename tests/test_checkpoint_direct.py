@@ -1,5 +1,5 @@
 """Shards written past the page cache (``hpctrain.checkpoint.direct``): the bytes on disk are the bytes
-written, whatever sizes the writes come in, and the CRC-32 the writer records is the file's, which the
+written, whatever sizes the writes come in, and the CRC-32C the writer records is the file's, which the
 manifest takes instead of reading the checkpoint back; a record that no longer fits its file is not used."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import errno
 import fcntl
 import json
 import os
-import zlib
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.checkpoint import direct
-from hpctrain.checkpoint.direct import DirectWriter, _DirectStream
+from hpctrain.checkpoint.direct import DirectWriter, ShardStream
+from hpctrain.checkpoint.reader import FastReader
+from hpctrain.checkpoint.safe import SafeLoadPlanner
 from hpctrain.rundir import checkpoints as layout
 
 # Sizes around the 4 KiB block and the 16 MiB buffer: a tail to pad, a buffer filled exactly, one overrun.
@@ -35,17 +36,21 @@ def test_a_shard_holds_exactly_what_was_written_with_its_checksum_beside_it(tmp_
     try:
         data = os.urandom(sum(SIZES))
         path = base / "__0_0.distcp"
-        stream = _DirectStream(path)
+        stream = ShardStream(path)
         offset = 0
-        for size in SIZES:
-            assert stream.write(memoryview(data)[offset : offset + size]) == size
+        for i, size in enumerate(SIZES):
+            piece = memoryview(data)[offset : offset + size]
+            if i % 2:  # bytes (DCP's values) and tensors (raw) alike
+                assert stream.write(piece) == size
+            else:
+                tensor = torch.frombuffer(bytearray(piece), dtype=torch.uint8) if size else torch.empty(0)
+                assert stream.write_tensor(tensor) == size
             offset += size
             assert stream.tell() == offset
-            stream.flush()  # DCP flushes after each tensor: nothing may go out unaligned
         stream.close()
         assert path.read_bytes() == data
-        record = json.loads((base / "__0_0.distcp.crc32").read_text())
-        assert record == {"size": len(data), "crc32": zlib.crc32(data)}
+        record = json.loads((base / "__0_0.distcp.crc32c").read_text())
+        assert record == {"size": len(data), "crc32c": layout.checksum(data)}
         if where == "disk":
             assert stream.direct == hasattr(os, "O_DIRECT")
     finally:
@@ -59,17 +64,17 @@ def test_the_manifest_takes_recorded_checksums_and_checks_the_rest(tmp_path: Pat
     state = {"w": torch.arange(10_000, dtype=torch.float32), "b": torch.ones(3)}
     dcp.save(state, storage_writer=DirectWriter(tmp_path), no_dist=True)
     shard = tmp_path / "__0_0.distcp"
-    record = json.loads((tmp_path / "__0_0.distcp.crc32").read_text())
-    assert record["crc32"] == layout.crc32(shard)
+    record = json.loads((tmp_path / "__0_0.distcp.crc32c").read_text())
+    assert record["crc32c"] == layout.crc32c(shard)
 
     layout.write_manifest(tmp_path, 1)
     files = layout.read_manifest(tmp_path)["files"]
     assert set(files) == {"__0_0.distcp", ".metadata"}  # the records are consumed, not listed
-    assert files["__0_0.distcp"]["crc32"] == record["crc32"]
-    assert files[".metadata"]["crc32"] == layout.crc32(tmp_path / ".metadata")
+    assert files["__0_0.distcp"]["crc32c"] == record["crc32c"]
+    assert files[".metadata"]["crc32c"] == layout.crc32c(tmp_path / ".metadata")
     assert layout.problem_with(tmp_path) is None
     loaded = {"w": torch.zeros(10_000), "b": torch.zeros(3)}
-    dcp.load(loaded, checkpoint_id=tmp_path, no_dist=True)
+    dcp.load(loaded, storage_reader=FastReader(tmp_path), planner=SafeLoadPlanner(), no_dist=True)
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 
 
@@ -78,16 +83,20 @@ def test_a_record_that_does_not_fit_its_file_is_not_trusted(tmp_path: Path):
     shard.write_bytes(b"x" * 100)
     layout.write_checksum(shard, 99, 12345)  # another size: the file changed after it was recorded
     layout.write_manifest(tmp_path, 1)
-    assert layout.read_manifest(tmp_path)["files"]["__0_0.distcp"]["crc32"] == zlib.crc32(b"x" * 100)
+    assert layout.read_manifest(tmp_path)["files"]["__0_0.distcp"]["crc32c"] == layout.checksum(b"x" * 100)
     assert layout.problem_with(tmp_path) is None
 
 
 def test_a_failed_write_records_no_checksum(tmp_path: Path):
-    fs = direct._ShardFileSystem()
-    with pytest.raises(RuntimeError), fs.create_stream(tmp_path / "__0_0.distcp", "wb") as stream:
-        stream.write(b"partial")
+
+    def fail(_: int) -> None:
         raise RuntimeError("disk full")
-    assert not (tmp_path / "__0_0.distcp.crc32").exists()
+
+    state = {"a": torch.ones(4 << 20), "b": torch.ones(3)}
+    with pytest.raises(BaseException, match="disk full"):
+        dcp.save(state, storage_writer=DirectWriter(tmp_path, progress=fail), no_dist=True)
+    assert not (tmp_path / "__0_0.distcp.crc32c").exists()
+    assert not (tmp_path / ".metadata").exists()
 
 
 def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path: Path, monkeypatch):
@@ -103,7 +112,7 @@ def test_a_file_system_that_refuses_direct_writes_gets_buffered_ones(tmp_path: P
 
     monkeypatch.setattr(direct.os, "write", write)
     data = os.urandom(direct.BUFFER + 1000)
-    stream = _DirectStream(tmp_path / "__0_0.distcp")
+    stream = ShardStream(tmp_path / "__0_0.distcp")
     assert stream.direct
     stream.write(data)
     stream.close()

@@ -1,27 +1,33 @@
 """Save, commit, prune and find checkpoints (torch.distributed.checkpoint underneath).
 
+Over 400 lines: save, commit, prune and resume share the pending save, the lineage and the writer's state,
+and are read together; the writer process, the fast tier, staging and reading live in their own modules.
+
 Save: every rank writes its shards into ``.tmp-step_N``; rank 0 writes ``manifest.json`` and renames the
 directory to ``step_N`` (atomic on POSIX), then prunes all but ``keep_last``. A crash at any point leaves
 either the previous committed checkpoints untouched or the new one complete.
 
-Asynchronous save (``blocking=False``): ``save`` returns once every tensor has been copied off the live state
-(staging, ``hpctrain.checkpoint.staging``: the copy buffers are kept and reused by the next save; with
-``overlap_staging`` the parameters and optimizer state are copied beside the next step, whose weight update
-waits for the copy), and a background thread writes the shards
-with ``dcp.async_save`` over a dedicated gloo process group (the training thread keeps the default group for
-its own collectives), at low CPU priority, past the page cache, checksumming as it writes
-(``hpctrain.checkpoint.direct``): committing reads nothing back. The write is committed (manifest, rename,
-prune; rank 0) by ``poll()`` as soon as it has finished (the trainer polls every step), else by the next
-``save`` or by ``wait()``: DCP's save ends with rank 0 writing ``.metadata`` after
-every rank has reported its shards written, so rank 0's completion means every rank's shards are on disk.
-Until then it is only a ``.tmp-`` directory, so a crash mid-write leaves the committed checkpoints as they
-were.
+Asynchronous save (``blocking=False``) and fast-tier copies (``local=True``): ``save`` returns once the state
+is staged (``hpctrain.checkpoint.staging``: copied into a reused shared-memory segment; the parameters and
+optimizer state beside the next step, whose weight update waits for the copy), and each rank's writer
+process (``hpctrain.checkpoint.writer``) writes it: the shards with DCP over the writers' own gloo group,
+past the page cache, checksummed as written (``hpctrain.checkpoint.direct``); the rank's copy into
+node-local memory and to its peer (``hpctrain.checkpoint.fast``). While a save is pending, :meth:`poll`
+(every step) asks every rank, in one all-reduce over a gloo group, whether its writer is done or failed: a
+written checkpoint is committed (manifest, rename, prune; rank 0) as soon as every rank's writer is done, so
+a crash loses none; one whose writer died or failed on any rank is never committed (it stays a ``.tmp-``
+directory) and every rank learns it at the same step: with ``checkpoint.on_writer_failure=warn`` training
+goes on with a new generation of writers and a warning, with ``stop`` it stops.
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
-(and logged) in favour of the one before. Damage is detected before anything is read into the model, so a
-partial checkpoint is never loaded. An intact checkpoint that does not fit the model (another shape, other
-parameter names) is not skipped: resume refuses with ``CheckpointMismatch`` (one line: the first key, both
-shapes, how to start fresh) before anything is loaded, written or pruned.
+(and logged) in favour of the one before. Sizes are checked first; each file's checksum is verified as the
+reader reads it, before any of its bytes reach the state (``hpctrain.checkpoint.reader``). When a later file
+of a checkpoint fails, what was copied is overwritten by the next candidate; when none loads,
+:attr:`state_touched` tells the trainer to build the fresh state again. An intact checkpoint that does not
+fit the model (another shape, other parameter names) is not skipped: resume refuses with
+``CheckpointMismatch`` (one line: the first key, both shapes, how to start fresh) before anything is loaded,
+written or pruned. With the fast tier on, a copy in node-local memory newer than the newest shared
+checkpoint is loaded first (a restart inside the same job: ``hpctrain.checkpoint.fast``).
 
 Lineage: each manager starts a fresh lineage id, and continues the lineage of the checkpoint it resumed from.
 Only checkpoints of its own lineage are pruned; a committed ``step_N`` of another lineage that a save would
@@ -42,8 +48,8 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,8 +59,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.checkpoint.direct import DirectWriter
-from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
-from hpctrain.checkpoint.staging import BufferStager
+from hpctrain.checkpoint.fast import FastTier
+from hpctrain.checkpoint.reader import FastReader
+from hpctrain.checkpoint.safe import SafeLoadPlanner
+from hpctrain.checkpoint.staging import EncodingSavePlanner, SegmentStager, Staged, state_signature
+from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
@@ -63,10 +72,26 @@ from hpctrain.rundir.files import fsync_dir
 log = logging.getLogger(__name__)
 
 RNG_KEY = re.compile(r"rng_rank(\d+)")
+WRITER_FAILURE = ("warn", "stop")
 
 
 class CheckpointNotLoadable(RuntimeError):
     pass
+
+
+class CheckpointWriterFailed(RuntimeError):
+    """A writer process died or failed and ``checkpoint.on_writer_failure=stop``."""
+
+
+@dataclass
+class _Pending:
+    id: int
+    step: int
+    tmp: Path | None  # the shared checkpoint being written (None: a fast-tier copy only)
+    final: Path
+    local: bool
+    started: float
+    failure: str | None = None  # set when staging or sending failed in this process
 
 
 class CheckpointManager:
@@ -77,101 +102,232 @@ class CheckpointManager:
         rank: int,
         config_file: Path | None = None,
         faults: FaultInjector = NO_FAULTS,
+        fast_tier: FastTier | None = None,
+        on_writer_failure: str = "warn",
+        store_host: str = "127.0.0.1",
+        timeout_s: float = 300.0,
     ) -> None:
         self.root = root
         self.keep_last = keep_last
         self.rank = rank
         self.config_file = config_file
         self.faults = faults  # test-only injection points (hpctrain.faults)
-        self._pending: _PendingSave | None = None
+        self.fast = fast_tier
+        self.on_writer_failure = on_writer_failure
+        self.store_host = store_host
+        self.timeout_s = timeout_s
+        self._pending: _Pending | None = None
         self._group: dist.ProcessGroup | None = None
-        self._stager = BufferStager()
+        self._stager = SegmentStager()
+        self._writer: Writer | None = None
+        self._writer_has: int | None = None  # the staging layout the current writer has mapped
+        self._store: Any = None  # rank 0: the store the writers meet through (kept alive here)
+        self._store_address: tuple[str, int] | None = None
+        self._generation = 0
+        self._requests = 0
         self._deleting: list[threading.Thread] = []  # pruned checkpoints being deleted
-        self._async_saves = False  # once true (on every rank alike), wait() is collective
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
         # Called on rank 0 with the step of each checkpoint just committed (trainer.eval_job submits then).
         self.on_commit: Callable[[int], None] | None = None
+        self.state_touched = False  # a failed load left part of a checkpoint in the state (see resume)
 
-    def save(self, step: int, state: Mapping[str, Any], blocking: bool = True) -> Path:
+    # ------------------------------------------------------------------------------------------ saving
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, Any],
+        blocking: bool = True,
+        shared: bool = True,
+        local: bool = False,
+    ) -> Path:
         """Checkpoint ``state`` as step ``step`` (collective: every rank calls it); return its final path.
 
-        ``blocking=False``: return as soon as the state is staged (copied), so the caller may change the
-        weights again; the shards are written in the background and committed by the next ``save`` or by
-        ``wait()``. Either way a save still pending from before is finished and committed first."""
+        ``shared``: a checkpoint in the run directory; ``blocking=False`` returns once the state is staged
+        and leaves the writing to the writer process (committed by :meth:`poll` or :meth:`wait`). ``local``:
+        also a copy into the fast tier (always by the writer). A save still pending is finished first."""
         self.wait()
         final = self.root / layout.checkpoint_name(step)
         tmp = self.root / f"{layout.TMP_PREFIX}{final.name}"
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt at this step that never committed
-            tmp.mkdir(parents=True)
-        group = None if blocking else self._background_group()
-        _barrier()
-        if blocking:
-            # Returns once every rank's shards and .metadata are written.
-            dcp.save(dict(state), storage_writer=DirectWriter(tmp))
+        local = local and self.fast is not None
+        in_background = (shared and not blocking) or local
+        if shared:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt at this step that never committed
+                tmp.mkdir(parents=True)
+            _barrier()
+        if shared and blocking:
+            # Returns once every rank's shards are written.
+            dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
             self._commit(step, tmp, final)
             _barrier()
-        else:
-            self._async_saves = True
-            writer = DirectWriter(tmp, background=True)
-            response = dcp.async_save(
-                dict(state), storage_writer=writer, process_group=group, async_stager=self._stager
-            )
-            # Staging beside the next step (``overlap_staging``) gives a response of two futures.
-            future = response if isinstance(response, Future) else response.upload_completion
-            self._pending = _PendingSave(step, tmp, final, future)
+        if in_background:
+            self._save_in_background(step, state, tmp if shared and not blocking else None, final, local)
         return final
 
+    def _save_in_background(
+        self, step: int, state: Mapping[str, Any], tmp: Path | None, final: Path, local: bool
+    ) -> None:
+        writer = self.start_writer()  # a writer still booting reads the request once it is up
+        self._requests += 1
+        pending = _Pending(self._requests, step, tmp, final, local, time.perf_counter())
+        self._pending = pending
+        fast_request = None
+        if local and self.fast is not None:
+            fast_request = self.fast.request({"lineage": self.lineage})
+
+        def send(staged: Staged | None, error: BaseException | None) -> None:
+            if writer is not self._writer:  # replaced meanwhile (a failure): this save is settled already
+                return
+            if staged is None:
+                pending.failure = f"staging failed: {type(error).__name__}: {error}"
+                return
+            new_layout = self._writer_has != staged.layout
+            if fast_request is not None:
+                fast_request.info["signature"] = staged.signature
+            writer.submit(
+                SaveRequest(
+                    id=pending.id,
+                    step=step,
+                    layout=staged.layout,
+                    slots=staged.slots,
+                    blobs=staged.blobs,
+                    plan=staged.plan if new_layout else None,
+                    segment=staged.segment if new_layout else None,
+                    shared=str(tmp) if tmp is not None else None,
+                    local=fast_request,
+                )
+            )
+            self._writer_has = staged.layout
+
+        self._stager.stage(dict(state), is_coordinator=self.rank == 0, then=send)
+
+    def start_writer(self) -> Writer:
+        """The writer process of this rank, started if there is none (collective the first time and after a
+        failure: the writers of every rank join one group). Call it early: it boots beside training."""
+        if self._writer is not None:
+            return self._writer
+        world_size = dist.get_world_size() if _distributed() else 1
+        address = None
+        if world_size > 1:
+            if self._store_address is None:
+                self._store, self._store_address = store_for_writers(
+                    self._background_group(), self.store_host
+                )
+            address = self._store_address
+        self._generation += 1
+        self._writer = Writer(
+            WriterSetup(self.rank, world_size, address, f"writers{self._generation}/", self.timeout_s,
+                        self.faults.spec if self.faults is not NO_FAULTS else None)
+        )  # fmt: skip
+        self._writer_has = None
+        return self._writer
+
     def overlap_staging(self, optimizers: list[torch.optim.Optimizer]) -> None:
-        """Let an asynchronous save copy these optimizers' parameters and state beside the next forward and
+        """Let a background save copy these optimizers' parameters and state beside the next forward and
         backward, their ``step()`` waiting for the copy (``hpctrain.checkpoint.staging``). For a loop in which
         nothing but ``step()`` changes them."""
         self._stager.defer_until_step(optimizers)
 
-    def wait(self) -> None:
-        """Finish and commit the pending asynchronous save, if any. Collective once any save was asynchronous:
-        a rank whose write :meth:`poll` already committed still meets the others here."""
-        pending, self._pending = self._pending, None
-        started = time.perf_counter()
-        if pending is not None:
-            pending.future.result()  # re-raises this rank's write failure (DCP fails every rank alike)
-            self._commit(pending.step, pending.tmp, pending.final)
-        if self._async_saves:
-            _barrier()  # every rank returns with the checkpoint committed
-        if pending is not None:
-            log.info(
-                "Committed %s (asynchronous save; waited %.2f s for it)",
-                pending.final.name,
-                time.perf_counter() - started,
-            )
-
-    def poll(self) -> None:
-        """Commit the pending asynchronous save now if its write has finished (not collective: each rank
-        looks at its own write; rank 0's finishes last, after every rank's shards and ``.metadata``). Called
-        every step, it leaves a written checkpoint uncommitted for one step at most: a crash loses none."""
-        pending = self._pending
-        if pending is None or not pending.future.done():
-            return
-        self._pending = None
-        pending.future.result()
-        self._commit(pending.step, pending.tmp, pending.final)
-        if self.rank == 0:
-            log.info("Committed %s (asynchronous save, written beside training)", pending.final.name)
-
     @property
     def pending(self) -> bool:
-        """Whether an asynchronous save is written or waits to be committed."""
+        """Whether a save is being written in the background or waits to be committed."""
         return self._pending is not None
 
-    def close(self) -> None:
-        """Finish any pending save and pruning, and free the staging buffers (a copy of the whole state)."""
+    def poll(self) -> None:
+        """Commit the pending save if every rank's writer has finished it; handle a writer that died or
+        failed. Collective while a save is pending (every rank calls it once per step): one all-reduce of
+        two integers over a gloo group, so every rank decides at the same step."""
+        if self._pending is not None:
+            self._settle(block=False)
+
+    def wait(self) -> None:
+        """Finish and commit the pending save, if any. Collective once any save went to the writer: a rank
+        whose commit :meth:`poll` already made still meets the others here, so every rank returns with the
+        checkpoint committed."""
+        if self._pending is not None:
+            started = time.perf_counter()
+            pending = self._pending
+            if self._settle(block=True) and pending.tmp is not None and self.rank == 0:
+                log.info(
+                    "Committed %s (written by the writer process; waited %.2f s for it)",
+                    pending.final.name,
+                    time.perf_counter() - started,
+                )
+        elif self._writer is not None:
+            _barrier()
+
+    def _settle(self, block: bool) -> bool:
+        """Resolve the pending save if every rank's writer is done (commit: True) or any failed (False);
+        ``block``: until one of them. Collective: one all-reduce per look."""
+        pending = self._pending
+        assert pending is not None
+        while True:
+            finished, failure = True, pending.failure
+            if failure is None:
+                finished, failure = self._writer.outcome(pending.id) if self._writer else (True, "no writer")
+            done, failed = _sum_over_ranks([int(finished and failure is None), int(failure is not None)],
+                                           self._background_group())  # fmt: skip
+            if failed:
+                self._pending = None
+                self._writer_failed(pending, failure)
+                return False
+            if done == _world_size():
+                self._pending = None
+                if pending.tmp is not None:
+                    self._commit(pending.step, pending.tmp, pending.final)
+                    if self.rank == 0 and not block:
+                        log.info("Committed %s (written beside training)", pending.final.name)
+                    if block:
+                        _barrier()  # every rank returns with the checkpoint committed
+                return True
+            if not block:
+                return False
+            time.sleep(0.005)
+
+    def _writer_failed(self, pending: _Pending, failure: str | None) -> None:
+        """A writer died or failed: the save is not committed on any rank; new writers, or stop."""
+        every = _gather_over_ranks(failure, self._background_group())
+        self._stager.wait_staged_quietly()
+        if self._writer is not None:
+            self._writer.kill()  # the others may wait in the dead one's collectives
+            self._writer = None
+        what = pending.final.name if pending.tmp is not None else f"the fast-tier copy of step {pending.step}"
+        why = "; ".join(f"rank {r}: {text}" for r, text in enumerate(every) if text)
+        newest = layout.committed(self.root)
+        kept = f"{newest[0].name} stays the newest checkpoint" if newest else "there is no checkpoint yet"
+        if self.rank == 0 and pending.tmp is not None:
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+        _barrier()
+        if self.on_writer_failure == "stop":
+            raise CheckpointWriterFailed(
+                f"checkpoint writer failed while writing {what} ({why}); it was not committed, {kept}; "
+                f"stopping (checkpoint.on_writer_failure=stop)"
+            )
+        if self.rank == 0:
+            log.warning(
+                "Checkpoint writer failed while writing %s (%s): it was not committed, %s; training goes on "
+                "with new writers (checkpoint.on_writer_failure=warn)",
+                what,
+                why,
+                kept,
+            )
+        self.start_writer()  # the next generation boots beside the steps until the next save
+
+    def close(self, end_of_job: bool = True) -> None:
+        """Finish any pending save and pruning, stop the writer, free the staging segment; at the end of the
+        job, remove this job's fast tier on this node (collective)."""
         self.wait()
+        if self._writer is not None:
+            self._writer.stop()
+            self._writer = None
         self._stager.close()
         for deleting in self._deleting:
             deleting.join()
         self._deleting = []
+        if end_of_job and self.fast is not None:
+            self.fast.end_of_job()
 
     def _commit(self, step: int, tmp: Path, final: Path) -> None:
         if self.rank != 0:
@@ -196,11 +352,12 @@ class CheckpointManager:
             self.on_commit(step)
 
     def _background_group(self) -> dist.ProcessGroup | None:
-        """A gloo group of all ranks for the writer thread's collectives (made on first use: collective)."""
-        if self._group is None and dist.is_available() and dist.is_initialized():
+        """A gloo group of all ranks for the manager's own collectives (made on first use: collective)."""
+        if self._group is None and _distributed():
             self._group = dist.new_group(backend="gloo")
         return self._group
 
+    # ---------------------------------------------------------------------------------------- resuming
     def resume(
         self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None = None
     ) -> Path | None:
@@ -208,33 +365,51 @@ class CheckpointManager:
 
         ``check(candidate)``: called for an intact candidate before anything is loaded; it raises
         ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config)."""
+        loaded = self._resume(state, policy, check)
+        if loaded is None and _world_size() > 1:
+            # A fresh lineage is rank 0's: every rank's fast-tier copies and every manifest must name one.
+            self.lineage = _gather_over_ranks(self.lineage, self._background_group())[0]
+            self._own_lineages = {self.lineage}
+        if self.fast is not None:
+            if self.rank == 0:
+                layout.write_lineage(self.root, self.lineage, self.fast.paths.job)
+            self.fast.after_resume(self.lineage, _train_step(state) if loaded else 0)
+        if loaded is None:
+            self.state_touched = bool(_sum_over_ranks([int(self.state_touched)], self._background_group())[0])
+        _barrier()
+        return loaded
+
+    def _resume(
+        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None
+    ) -> Path | None:
         if policy == "never":
             return None
         explicit = policy != "auto"
         candidates = [Path(policy)] if explicit else layout.committed(self.root)
+        if not explicit and self.fast is not None:
+            newest_shared = next(
+                (c for c in candidates if layout.problem_with(c, checksums=False) is None), None
+            )
+            found = self._fast_tier(state, layout.step_of(newest_shared) if newest_shared else -1)
+            if found is not None:
+                return found
         for candidate in candidates:
-            # Timed apart for the log: the check reads every file once (its CRC-32), the load after it.
             started = time.perf_counter()
-            problem = layout.problem_with(candidate)
+            problem = layout.problem_with(
+                candidate, checksums=False
+            )  # the reader verifies each file's checksum
             if problem is None and check is not None:
                 check(candidate)
-            checked = time.perf_counter()
             if problem is None:
                 problem = self._load(candidate, state)
             if problem is None:
                 log.info(
-                    "Resumed from %s (step %d): files checked in %.2f s, state loaded in %.2f s",
+                    "Resumed from %s (step %d): files checked and loaded in %.2f s",
                     candidate,
                     layout.step_of(candidate),
-                    checked - started,
-                    time.perf_counter() - checked,
+                    time.perf_counter() - started,
                 )
-                lineage = layout.lineage_of(candidate)
-                if lineage is None:  # written before lineages: this run continues it
-                    self._own_lineages.add(None)
-                else:
-                    self.lineage = lineage
-                    self._own_lineages = {lineage}
+                self._continue_lineage(layout.lineage_of(candidate))
                 self._discard_uncommitted()
                 return candidate
             log.warning("Skipping checkpoint %s: %s", candidate, problem)
@@ -245,25 +420,65 @@ class CheckpointManager:
         self._discard_uncommitted()
         return None
 
-    def _load(self, directory: Path, state: Mapping[str, Any]) -> str | None:
+    def _fast_tier(self, state: Mapping[str, Any], newer_than: int) -> Path | None:
+        assert self.fast is not None
+        started = time.perf_counter()
+        found = self.fast.candidates(layout.current_lineage(self.root), state_signature(dict(state)))
+
+        def load(copy: Path) -> str | None:
+            return self._load(copy, state, fits=False, no_dist=True)
+
+        got = self.fast.restore(found, newer_than, self._background_group(), load)
+        if got is None:
+            return None
+        step, copy, origin = got
+        log.info(
+            "Resumed from the fast tier (step %d, newer than the shared tier's %s): %s, checked and loaded "
+            "in %.2f s",
+            step,
+            f"step {newer_than}" if newer_than >= 0 else "none",
+            origin,
+            time.perf_counter() - started,
+        )
+        self._continue_lineage(layout.lineage_of(copy))
+        self._discard_uncommitted()
+        return copy
+
+    def _continue_lineage(self, lineage: str | None) -> None:
+        if lineage is None:  # written before lineages: this run continues it
+            self._own_lineages.add(None)
+        else:
+            self.lineage = lineage
+            self._own_lineages = {lineage}
+
+    def _load(
+        self, directory: Path, state: Mapping[str, Any], fits: bool = True, no_dist: bool = False
+    ) -> str | None:
+        reader = None
         try:
-            metadata = SafeFileSystemReader(directory).read_metadata()
+            reader = FastReader(directory, rank=self.rank)
+            metadata = reader.read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
-            _check_fits(directory, metadata.state_dict_metadata, state)
+            if fits:
+                _check_fits(directory, metadata.state_dict_metadata, state)
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
-            dcp.load(
-                {k: v for k, v in state.items() if k not in absent},
-                storage_reader=SafeFileSystemReader(directory),
-                planner=SafeLoadPlanner(),
-            )
+            with warnings.catch_warnings():  # a fast-tier copy is one rank's by design: DCP's note is noise
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(
+                    {k: v for k, v in state.items() if k not in absent},
+                    storage_reader=reader,
+                    planner=SafeLoadPlanner(),
+                    no_dist=no_dist,
+                )
         except (KeyboardInterrupt, SystemExit, CheckpointMismatch):
             raise
         except BaseException as err:  # DCP's CheckpointException derives from BaseException
-            # Shards are checked against the manifest first, so this is rare (bit rot, a changed model).
-            # Each tensor of every state is overwritten by whichever checkpoint loads next, so falling
-            # back leaves nothing of this one behind.
-            return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            # A file that fails its checksum is found before any of its bytes reach the state; one found
+            # after another file's were copied leaves part of this checkpoint in it, which the next
+            # checkpoint loaded overwrites (every tensor) or, when none loads, the trainer builds afresh.
+            self.state_touched = self.state_touched or (reader is not None and reader.touched)
+            return describe(err)
         step = layout.step_of(directory)
         saved_ranks = sorted(int(m.group(1)) for key in saved if (m := RNG_KEY.fullmatch(key)))
         for key in absent:
@@ -275,14 +490,13 @@ class CheckpointManager:
                 len(saved_ranks),
                 seed,
             )
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        gone = [r for r in saved_ranks if r >= world_size]
+        gone = [r for r in saved_ranks if r >= _world_size()]
         if gone and self.rank == 0:
             log.info(
                 "%s was saved by %d ranks, this run has %d: RNG states of ranks %s are not used",
                 directory.name,
                 len(saved_ranks),
-                world_size,
+                _world_size(),
                 ", ".join(map(str, gone)),
             )
         return None
@@ -343,39 +557,65 @@ def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, A
             )
 
 
-@dataclass
-class _PendingSave:
-    step: int
-    tmp: Path
-    final: Path
-    future: Future
-
-
 def _whole_model(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The union of every rank's model tensors: a pipeline stage holds only part of the model, which a
     checkpoint of the whole model must not be refused for. Collective when several ranks run."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _distributed() or dist.get_world_size() == 1:
         return shapes
     every: list[dict[str, tuple[int, ...]] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(every, shapes)
     return {name: shape for part in every if part for name, shape in part.items()}
 
 
+def _train_step(state: Mapping[str, Any]) -> int:
+    train = state.get("train")
+    return int(getattr(train, "step", 0))
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
 def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         dist.barrier()
 
 
+def _sum_over_ranks(values: list[int], group: dist.ProcessGroup | None) -> list[int]:
+    if not _distributed() or dist.get_world_size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, group=group)
+    return [int(v) for v in tensor]
+
+
+def _gather_over_ranks(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
+    if not _distributed() or dist.get_world_size() == 1:
+        return [value]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, value, group=group)
+    return every
+
+
 def read_checkpoint(directory: Path) -> dict[str, Any]:
-    """A committed checkpoint as one plain (unsharded) dict, in this process: for inspection and export."""
-    import tempfile
+    """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
+    inspection and export."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from hpctrain.checkpoint.safe import SafeEmptyStatePlanner
 
-    problem = layout.problem_with(directory)
+    problem = layout.problem_with(directory, checksums=False)
     if problem:
         raise CheckpointNotLoadable(f"{directory}: {problem}")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "full.pt"
-        dcp_to_torch_save(directory, path)
-        return torch.load(path, weights_only=False)
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        # DCP's own converter (dcp_to_torch_save) calls this: dcp.load would fill a copy of ``state``.
+        _load_state_dict(
+            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner(), no_dist=True
+        )
+    return state

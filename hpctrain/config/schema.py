@@ -281,6 +281,19 @@ class TrainerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """How checkpoints are kept beyond the shared one of ``trainer.ckpt_every`` (hpctrain.checkpoint)."""
+
+    # Every K steps each rank's state goes to node-local memory and to a peer node (the fast tier), from which
+    # a restart inside the same job loads when it is newer than the shared checkpoint. None: off.
+    local_every: int | None = None
+    local_path: str = "/dev/shm"  # the node-local directory of the fast tier (memory: tmpfs)
+    # A checkpoint writer process that died or failed: its checkpoint is never committed; warn: go on with
+    # new writers and a warning; stop: end the run.
+    on_writer_failure: str = "warn"
+
+
+@dataclass
 class LoggerConfig:
     progress_bar: bool = True
     tensorboard: bool = False  # event files in <run>/tensorboard (tensorboard --logdir <run>), traces beside
@@ -318,6 +331,7 @@ class Config:
     cluster: ClusterConfig = MISSING
     optim: OptimConfig = MISSING
     trainer: TrainerConfig = MISSING
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)  # a run directory from before: off
     logger: LoggerConfig = MISSING
     task: TaskConfig = field(default_factory=TaskConfig)  # a run directory written before tasks: train
     # Test-only fault injection (hpctrain.faults); the default group `none` injects nothing.
@@ -332,6 +346,7 @@ GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "cluster": {"cluster": ClusterConfig},
     "optim": {"optim": OptimConfig},
     "trainer": {"trainer": TrainerConfig},
+    "checkpoint": {"checkpoint": CheckpointConfig},
     "logger": {"logger": LoggerConfig},
     "faults": {"faults": FaultsConfig},
     "task": {"task": TaskConfig},

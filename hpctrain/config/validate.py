@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hpctrain.config.rules.checkpoint import check_checkpoint
 from hpctrain.config.rules.cluster import check_cluster
 from hpctrain.config.rules.parallel import check_parallel
 from hpctrain.config.rules.run import (
@@ -37,6 +38,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_parallel(cfg)
     check_optim(cfg)
     check_trainer(cfg)
+    check_checkpoint(cfg)
     check_logger(cfg)
     check_faults(cfg.faults)
     check_batch(cfg)

@@ -11,12 +11,17 @@ Points:
 - ``"data"``: the data phase of every step. ``slow_rank=RANK:SECONDS`` sleeps that long (a straggler).
 - ``"commit"``: rank 0, after a checkpoint's shards are written and before it is committed.
   ``save_delay_s`` sleeps that long (a window to kill the job mid-save).
+- ``"step"`` also: ``kill_at=RANK:STEP`` makes that rank kill itself there with SIGKILL (a real ``kill -9``:
+  no exception, no cleanup; its checkpoint writer dies with it).
+- ``"write"``: in a rank's checkpoint writer process, while it writes a save of that step (after each
+  buffer of a shard). ``writer_kill_at=RANK:STEP`` makes that rank's writer kill itself there with SIGKILL.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -25,7 +30,7 @@ from hpctrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-POINTS = ("step", "data", "commit")
+POINTS = ("step", "data", "commit", "write")
 
 
 @dataclass
@@ -34,6 +39,8 @@ class FaultsConfig:
     hang_at: str | None = None  # "RANK:STEP": that rank sleeps forever there (first start of a job only)
     slow_rank: str | None = None  # "RANK:SECONDS": that rank sleeps so long in every step's data phase
     save_delay_s: float = 0.0  # rank 0 waits so long between writing a checkpoint and committing it
+    kill_at: str | None = None  # "RANK:STEP": that rank kills itself (SIGKILL) at the start of that step
+    writer_kill_at: str | None = None  # "RANK:STEP": that rank's checkpoint writer kills itself mid-write
 
 
 def _rank_step(key: str, value: str | None) -> tuple[int, int] | None:
@@ -62,6 +69,8 @@ def check_faults(faults: FaultsConfig) -> None:
     """One-line ConfigError for a malformed fault spec (run on the submitting machine)."""
     _rank_step("fail_at", faults.fail_at)
     _rank_step("hang_at", faults.hang_at)
+    _rank_step("kill_at", faults.kill_at)
+    _rank_step("writer_kill_at", faults.writer_kill_at)
     _slow(faults.slow_rank)
     if not faults.save_delay_s >= 0:
         raise ConfigError("faults.save_delay_s", faults.save_delay_s, "must be ≥ 0", valid="seconds, e.g. 8")
@@ -80,6 +89,8 @@ class FaultInjector:
         self._hang = _rank_step("hang_at", faults.hang_at) if first_start else None
         self._slow = _slow(faults.slow_rank)
         self._save_delay_s = float(faults.save_delay_s)
+        self._kill = _rank_step("kill_at", faults.kill_at)
+        self._kill_writer = _rank_step("writer_kill_at", faults.writer_kill_at)
 
     def at(self, point: str, step: int = 0) -> None:
         """Inject whatever this rank has at ``point`` of ``step`` (the step being trained, 1-based)."""
@@ -89,12 +100,20 @@ class FaultInjector:
             if self._hang == (self.rank, step):
                 log.warning("Hanging at step %d on purpose (faults.hang_at=%s)", step, self.spec.hang_at)
                 threading.Event().wait()
+            if self._kill == (self.rank, step):
+                log.warning(
+                    "Killing this rank (SIGKILL) at step %d (faults.kill_at=%s)", step, self.spec.kill_at
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
         elif point == "data":
             if self._slow is not None and self._slow[0] == self.rank:
                 time.sleep(self._slow[1])
         elif point == "commit":
             if self._save_delay_s > 0:
                 time.sleep(self._save_delay_s)
+        elif point == "write":
+            if self._kill_writer == (self.rank, step):
+                os.kill(os.getpid(), signal.SIGKILL)
         else:
             raise ValueError(f"unknown fault point {point!r} (known: {', '.join(POINTS)})")
 

@@ -9,6 +9,11 @@ When one worker fails, the others are stopped (SIGTERM, then SIGKILL after ``clu
 the launcher exits non-zero naming the rank and its error. Ctrl-C (or SIGTERM) is different: the workers
 are asked to stop and given all the time they need to finish their step and save a checkpoint; a second
 Ctrl-C stops them as after a failure. No torch import here.
+
+The launch is the workers' job (``HPCTRAIN_JOB_ID``, a fresh id unless the launcher's own environment has one:
+a restart that keeps it is inside the same job). The checkpoint fast tier of a job
+(``checkpoint.local_every``) is removed when the launch that made its id ends; one whose id was given from
+outside belongs to whoever gave it (a restart agent), which removes it (``FastTierPaths.remove_job``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +34,7 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.checkpoints import JOB_ID_ENV, FastTierPaths, job_identity, run_key
 from hpctrain.rundir.records import is_peer_symptom, read_error_file
 
 log = logging.getLogger(__name__)
@@ -69,6 +76,7 @@ class LocalLauncher:
     poll_s: float = POLL_S
     _stop_signal: int | None = field(default=None, init=False)
     _signals_seen: int = field(default=0, init=False)
+    _job_id: str = field(default="", init=False)
 
     def launch(self, cfg: Config, run_dir: Path) -> int:
         nproc = cfg.cluster.nproc
@@ -94,6 +102,8 @@ class LocalLauncher:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         console_fd = _console_fd()
         workers: list[_Worker] = []
+        own_job = JOB_ID_ENV not in os.environ
+        self._job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:16]
         try:
             for rank in range(nproc):
                 workers.append(self._spawn(cfg, run_dir, rank, port, console_fd))
@@ -101,6 +111,10 @@ class LocalLauncher:
         finally:
             for worker in workers:
                 _kill_group(worker.proc.pid, signal.SIGKILL)  # leftovers of finished workers, if any
+            if own_job and cfg.checkpoint.local_every is not None:  # the job ends with this launch
+                job = job_identity({JOB_ID_ENV: self._job_id})
+                assert job is not None
+                FastTierPaths(Path(cfg.checkpoint.local_path), run_key(run_dir), job).remove_job()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if console_fd is not None:
@@ -139,6 +153,7 @@ class LocalLauncher:
             MASTER_ADDR=cfg.cluster.master_addr,
             MASTER_PORT=str(port),
             HPCTRAIN_LAUNCHER_PID=str(os.getpid()),
+            HPCTRAIN_JOB_ID=self._job_id,
             PYTHONUNBUFFERED="1",
         )
         # The user's package, importable from the submit directory, after hpctrain's own path entry.

@@ -4,6 +4,9 @@
 leaves behind" is this map (tests check it), :class:`RunDir` is the only way to a path in it, and no other
 module spells one of these names in a path (tests/unit/test_rules.py checks every path expression of the
 package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an append of whole lines).
+
+Outside the run directory, on each node: ``<checkpoint.local_path>/hpctrain-fast-<uid>/...``, the checkpoints'
+node-local fast tier (:mod:`hpctrain.rundir.checkpoints` names its paths).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ LAYOUT: dict[str, str] = {
     RUN_CONFIG: "the resolved config every rank read (.hydra/ has Hydra's record of the overrides)",
     f"{HYDRA_DIR}/": f"Hydra's record of the run: config.yaml, hydra.yaml, {HYDRA_OVERRIDES}",
     METRICS_FILE: "one JSON object per logged step (see below)",
-    f"{CHECKPOINTS_DIR}/": "step_XXXXXXXX/ directories, each committed atomically (see below)",
+    f"{CHECKPOINTS_DIR}/": "step_XXXXXXXX/ directories, each committed atomically (see below); lineage.json",
     f"{LOGS_DIR}/": "every rank's log, rank<R>.log; rank<R>.error.json when a rank failed",
     SUBMIT_LOG: "the submitting command's own log",
     RANKS_FILE: "which host and pid every rank ran on",

@@ -39,10 +39,12 @@ class StepMonitors:
         facts: RunFacts,
         watchdog: Watchdog,
         faults: FaultInjector,
+        local_every: int | None = None,
     ) -> None:
         t = cfg.trainer
         self.cfg, self.shape, self.device, self.rank, self.run_dir = cfg, shape, device, rank, run_dir
         self.watchdog, self.faults = watchdog, faults
+        self.local_every = local_every  # steps between fast-tier copies (None: no fast tier)
         self.profile_first, self.profile_last = (
             (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
         )
@@ -98,9 +100,16 @@ class StepMonitors:
         record["evaluate"] = evaluate_now
         return record
 
-    def checkpoint_due(self, step: int, stopping: bool) -> bool:
+    def saves_due(self, step: int, stopping: bool) -> tuple[bool, bool]:
+        """(a save to the shared tier, a copy to the node-local fast tier) due after step ``step``: the
+        last step, a stop and every ``trainer.ckpt_every`` steps save to the shared tier; every
+        ``checkpoint.local_every`` steps (not after the last: the fast tier serves restarts inside this job)
+        copy to the fast tier."""
         t = self.cfg.trainer
-        return step == t.max_steps or stopping or (t.ckpt_every > 0 and step % t.ckpt_every == 0)
+        final = step == t.max_steps or stopping
+        shared = final or (t.ckpt_every > 0 and step % t.ckpt_every == 0)
+        local = self.local_every is not None and step % self.local_every == 0 and not final
+        return shared, local
 
 
 def _mean_over_ranks(value: torch.Tensor, holders: int) -> float:

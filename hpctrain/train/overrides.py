@@ -109,7 +109,8 @@ def keep_global_batch(cfg: Config, run_dir: Path) -> Config:
         return cfg
     candidates = layout.committed(RunDir(run_dir).checkpoints) if t.resume == "auto" else [Path(t.resume)]
     for candidate in candidates:
-        if layout.problem_with(candidate) is None:
+        # Sizes only: reading every file for its checksum here would read the checkpoint twice per resume.
+        if layout.problem_with(candidate, checksums=False) is None:
             saved = layout.read_manifest(candidate).get("global_batch_size")
             if not isinstance(saved, int):
                 return cfg

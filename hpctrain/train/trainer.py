@@ -13,6 +13,7 @@ The loop is kept in one file on purpose, to be read top to bottom (nanoGPT's rul
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -26,13 +27,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.manager import CheckpointManager
+from hpctrain.checkpoint.staging import state_bytes
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.data import GlobalBatchSampler, build_datasets, split_micro_batches
 from hpctrain.data.stream import BatchStream
 from hpctrain.data.user import build_user_datasets
+from hpctrain.errors import ConfigError
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.builtin import model_spec
@@ -44,6 +48,7 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
+from hpctrain.rundir import checkpoints as ckpt_layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
@@ -53,7 +58,7 @@ from hpctrain.train.loss import (
     pipeline_pair,
     to_device,
 )
-from hpctrain.train.metrics import run_facts
+from hpctrain.train.metrics import RunFacts, run_facts
 from hpctrain.train.monitors import StepMonitors
 from hpctrain.train.optim import build_optimizer, build_scheduler
 from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
@@ -138,16 +143,32 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
     faults = FaultInjector(cfg.faults, env.rank)
+    fast_tier = build_fast_tier(cfg, env, run_dir)
     checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults
-    )
+        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
+        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
+        timeout_s=cfg.cluster.dist_timeout_s,
+    )  # fmt: skip
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
     checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
+    if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
+        fast_tier.prepare(state_bytes(resumable), "checkpoint.local_path")
     resumed = checkpoints.resume(
         resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
     )
+    if resumed is None and checkpoints.state_touched:
+        # Part of a checkpoint reached the state before a later file of it failed its checksum, and no other
+        # checkpoint loaded over it: start from the fresh state, built again.
+        log.warning(
+            "No checkpoint loaded and a damaged one left part of itself in the state: building it anew"
+        )
+        checkpoints.close(end_of_job=False)
+        return build_run(dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")), shape,
+                         env, device, run_dir)  # fmt: skip
     if resumed is not None:
         set_hyperparameters(optimizer, scheduler, cfg)
+    if t.async_checkpoint or fast_tier is not None:
+        checkpoints.start_writer()  # its process boots beside the first steps
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
@@ -178,7 +199,7 @@ def fit(
         return FitResult(state, None)
     _start_observer(observer, state, env, t.max_steps)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
-    monitors = StepMonitors(cfg, shape, device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults)
+    monitors = _monitors(run, facts, watchdog, run_dir)
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step, t.max_steps, f"{facts.n_params:,}", env.world_size, device, cfg.parallel.name,
@@ -190,24 +211,17 @@ def fit(
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         passes = monitors.next_batch(state.step + 1, run.batches.next_step)
-        result = train_step(
-            run.par,
-            run.optimizer,
-            run.scaler,
-            passes,
-            device,
-            t.precision,
-            cfg.optim.grad_clip,
-            run.objective,
-        )
+        result = train_step(run.par, run.optimizer, run.scaler, passes, device, t.precision,
+                            cfg.optim.grad_clip, run.objective)  # fmt: skip
         lr = run.scheduler.get_last_lr()[0]
         run.scheduler.step()
         state.step += 1
         monitors.step_done(state.step, time.perf_counter() - step_start)
         _log(run, observer, monitors.record(state.step, result.loss, result.grad_norm, lr), state.step)
         stopped_by = stop(monitors.step_s, save_s)
-        if monitors.checkpoint_due(state.step, bool(stopped_by)):
-            save_s = _save(run, watchdog, final=state.step == t.max_steps or bool(stopped_by))
+        shared, local = monitors.saves_due(state.step, bool(stopped_by))
+        if shared or local:
+            save_s = _save(run, watchdog, bool(stopped_by), shared, local)
         elif checkpoints.pending:
             checkpoints.poll()  # a background write that finished is committed now, not at the next save
         if stopped_by:
@@ -219,14 +233,40 @@ def fit(
     return FitResult(state, stopped_by)
 
 
-def _save(run: Run, watchdog: Watchdog, final: bool) -> float:
+def _monitors(run: Run, facts: RunFacts, watchdog: Watchdog, run_dir: Path) -> StepMonitors:
+    """The per-step monitors of this rank's run (hpctrain.train.monitors)."""
+    cfg, env = run.cfg, run.env
+    local_every = cfg.checkpoint.local_every if run.checkpoints.fast is not None else None
+    return StepMonitors(cfg, run.shape, run.device, env.rank, env.hostname, run_dir, facts, watchdog,
+                        run.faults, local_every)  # fmt: skip
+
+
+def _save(run: Run, watchdog: Watchdog, stopping: bool, shared: bool, local: bool) -> float:
     """Save this step (asynchronously under ``trainer.async_checkpoint``, except the final save and the save
-    on a stop, which are synchronous); how long the call took (the walltime guard plans with it)."""
+    on a stop, which are synchronous) to the shared tier and/or the node-local fast tier; how long the call
+    took (the walltime guard plans with it)."""
     watchdog.enter(run.state.step, "checkpoint")
     start = time.perf_counter()
+    final = run.state.step == run.cfg.trainer.max_steps or stopping
     blocking = not run.cfg.trainer.async_checkpoint or final
-    run.checkpoints.save(run.state.step, run.resumable, blocking=blocking)
+    run.checkpoints.save(run.state.step, run.resumable, blocking=blocking, shared=shared, local=local)
     return time.perf_counter() - start
+
+
+def build_fast_tier(cfg: Config, env: DistEnv, run_dir: Path) -> FastTier | None:
+    """This rank's fast tier (``checkpoint.local_every``), keyed by the run directory and this job."""
+    c = cfg.checkpoint
+    if c.local_every is None:
+        return None
+    job = ckpt_layout.job_identity(os.environ)
+    if job is None:
+        raise ConfigError(
+            "checkpoint.local_every", c.local_every,
+            "needs a job: an srun task of a Slurm job, or a worker of hpctrain's local launcher (which sets "
+            f"{ckpt_layout.JOB_ID_ENV})", valid="null outside those",
+        )  # fmt: skip
+    paths = ckpt_layout.FastTierPaths(Path(c.local_path), ckpt_layout.run_key(run_dir), job)
+    return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size, c.local_every)
 
 
 def _start_observer(observer: Observer | None, state: TrainState, env: DistEnv, max_steps: int) -> None:

@@ -4,8 +4,8 @@ Reading (``model.init_from``, ``hpctrain export``, ``hpctrain generate``), never
 tensors:
 
 - an hpctrain checkpoint (``checkpoints/step_N``) or a run directory (its latest committed checkpoint): the
-  model's tensors of the DCP checkpoint, consolidated in this process through the safe reader
-  (:mod:`hpctrain.checkpoint.safe`), whatever layout saved it;
+  model's tensors of the DCP checkpoint, consolidated in this process through the verifying reader
+  (:mod:`hpctrain.checkpoint.reader`, :mod:`hpctrain.checkpoint.safe`), whatever layout saved it;
 - a safetensors file, or a folder of them (transformers' ``save_pretrained`` shards with their index);
 - a torch state dict (``.pt`` / ``.bin``), loaded with ``weights_only=True``; a dict holding it under
   ``state_dict`` or ``model`` is unwrapped.
@@ -104,12 +104,14 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from hpctrain.checkpoint.safe import SafeFileSystemReader, SafeLoadPlanner
+    from hpctrain.checkpoint.reader import FastReader
+    from hpctrain.checkpoint.safe import SafeLoadPlanner
 
-    problem = layout.problem_with(directory)
+    # Sizes here; the reader verifies each file's checksum as it reads it, before its bytes are used.
+    problem = layout.problem_with(directory, checksums=False)
     if problem:
         raise ConfigError(key, str(directory), problem)
-    metadata = SafeFileSystemReader(directory).read_metadata()
+    metadata = FastReader(directory).read_metadata()
     model: dict[str, torch.Tensor] = {}
     for name, meta in metadata.state_dict_metadata.items():
         if name.startswith(CHECKPOINT_MODEL) and isinstance(meta, TensorStorageMetadata):
@@ -119,8 +121,12 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
     state = {"model_optim": {"model": model}}
     with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        reader = SafeFileSystemReader(directory)
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
+        try:
+            dcp.load(state, storage_reader=FastReader(directory), planner=SafeLoadPlanner(), no_dist=True)
+        except BaseException as err:  # DCP's CheckpointException: one line naming the file
+            from hpctrain.checkpoint.writer import describe
+
+            raise ConfigError(key, str(directory), f"not loadable: {describe(err)}") from None
     return model
 
 

@@ -1,0 +1,68 @@
+"""The ``checkpoint`` group's bad inputs: each is one line on stderr naming key, value and what is valid,
+exit status 2, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        (
+            "checkpoint.local_every=0",
+            "checkpoint.local_every=0: must be ≥ 1 (steps between fast-tier copies)",
+        ),
+        ("checkpoint.local_every=-3", "checkpoint.local_every=-3: must be ≥ 1"),
+        ("checkpoint.local_path=shm/here", "checkpoint.local_path=shm/here: must be an absolute path"),
+        ("checkpoint.local_path=", "checkpoint.local_path=: must be an absolute path"),
+        ("checkpoint.local_path=/proc", "checkpoint.local_path=/proc: not writable"),
+        (
+            "checkpoint.on_writer_failure=maybe",
+            "checkpoint.on_writer_failure=maybe: not a known choice (valid: warn, stop)",
+        ),
+    ],
+)
+def test_a_bad_fast_tier_setting_is_one_line(
+    override: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = [] if "local_every" in override else ["checkpoint.local_every=5"]
+    assert main(["--cfg", "job", override, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"hpctrain: {says}"), err
+
+
+def test_a_fast_tier_path_that_is_a_file_or_holds_a_control_character(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["--cfg", "job", "checkpoint.local_every=5", f"checkpoint.local_path={blocker}"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"hpctrain: checkpoint.local_path={blocker}: is not a directory here (valid: an existing writable "
+        "node-local directory, e.g. /dev/shm)"
+    )
+    assert main(["--cfg", "job", "checkpoint.local_every=5", "checkpoint.local_path=/dev/shm/a\tb"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "checkpoint.local_path" in err and "control character" in err
+
+
+def test_the_fast_tier_is_the_trainers_and_a_job_id_is_checked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--cfg", "job", "task=script", "task.path=README.md", "checkpoint.local_every=5"]) == 2
+    assert "checkpoint.local_every=5: the fast tier is hpctrain's trainer's, not task=script's" in (
+        capsys.readouterr().err
+    )
+    monkeypatch.setenv("HPCTRAIN_JOB_ID", "../../elsewhere")
+    assert main(["--cfg", "job"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hpctrain: HPCTRAIN_JOB_ID=../../elsewhere: not a job id "
+        "(valid: 1-64 characters of A-Z a-z 0-9 . _ -)"
+    )
+    monkeypatch.setenv("HPCTRAIN_JOB_ID", "restart-7")
+    assert main(["--cfg", "job", "checkpoint.local_every=5"]) == 0
