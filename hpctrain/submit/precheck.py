@@ -39,6 +39,10 @@ def precheck(
             overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
             return precheck(overrides, multirun, config_dirs)
         check_run(typed)
+        if i == 0 and typed.cluster.kind == "local" and typed.cluster.fork_server:
+            from hpctrain.launch.forked import check_server_env
+
+            check_server_env()  # a HPCTRAIN_FORKSERVER that names no running server
         _probe_once(typed, probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
