@@ -283,6 +283,10 @@ def main(argv: list[str]) -> NoReturn:
         signal.signal(sig, _on_stop)
     if args.parent is not None:
         _die_with(args.parent)
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # how a child's exit is awaited
+    except (AttributeError, OSError) as err:
+        raise SystemExit(f"hpctrain fork server: needs Linux 5.3 or later (pidfd_open): {err}") from None
     at = sys.orig_argv.index("--room")
     child.set_cmdline([*sys.orig_argv[:at], *sys.orig_argv[at + 2 :]])  # ps shows the command, not the room
     started = time.monotonic()

@@ -229,6 +229,10 @@ class ForkServer:
 
     def _gone_message(self) -> str:
         pid = f" (pid {self.pid})" if self.pid else ""
+        if self._hello is None:
+            status = self.proc.poll() if self.proc is not None else None
+            ended = "" if status is None else f" with exit status {status}"
+            return f"the fork server{pid} {self.where} ended{ended} before it was ready"
         return f"the fork server{pid} {self.where} died; the workers it started died with it"
 
     def close(self) -> None:
@@ -269,15 +273,13 @@ def check_socket_path(path: str) -> None:
 
 def check_server_env() -> None:
     """For the precheck: a ``HPCTRAIN_FORKSERVER`` that names no live server is refused before anything is
-    written (ConfigError); one of other hpctrain code is told about, once: the run starts fresh workers."""
+    written (ConfigError); one of other hpctrain code is for the launch to tell of, as it starts workers."""
     value = os.environ.get(FORKSERVER_ENV)
     if value is None or value == OFF:
         return
     server = ForkServer.connect(value)
     try:
-        server.ready()
-    except ServerMismatch as err:
-        _tell(str(err))
+        server.hello()
     except ForkServerError as err:
         raise ConfigError(FORKSERVER_ENV, value, str(err), valid=_VALID) from None
     finally:
@@ -288,26 +290,36 @@ def server_for(fork_server: bool, env: Mapping[str, str] | None = None) -> tuple
     """The server a launch forks its workers from, and whether the launch owns it (and closes it); None:
     start them as fresh interpreters. ``env``: a per-launch server's environment."""
     value = os.environ.get(FORKSERVER_ENV)
-    if not fork_server or value == OFF:
+    if not fork_server or value == OFF or not supported():
         stop_prestarted()
         return None, False
-    try:
-        if value is not None:
-            server, owned = ForkServer.connect(value), True
-        elif _prestarted is not None:
-            server, owned = _prestarted, False
-        else:
-            server, owned = ForkServer.start(env), True
+    if value is not None:
+        server = ForkServer.connect(value)
         try:
             server.ready()
-        except ForkServerError:
-            if owned:
-                server.close()
-            raise
-    except ServerMismatch as err:
+        except ForkServerError as err:
+            server.close()
+            if not isinstance(err, ServerMismatch):
+                raise
+            _tell(str(err))
+            return None, False
+        return server, True
+    server, owned = (_prestarted, False) if _prestarted is not None else (ForkServer.start(env), True)
+    try:
+        server.ready()
+    except ForkServerError as err:  # our own could not start: the workers will say why, if they fail too
+        if owned:
+            server.close()
+        else:
+            stop_prestarted()
         _tell(str(err))
         return None, False
     return server, owned
+
+
+def supported() -> bool:
+    """Linux (parent-death signals, pidfds) and a Python that passes descriptors over sockets."""
+    return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")
 
 
 def _tell(line: str) -> None:

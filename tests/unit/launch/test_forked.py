@@ -266,3 +266,13 @@ def test_prestart_is_skipped_where_a_server_is_named(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(FORKSERVER_ENV, "/some/s.sock")
     forked.prestart([])
     assert forked._prestarted is None
+
+
+def test_a_server_that_ends_before_its_hello_is_named():
+    ours, theirs = socket.socketpair()
+    client = ForkServer(ours, "started by this launch")
+    theirs.close()
+    with pytest.raises(
+        ServerGone, match=r"^the fork server started by this launch ended before it was ready$"
+    ):
+        client.ready(timeout=5)
