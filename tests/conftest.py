@@ -59,7 +59,14 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
+def _fork_server_beyond_the_fast_tier(request: pytest.FixtureRequest) -> None:
+    """Every test outside tests/unit/ (which starts no process) has the session's fork server."""
+    if "unit" not in request.node.path.relative_to(REPO).parts:
+        request.getfixturevalue("fork_server")
+
+
+@pytest.fixture(scope="session")
 def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
     """One fork server for the session (``HPCTRAIN_FORKSERVER``): every local launch of the suite forks its
     ranks from a process that imported torch once. ``HPCTRAIN_TEST_FORKSERVER=per-launch`` leaves each

@@ -6,14 +6,16 @@ its own, so the launcher can kill its process group), a parent-death signal boun
 launcher's umask, signal mask, ignored signals, resource limits, CPU affinity and niceness, its cwd and,
 exactly, its environment. What a fresh interpreter builds at start is rebuilt: ``sys.path`` (cwd, then
 PYTHONPATH made absolute, then the site part, duplicates dropped, as ``site`` does), ``sys.argv`` and
-``sys.orig_argv``, /proc/PID/cmdline, the standard streams (buffered or not as PYTHONUNBUFFERED says),
-default signal handlers, a new random state for Python's ``random``, numpy's global generator and torch's
-default generator, and the thread counts torch and OpenBLAS read from the environment when they loaded.
-Hash randomisation is the one thing a fork keeps: every child shares the server's string hash seed.
+``sys.orig_argv``, /proc/PID/cmdline and /proc/PID/environ (in room the server's own reserved), the
+standard streams (buffered or not as PYTHONUNBUFFERED says), default signal handlers, a new random state
+for Python's ``random``, numpy's global generator and torch's default generator, and the thread counts
+torch and OpenBLAS read from the environment when they loaded. Hash randomisation is the one thing a fork
+keeps: every child shares the server's string hash seed.
 
 Where the request's environment differs from the server's in something read only when an interpreter or a
 library starts (PYTHON*, the locale, OpenMP/MKL settings other than OMP_NUM_THREADS, LD_*, malloc tunables,
-TORCH_*), the child execs a fresh interpreter instead, after the same setup: slower, never different.
+TORCH_*), or it does not fit the server's room, the child execs a fresh interpreter instead, after the same
+setup: slower, never different.
 """
 
 from __future__ import annotations
@@ -70,23 +72,40 @@ def _positive(value: str | None) -> bool:
     return value is not None and value.strip().isdigit() and int(value) > 0
 
 
-def cmdline_room() -> int:
-    """Bytes of this process's argument area (/proc/self/stat fields 48-49, proc(5))."""
-    start, end = _arg_area()
-    return end - start
+def areas() -> tuple[int, int]:
+    """Bytes of this process's argument and environment areas (/proc/self/stat fields 48-51, proc(5))."""
+    (arg_start, arg_end), (env_start, env_end) = _area(45), _area(47)
+    return arg_end - arg_start, env_end - env_start
 
 
-def _arg_area() -> tuple[int, int]:
+def _area(index: int) -> tuple[int, int]:
     with open("/proc/self/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 is fields[0]
-    return int(fields[45]), int(fields[46])
+    return int(fields[index]), int(fields[index + 1])
+
+
+def cmdline_bytes(args: Sequence[str]) -> bytes:
+    return b"".join(os.fsencode(a) + b"\0" for a in args)
+
+
+def environ_bytes(env: Mapping[str, str]) -> bytes:
+    return b"".join(os.fsencode(f"{k}={v}") + b"\0" for k, v in env.items())
 
 
 def set_cmdline(args: Sequence[str]) -> bool:
     """Write ``args`` into this process's argument area, NUL-separated as exec leaves them, so ps and
     /proc/PID/cmdline show them (the rest of the area stays NULs). False when they do not fit."""
-    start, end = _arg_area()
-    data = b"\0".join(os.fsencode(a) for a in args) + b"\0"
+    return _write_area(45, cmdline_bytes(args))
+
+
+def set_environ_block(env: Mapping[str, str]) -> bool:
+    """Write ``env`` into this process's environment area, as exec leaves it, so /proc/PID/environ shows it.
+    Only once os.environ has been replaced: C's environ then points at copies, not into the area."""
+    return _write_area(47, environ_bytes(env))
+
+
+def _write_area(index: int, data: bytes) -> bool:
+    start, end = _area(index)
     if len(data) > end - start:
         return False
     ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
@@ -150,6 +169,7 @@ def _setup(request: Mapping[str, Any], fds: Sequence[int], server_pid: int) -> N
     os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in request["env"].items()})
+    set_environ_block(os.environ)
 
 
 def _arrange_fds(log_fd: int, console_fd: int | None, console_at: int | None) -> None:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hpctrain.forkserver import child
-from hpctrain.launch.forkwire import MessageReader, identity, room_args, send_message
+from hpctrain.launch.forkwire import ROOM_ENV, MessageReader, identity, room_args, room_env, send_message
 
 PR_SET_PDEATHSIG = 1
 
@@ -97,7 +97,7 @@ class Server:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, _Child] = {}
         self.clients: list[_Client] = []
-        self.room = child.cmdline_room()
+        self.rooms = child.areas()
         threads = len(os.listdir("/proc/self/task"))
         self.no_fork = f"the server has {threads} threads" if threads > 1 else None
         if listener is not None:
@@ -155,8 +155,9 @@ class Server:
             differs and f"{differs} differs from the server's, read as an interpreter starts"
         )
         argv = [sys.executable, "-m", str(request["module"]), *map(str, request["args"])]
-        if why is None and sum(len(os.fsencode(a)) + 1 for a in argv) > self.room:
-            why = "its command line is longer than the server's room for it"
+        sizes = len(child.cmdline_bytes(argv)), len(child.environ_bytes(request["env"]))
+        if why is None and any(size > room for size, room in zip(sizes, self.rooms, strict=True)):
+            why = "its command line or environment is larger than the server's room for it"
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -278,7 +279,8 @@ def main(argv: list[str]) -> NoReturn:
     parser.add_argument("--room", help=argparse.SUPPRESS)  # room in the command line for the children's
     args = parser.parse_args(argv)
     if args.room is None:  # started by hand: again, with the room
-        os.execv(sys.executable, [*sys.orig_argv, *room_args()])
+        os.execve(sys.executable, [*sys.orig_argv, *room_args()], {**os.environ, **room_env()})
+    os.environ.pop(ROOM_ENV, None)  # the block keeps it, for the children's environments
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_stop)
     if args.parent is not None:

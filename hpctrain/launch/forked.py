@@ -49,6 +49,7 @@ from hpctrain.launch.forkwire import (
     launcher_state,
     mismatch,
     room_args,
+    room_env,
     send_message,
 )
 
@@ -112,7 +113,7 @@ class ForkServer:
             proc = subprocess.Popen(
                 [sys.executable, "-m", SERVER_MODULE, "--fd", str(theirs.fileno()),
                  "--parent", str(os.getpid()), *room_args()],
-                env=dict(os.environ if env is None else env),
+                env={**(os.environ if env is None else env), **room_env()},
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,  # a Ctrl-C at the terminal reaches the launcher only, as for workers

@@ -117,10 +117,19 @@ def mismatch(theirs: Mapping[str, str], ours: Mapping[str, str]) -> str | None:
     return None
 
 
+ROOM_ENV = "HPCTRAIN_FORKSERVER_ROOM"
+
+
 def room_args() -> list[str]:
     """Arguments that reserve room in a server's command line, which each child rewrites into its own
     (``python -m hpctrain.worker RUN_DIR``, what ``ps`` and /proc/PID/cmdline show of a spawned worker)."""
     return ["--room", "." * 4096]
+
+
+def room_env() -> dict[str, str]:
+    """A variable that reserves room in a server's environment block, which each child rewrites into its own
+    environment (what /proc/PID/environ shows of a spawned worker); the server drops it from os.environ."""
+    return {ROOM_ENV: "." * 16384}
 
 
 def launcher_state() -> dict[str, Any]:

@@ -56,8 +56,10 @@ def stream(s):
 main = sys.modules["__main__"]
 with open("/proc/self/cmdline", "rb") as f:
     cmdline = f.read().rstrip(b"\0").decode().split("\0")
+with open("/proc/self/environ", "rb") as f:  # the block exec left, whatever os.environ became since
+    block = f.read().rstrip(b"\0").decode().split("\0")
 report = {
-    "path": sys.path, "argv": sys.argv, "orig_argv": sys.orig_argv, "cmdline": cmdline,
+    "path": sys.path, "argv": sys.argv, "orig_argv": sys.orig_argv, "cmdline": cmdline, "block": block,
     "env": env, "cwd": os.getcwd(), "umask": os.umask(0o022),
     "signals": {int(s): disposition(s) for s in signal.valid_signals()},
     "mask": sorted(map(int, signal.pthread_sigmask(signal.SIG_BLOCK, []))),
@@ -98,11 +100,10 @@ def _start_server(cwd: Path, *, parent: bool = True) -> tuple[subprocess.Popen[b
 
 
 @pytest.fixture(scope="module")
-def server_path() -> Iterator[str]:
+def server_path(fork_server: str | None) -> Iterator[str]:
     """The session's server when there is one, else one for this module."""
-    current = os.environ.get(FORKSERVER_ENV)
-    if current and current != OFF:
-        yield current
+    if fork_server and fork_server != OFF:
+        yield fork_server
         return
     server, path = _start_server(REPO)
     yield path

@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import ConfigError
-from hpctrain.forkserver.child import cmdline_room, set_cmdline, startup_difference, startup_prefixes
+from hpctrain.forkserver.child import (
+    areas,
+    set_cmdline,
+    set_environ_block,
+    startup_difference,
+    startup_prefixes,
+)
 from hpctrain.launch import forked
 from hpctrain.launch.forked import FORKSERVER_ENV, ForkServer, check_socket_path, looks_local, server_for
 from hpctrain.launch.forkwire import (
@@ -113,22 +119,27 @@ def test_intel_openmp_settings_matter_only_where_it_is_loaded():
     assert startup_difference({}, {"KMP_DUPLICATE_LIB_OK": "True"}, startup_prefixes()) == expected
 
 
-def test_a_child_rewrites_its_command_line():
+def test_a_child_rewrites_its_command_line_and_environment_block():
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # in a fork of the test process, whose argument area is the test's own
         try:
             fits = set_cmdline(["/usr/bin/python", "-m", "hpctrain.worker", "/runs/a"])
-            too_long = set_cmdline(["x" * (cmdline_room() + 1)])
-            with open("/proc/self/cmdline", "rb") as f:
-                os.write(write, repr((fits, too_long, f.read().rstrip(b"\0"))).encode())
+            too_long = set_cmdline(["x" * (areas()[0] + 1)])
+            os.environ.clear()  # C's environ must not point into the block it rewrites
+            os.environ["A"] = "1"
+            rewritten = set_environ_block({"A": "1"})
+            with open("/proc/self/cmdline", "rb") as f, open("/proc/self/environ", "rb") as g:
+                found = (fits, too_long, rewritten, f.read().rstrip(b"\0"), g.read().rstrip(b"\0"))
+                os.write(write, repr(found).encode())
         finally:
             os._exit(0)
     os.close(write)
     os.waitpid(pid, 0)
-    fits, too_long, cmdline = eval(os.read(read, 1 << 16))
-    assert fits and not too_long
+    fits, too_long, rewritten, cmdline, environ = eval(os.read(read, 1 << 16))
+    assert fits and not too_long and rewritten
     assert cmdline.split(b"\0") == [b"/usr/bin/python", b"-m", b"hpctrain.worker", b"/runs/a"]
+    assert environ == b"A=1"
 
 
 BAD_PATHS = [("", "not a socket path"), ("/x/s\x07.sock", "not a socket path"), ("MISSING", "no such file")]
