@@ -184,7 +184,7 @@ def _arrange_fds(log_fd: int, console_fd: int | None, console_at: int | None) ->
     for fd in sorted(moved.values()):
         os.closerange(low, fd)
         low = fd + 1
-    os.closerange(low, max(resource.getrlimit(resource.RLIMIT_NOFILE)[1], low + 1))
+    os.closerange(low, max(int(fd) for fd in os.listdir("/proc/self/fd")) + 1)
     for target, src in wanted.items():
         os.dup2(moved[src], target)  # inheritable, as a spawned process has them
     for fd in moved.values():

@@ -99,7 +99,13 @@ class Server:
         self.clients: list[_Client] = []
         self.rooms = child.areas()
         threads = len(os.listdir("/proc/self/task"))
-        self.no_fork = f"the server has {threads} threads" if threads > 1 else None
+        # Interpreter options (-X dev, -O, ...) a fresh ``python -m hpctrain.worker`` would not have.
+        options = sys.orig_argv[1 : sys.orig_argv.index("-m")] if "-m" in sys.orig_argv else []
+        self.no_fork = (
+            f"the server has {threads} threads" if threads > 1
+            else f"the server runs with interpreter options {' '.join(options)}" if options
+            else None
+        )  # fmt: skip
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, self._accept)
 

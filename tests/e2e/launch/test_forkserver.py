@@ -77,12 +77,14 @@ print(json.dumps(report), flush=True)
 """
 
 
-def _start_server(cwd: Path, *, parent: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(
+    cwd: Path, *, parent: bool = True, options: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
     """A fork server of this test's own (its socket in a short directory: AF_UNIX paths are short)."""
     import tempfile
 
     path = os.path.join(tempfile.mkdtemp(prefix="fs"), "s.sock")
-    command = [sys.executable, "-m", SERVER_MODULE, "--socket", path]
+    command = [sys.executable, *options, "-m", SERVER_MODULE, "--socket", path]
     if parent:
         command += ["--parent", str(os.getpid())]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -387,3 +389,21 @@ def test_a_users_project_imports_in_a_forked_child(tmp_path: Path, server_path: 
     assert "forked from fork server" in (run / "hpctrain.log").read_text()
     assert "fresh interpreter" not in (run / "hpctrain.log").read_text()
     assert [m["step"] for m in metrics(run)] == [1, 2]
+
+
+def test_a_server_run_with_interpreter_options_starts_fresh_interpreters(tmp_path: Path):
+    """``python -X dev -m hpctrain.forkserver``: its children would inherit -X dev, which a spawned worker
+    does not have; each execs a fresh interpreter instead."""
+    (tmp_path / "flags.py").write_text("import sys\nprint(sys.flags.dev_mode, flush=True)\n")
+    server, path = _start_server(REPO, options=("-X", "dev"))
+    client = ForkServer.connect(path)
+    try:
+        with open(tmp_path / "log", "wb") as out:
+            child = client.spawn("flags", [], dict(os.environ), out.fileno(), cwd=str(tmp_path))
+        assert child.wait(timeout=60) == 0
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(timeout=30)
+    assert child.mode == "exec: the server runs with interpreter options -X dev"
+    assert (tmp_path / "log").read_text() == "False\n"
