@@ -28,9 +28,20 @@ def run(name: str, argv: list[str]) -> int:
 
 
 def train(argv: list[str]) -> int:
+    from hpctrain.launch import forked
+
+    forked.prestart(argv)  # a local run's fork server imports torch while Hydra composes the run
+    try:
+        return _train(argv)
+    finally:
+        forked.stop_prestarted()
+
+
+def _train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
     from hpctrain.config.compose import user_config_dirs
+    from hpctrain.launch import forked
     from hpctrain.launch.project import record_project_dir
     from hpctrain.submit.hydra_app import dry_run, print_composed, run_hydra, run_single
     from hpctrain.submit.precheck import precheck
@@ -65,6 +76,8 @@ def train(argv: list[str]) -> int:
                 print(user_traceback, file=sys.stderr, end="")
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
+        local = first.cluster.kind == "local" and first.cluster.fork_server and not first.dry_run
+        forked.keep_prestarted(local and not (args.cfg or args.package or args.resolve))
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
             if first.dry_run:
                 from hpctrain.plan.estimate import estimate

@@ -167,6 +167,9 @@ class ClusterConfig:
     nproc: int = 2
     master_addr: str = "127.0.0.1"
     kill_grace_s: float = 5.0  # after one rank failed, how long the others get to stop before SIGKILL
+    # Fork the workers from a process that has imported torch once (hpctrain.launch.forked); false: start
+    # each as a fresh interpreter. HPCTRAIN_FORKSERVER=PATH names a running server, =off is false.
+    fork_server: bool = True
     # --- slurm: what reaches sbatch / srun (validated: no shell metacharacters, or quoted)
     partition: str | None = None
     account: str | None = None

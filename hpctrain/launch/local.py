@@ -1,9 +1,12 @@
 """``cluster=local``: start ``nproc`` worker processes on this machine and supervise them.
 
 Each worker is ``python -m hpctrain.worker RUN_DIR`` with torchrun-style variables (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR/PORT on loopback). Each runs in its own session so that the launcher can stop a
-worker together with anything it spawned (compile workers, the W&B service); workers also ask the kernel to
-kill them if the launcher dies (see :mod:`hpctrain.worker`), so no process outlives a run.
+LOCAL_RANK, MASTER_ADDR/PORT on loopback): forked from a fork server that has imported torch once
+(:mod:`hpctrain.launch.forked`; ``cluster.fork_server=false`` or ``HPCTRAIN_FORKSERVER=off`` start fresh
+interpreters instead). Each runs in its own session so that the launcher can stop a worker together with
+anything it spawned (compile workers, the W&B service); workers also ask the kernel to kill them if the
+process that started them dies (see :mod:`hpctrain.worker`): the launcher, or the fork server, which the
+launcher's death or hang-up ends in turn. No process outlives a run.
 
 When one worker fails, the others are stopped (SIGTERM, then SIGKILL after ``cluster.kill_grace_s``) and
 the launcher exits non-zero naming the rank and its error. Ctrl-C (or SIGTERM) is different: the workers
@@ -29,9 +32,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
+from hpctrain.errors import ConfigError
+from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.checkpoints import JOB_ID_ENV, FastTierPaths, job_identity, run_key
@@ -45,10 +51,21 @@ POLL_S = 0.05
 SETTLE_S = 1.0
 
 
+class _Process(Protocol):
+    """What supervision needs of a worker: a ``subprocess.Popen`` or a ``forked.ForkedProcess``."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class _Worker:
     rank: int
-    proc: subprocess.Popen[bytes]
+    proc: _Process
     log_path: Path
     exited_at: float | None = None
 
@@ -98,16 +115,23 @@ class LocalLauncher:
             stale.unlink()
         port = free_port(cfg.cluster.master_addr)
         log.info("Run directory: %s", run_dir)
-        log.info("Starting %d worker process%s (rank logs in %s)", nproc, "es" * (nproc > 1), logs)
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         console_fd = _console_fd()
         workers: list[_Worker] = []
         own_job = JOB_ID_ENV not in os.environ
         self._job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:16]
+        server: ForkServer | None = None
+        owned = False
         try:
+            server, owned = server_for(cfg.cluster.fork_server, _server_env(cfg))
+            how = f", forked from fork server {server.pid}" if server else ""
+            log.info("Starting %d worker process%s (rank logs in %s%s)", nproc, "es" * (nproc > 1), logs, how)
             for rank in range(nproc):
-                workers.append(self._spawn(cfg, run_dir, rank, port, console_fd))
+                workers.append(self._spawn(cfg, run_dir, rank, port, console_fd, server))
             failures = self._supervise(workers, cfg.cluster.kill_grace_s, run_dir)
+        except (ConfigError, ForkServerError) as err:  # the server named by HPCTRAIN_FORKSERVER, or it died
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return 2 if isinstance(err, ConfigError) else 1
         finally:
             for worker in workers:
                 _kill_group(worker.proc.pid, signal.SIGKILL)  # leftovers of finished workers, if any
@@ -115,6 +139,8 @@ class LocalLauncher:
                 job = job_identity({JOB_ID_ENV: self._job_id})
                 assert job is not None
                 FastTierPaths(Path(cfg.checkpoint.local_path), run_key(run_dir), job).remove_job()
+            if server is not None and owned:
+                server.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if console_fd is not None:
@@ -139,12 +165,17 @@ class LocalLauncher:
         self._stop_signal = signum
         self._signals_seen += 1
 
-    def _spawn(self, cfg: Config, run_dir: Path, rank: int, port: int, console_fd: int | None) -> _Worker:
+    def _spawn(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        rank: int,
+        port: int,
+        console_fd: int | None,
+        server: ForkServer | None,
+    ) -> _Worker:
         nproc = cfg.cluster.nproc
-        env = dict(os.environ)
-        # cluster.env, secrets included, from the launching process's typed config (config.yaml has *** for a
-        # secret): the workers inherit it, as a Slurm job inherits the submitter's environment.
-        env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})
+        env = _server_env(cfg)
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
@@ -152,13 +183,11 @@ class LocalLauncher:
             LOCAL_WORLD_SIZE=str(nproc),
             MASTER_ADDR=cfg.cluster.master_addr,
             MASTER_PORT=str(port),
-            HPCTRAIN_LAUNCHER_PID=str(os.getpid()),
+            # The process whose death must end the worker: its parent, this launcher or the fork server.
+            HPCTRAIN_LAUNCHER_PID=str(server.pid if server else os.getpid()),
             HPCTRAIN_JOB_ID=self._job_id,
             PYTHONUNBUFFERED="1",
         )
-        # The user's package, importable from the submit directory, after hpctrain's own path entry.
-        env[PROJECT_DIR_ENV] = str(project_dir())
-        env["PYTHONPATH"] = worker_pythonpath(project_dir(), env.get("PYTHONPATH"))
         # Ranks ≥ cores oversubscribe the CPU and every intra-op pool fights for it: split the cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
         pass_fds: tuple[int, ...] = ()
@@ -167,6 +196,12 @@ class LocalLauncher:
             pass_fds = (console_fd,)
         log_path = RunDir(run_dir).log(rank)
         with open(log_path, "ab") as out:
+            if server is not None:
+                console = console_fd if pass_fds else None
+                forked = server.spawn("hpctrain.worker", [str(run_dir)], env, out.fileno(), console)
+                if forked.mode != "fork":
+                    log.info("Rank %d: a fresh interpreter, not a fork: %s", rank, forked.mode)
+                return _Worker(rank, forked, log_path)
             proc = subprocess.Popen(
                 [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
                 env=env,
@@ -213,6 +248,18 @@ class LocalLauncher:
             if done:
                 return failures
             time.sleep(self.poll_s)
+
+
+def _server_env(cfg: Config) -> dict[str, str]:
+    """The environment every worker of the run shares (a per-launch fork server starts with it too)."""
+    env = dict(os.environ)
+    # cluster.env, secrets included, from the launching process's typed config (config.yaml has *** for a
+    # secret): the workers inherit it, as a Slurm job inherits the submitter's environment.
+    env.update({str(k): str(v) for k, v in cfg.cluster.env.items()})
+    # The user's package, importable from the submit directory, after hpctrain's own path entry.
+    env[PROJECT_DIR_ENV] = str(project_dir())
+    env["PYTHONPATH"] = worker_pythonpath(project_dir(), env.get("PYTHONPATH"))
+    return env
 
 
 def _stop(workers: list[_Worker], grace_s: float) -> None:

@@ -46,6 +46,10 @@ def precheck(
         check_run(typed)
         if typed.trainer.precision == "fp8" and typed.cluster.kind == "local":
             check_float8_here()  # a Slurm job's device is known only on its node: the worker checks there
+        if i == 0 and typed.cluster.kind == "local" and typed.cluster.fork_server:
+            from hpctrain.launch.forked import check_server_env
+
+            check_server_env()  # a HPCTRAIN_FORKSERVER that names no running server
         _probe_once(typed, probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
