@@ -13,6 +13,7 @@ import pytest
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.launch.sbatch import render_script
 from tests.support import CLI
+from tests.support.golden import GOLDEN_RUN_DIR, GOLDEN_RUNS, as_golden, check_golden, golden_project
 
 
 @pytest.mark.parametrize("job_name", ["a;touch x", "$(touch x)", "a b", "x\ny"])
@@ -65,3 +66,12 @@ def test_templates_render_every_option_as_valid_bash(tmp_path: Path) -> None:
             assert line in script, (template, line)
         assert "{{" not in script and "{%" not in script
     assert "#SBATCH --cpus-per-task=96" in script  # torchrun: one task per node holds 8 × 12 CPUs
+
+
+# --- golden renderings (submitit's habit): each template, for one fixed config, byte for byte
+@pytest.mark.parametrize("name", list(GOLDEN_RUNS))
+def test_each_template_renders_its_golden_file(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    project = golden_project(tmp_path, monkeypatch)
+    script = render_script(to_typed(compose(GOLDEN_RUNS[name])), GOLDEN_RUN_DIR)
+    check_golden(f"{name}.sbatch", as_golden(script, project))
+    assert "not-written" not in script  # a secret cluster.env value stays in the environment

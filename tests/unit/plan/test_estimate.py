@@ -1,14 +1,17 @@
-"""The planner's estimator (hpctrain.plan.estimate, hpctrain.plan.memory, hpctrain.plan.time): parameters,
-gradients, optimizer state and activations per rank of every layout, step time, cost and the verdict, each
-against numbers worked out by hand."""
+"""The planner's estimator (hpctrain.plan.estimate; its layout, memory and time, each from its own module):
+parameters, gradients, optimizer state and activations per rank of every layout, step time, cost and the
+verdict, each against numbers worked out by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from hpctrain.models.flops import flops_per_token, param_count
-from hpctrain.models.spec import model_spec
+from hpctrain.models.spec import ParamSpec, model_spec
 from hpctrain.plan import estimate as plan
+from hpctrain.plan.layout import layout_of, local_numel, rank_stages
+from hpctrain.plan.memory import block_activation_bytes, in_flight, model_state_numel
+from hpctrain.plan.time import pipeline_bubble
 from tests.support.configs import GIB, SEVEN_B, typed
 
 
@@ -32,18 +35,16 @@ def test_block_activations_follow_the_saved_tensors():
     # block (Korthikanti et al.'s 34·s·b·h bytes at 16 bits, less dropout masks and attention scores), plus
     # 4 LayerNorm statistics of N and the attention's log-sum-exp of N·H, all fp32.
     cfg = typed("model=gpt2_124m", "parallel=none", "cluster.nproc=1")
-    lay = plan.layout_of(cfg)
+    lay = layout_of(cfg)
     n, d, heads = 16 * 1024, 768, 12
-    assert plan.block_activation_bytes(model_spec(cfg.model), lay) == 4 * (16 * n * d + 4 * n + n * heads)
-    assert plan.block_activation_bytes(model_spec(cfg.model), lay, "full") == 4 * n * d
-    selective = plan.block_activation_bytes(model_spec(cfg.model), lay, "selective")
+    assert block_activation_bytes(model_spec(cfg.model), lay) == 4 * (16 * n * d + 4 * n + n * heads)
+    assert block_activation_bytes(model_spec(cfg.model), lay, "full") == 4 * n * d
+    selective = block_activation_bytes(model_spec(cfg.model), lay, "selective")
     assert selective == 4 * (11 * n * d + n * heads)  # input, q, k, v, attention, o, fc_in (4), fc_out
     # bf16 autocast: fp32 residual stream, 16-bit matmul outputs, a 16-bit copy of each linear's input.
-    bf16 = plan.layout_of(
-        typed("model=gpt2_124m", "parallel=none", "cluster.nproc=1", "trainer.precision=bf16")
-    )
+    bf16 = layout_of(typed("model=gpt2_124m", "parallel=none", "cluster.nproc=1", "trainer.precision=bf16"))
     assert bf16.regime == "autocast"
-    assert plan.block_activation_bytes(model_spec(cfg.model), bf16) == 4 * 2 * n * d + 2 * 16 * n * d + 4 * (
+    assert block_activation_bytes(model_spec(cfg.model), bf16) == 4 * 2 * n * d + 2 * 16 * n * d + 4 * (
         4 * n + n * heads
     )
 
@@ -51,30 +52,30 @@ def test_block_activations_follow_the_saved_tensors():
 def test_tensor_parallel_and_fsdp_shards():
     # TP splits q/k/v/fc_in by rows and o/fc_out by columns; LayerNorms and row-wise biases stay whole.
     cfg = typed("model=gpt2_124m", "parallel=tp", "cluster.nproc=4")
-    state = plan.model_state_numel(cfg, plan.layout_of(cfg), 0)
+    state = model_state_numel(cfg, layout_of(cfg), 0)
     d, t = 768, 4
     block = 4 * d + 3 * (d * d + d) // t + d * d // t + d + (4 * d * d + 4 * d) // t + 4 * d * d // t + d
     assert state.param_numel == 50304 * d // t + 1024 * d + 12 * block + 2 * d
     # FSDP: torch.chunk rows of each tensor, ⌈n / 8⌉ each: rank 0 holds the most, and the shards add up.
     fsdp = typed("model=gpt2_124m", "parallel=fsdp", "cluster.nproc=8")
-    lay = plan.layout_of(fsdp)
-    shards = [plan.model_state_numel(fsdp, lay, 0, k).param_numel for k in range(8)]
+    lay = layout_of(fsdp)
+    shards = [model_state_numel(fsdp, lay, 0, k).param_numel for k in range(8)]
     assert sum(shards) == 124_475_904 and max(shards) == shards[0]
-    cls_token = plan.ParamSpec("cls_token", (1, 1, 384))
-    assert [plan.local_numel(cls_token, 1, 2, k) for k in range(2)] == [384, 0]
+    cls_token = ParamSpec("cls_token", (1, 1, 384))
+    assert [local_numel(cls_token, 1, 2, k) for k in range(2)] == [384, 0]
 
 
 def test_pipeline_schedules_in_flight_and_bubble():
     from hpctrain.parallel.pipeline import stage_ids
 
-    assert plan.in_flight("1f1b", 4, 0, 8, 1) == 4  # pp micro-batches on the first stage
-    assert plan.in_flight("1f1b", 4, 3, 8, 1) == 1
-    assert plan.in_flight("gpipe", 4, 3, 8, 1) == 8  # every micro-batch
-    assert plan.pipeline_bubble("1f1b", 4, 12, 1) == pytest.approx(3 / 15)
-    assert plan.pipeline_bubble("interleaved_1f1b", 4, 12, 2) == pytest.approx(1.5 / 13.5)
+    assert in_flight("1f1b", 4, 0, 8, 1) == 4  # pp micro-batches on the first stage
+    assert in_flight("1f1b", 4, 3, 8, 1) == 1
+    assert in_flight("gpipe", 4, 3, 8, 1) == 8  # every micro-batch
+    assert pipeline_bubble("1f1b", 4, 12, 1) == pytest.approx(3 / 15)
+    assert pipeline_bubble("interleaved_1f1b", 4, 12, 2) == pytest.approx(1.5 / 13.5)
     for schedule, per_rank in (("1f1b", 1), ("interleaved_1f1b", 3), ("zbv_zero_bubble", 2)):
         for rank in range(4):
-            assert plan.rank_stages(schedule, rank, 4, per_rank) == stage_ids(schedule, rank, 4, per_rank)
+            assert rank_stages(schedule, rank, 4, per_rank) == stage_ids(schedule, rank, 4, per_rank)
 
 
 def test_precision_offload_and_buffers():
