@@ -29,15 +29,23 @@ FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
 def hpctrain(
     *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m hpctrain ARGS`` to completion, output captured."""
+    """``python -m hpctrain ARGS`` to completion, output captured: this checkout's hpctrain, whatever ``cwd``
+    is (a user's project folder, say) and whichever copy is installed."""
     return subprocess.run(
         [sys.executable, "-m", "hpctrain", *args],
         cwd=cwd or REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONPATH": this_checkout_first(), **(env or {})},
     )
+
+
+def this_checkout_first() -> str:
+    """PYTHONPATH with this checkout first: a process started outside it imports this hpctrain too, not an
+    installed copy (an editable install of another checkout, on a machine shared by several)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    return os.pathsep.join([str(REPO), *rest])
 
 
 def metrics(run_dir: Path) -> list[dict]:

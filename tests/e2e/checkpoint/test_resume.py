@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.rundir import checkpoints as layout
-from tests.support import FAST, hpctrain, metrics, model_and_optimizer
+from tests.support import CLI, FAST, hpctrain, metrics, model_and_optimizer
 
 # Dropout on: resume must also restore every rank's RNG streams to be exact.
 EXACT = [
@@ -104,13 +104,13 @@ def test_uncommitted_and_truncated_checkpoints_are_never_loaded(tmp_path: Path):
     assert metrics(run)[-1]["step"] == 25
 
 
-def test_explicit_resume_path_that_is_damaged_fails_without_loading(tmp_path: Path):
+def test_explicit_resume_path_that_is_damaged_fails_without_loading(cli: CLI, tmp_path: Path):
     run = tmp_path / "run"
     args = [*FAST, "trainer.max_steps=5", "cluster.nproc=1", "parallel=none", f"hydra.run.dir={run}"]
     assert hpctrain(*args).returncode == 0
     checkpoint = run / "checkpoints" / "step_00000005"
     (checkpoint / ".metadata").write_bytes(b"")
-    result = hpctrain(*args, f"trainer.resume={checkpoint}")
+    result = cli(*args, f"trainer.resume={checkpoint}")  # refused before anything starts: in this process
     assert result.returncode == 2
     assert result.stderr.strip().startswith(
         f"hpctrain: trainer.resume={checkpoint}: not a loadable checkpoint"

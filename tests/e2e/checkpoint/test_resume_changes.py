@@ -1,9 +1,11 @@
 """Issue 13's data-loss promises: a resume that cannot honour the config refuses (one line, nothing touched);
-checkpoints are pruned only by the run history that wrote them; overrides on resume are honoured."""
+checkpoints are pruned only by the run history that wrote them; overrides on resume are honoured. The tests
+that resume a 10-step run each resume their own copy of one such run."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,23 @@ BASE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One run of BASE (10 steps, checkpoints at 5 and 10: keep_last is 2), the first run of each test below;
+    each test resumes a copy of it."""
+    run = tmp_path_factory.mktemp("first") / "run"
+    first = hpctrain(*BASE, f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr
+    assert [c.name for c in layout.committed(run / "checkpoints")] == ["step_00000010", "step_00000005"]
+    return run
+
+
+def copy_of(first_run: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(first_run, run)
+    return run
+
+
 def tree_hashes(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -32,10 +51,8 @@ def tree_hashes(root: Path) -> dict[str, str]:
     }
 
 
-def test_changed_model_shape_refuses_in_one_line_and_touches_nothing(tmp_path: Path):
-    run = tmp_path / "run"
-    first = hpctrain(*BASE, "trainer.keep_last=1", f"hydra.run.dir={run}")
-    assert first.returncode == 0, first.stderr
+def test_changed_model_shape_refuses_in_one_line_and_touches_nothing(first_run: Path, tmp_path: Path):
+    run = copy_of(first_run, tmp_path)
     before = tree_hashes(run / "checkpoints")
     assert before
 
@@ -61,9 +78,8 @@ def test_changed_model_shape_refuses_in_one_line_and_touches_nothing(tmp_path: P
     assert tree_hashes(run / "checkpoints") == before
 
 
-def test_fresh_run_over_old_checkpoints_neither_prunes_nor_overwrites_them(tmp_path: Path):
-    run = tmp_path / "run"
-    assert hpctrain(*BASE, "trainer.keep_last=2", f"hydra.run.dir={run}").returncode == 0
+def test_fresh_run_over_old_checkpoints_neither_prunes_nor_overwrites_them(first_run: Path, tmp_path: Path):
+    run = copy_of(first_run, tmp_path)  # its first run kept 2 checkpoints (keep_last=2)
     root = run / "checkpoints"
     before = {c.name: tree_hashes(c) for c in layout.committed(root)}
     assert sorted(before) == ["step_00000005", "step_00000010"]
@@ -85,9 +101,8 @@ def test_fresh_run_over_old_checkpoints_neither_prunes_nor_overwrites_them(tmp_p
     assert mine == ["step_00000015"]
 
 
-def test_a_change_resume_cannot_honour_is_refused_in_one_line(tmp_path: Path):
-    run = tmp_path / "run"
-    assert hpctrain(*BASE, f"hydra.run.dir={run}").returncode == 0
+def test_a_change_resume_cannot_honour_is_refused_in_one_line(first_run: Path, tmp_path: Path):
+    run = copy_of(first_run, tmp_path)
     before = tree_hashes(run / "checkpoints")
 
     seed = hpctrain(*BASE, "trainer.max_steps=12", "trainer.seed=7", f"hydra.run.dir={run}")
@@ -98,9 +113,8 @@ def test_a_change_resume_cannot_honour_is_refused_in_one_line(tmp_path: Path):
     assert tree_hashes(run / "checkpoints") == before
 
 
-def test_changed_lr_on_resume_is_honoured(tmp_path: Path):
-    run = tmp_path / "run"
-    assert hpctrain(*BASE, f"hydra.run.dir={run}").returncode == 0
+def test_changed_lr_on_resume_is_honoured(first_run: Path, tmp_path: Path):
+    run = copy_of(first_run, tmp_path)
     resumed = hpctrain(*BASE, "trainer.max_steps=12", "optim.lr=0.01", f"hydra.run.dir={run}")
     assert resumed.returncode == 0, resumed.stderr
     assert "Resume honours the changed config: optim.lr 0.001 -> 0.01" in resumed.stdout

@@ -18,7 +18,7 @@ import pytest
 from hpctrain.data import tokenfile
 from hpctrain.data.prepare import _encoded
 from hpctrain.data.tokenizer import tokenizer_for
-from tests.support import REPO, STDLIB, hpctrain, metrics
+from tests.support import CLI, REPO, STDLIB, hpctrain, metrics
 
 TEXT = "def f(x):\n\treturn x  # ünïcödé, 日本語, emoji 🚀\r\n\n  spaces   and\ttabs\n"
 
@@ -34,7 +34,7 @@ def test_a_given_tokenizer_file_and_two_workers_give_the_same_file(
     assert tokenizer_for(out).encode(TEXT) == tokenizer_for(bpe_corpus).encode(TEXT)
 
 
-def test_data_tokens_trains_on_it(bpe_corpus: Path, tmp_path: Path) -> None:
+def test_data_tokens_trains_on_it(cli: CLI, bpe_corpus: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = hpctrain(
         "data=tokens", f"data.path={bpe_corpus}", "model.vocab_size=512", "model.seq_len=32",
@@ -43,15 +43,16 @@ def test_data_tokens_trains_on_it(bpe_corpus: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert max(m.get("step", 0) for m in metrics(run)) == 3
-    # The tokenizer travels: an export carries a copy, and generate speaks the run's BPE from either.
-    exported = hpctrain("export", str(run), "--to", str(tmp_path / "export"))
+    # The tokenizer travels: an export carries a copy, and generate speaks the run's BPE from either (export
+    # and generate in this process: the command lines are tests/e2e/weights/test_export.py's).
+    exported = cli("export", str(run), "--to", str(tmp_path / "export"))
     assert exported.returncode == 0, exported.stderr
     assert (tmp_path / "export" / "tokenizer.json").read_bytes() == tokenfile.tokenizer_path(
         bpe_corpus
     ).read_bytes()
     args = ["--prompt", "def decode(self", "--max-new-tokens", "8", "--seed", "1"]
-    from_run = hpctrain("generate", str(run), *args)
-    from_export = hpctrain("generate", str(tmp_path / "export"), *args)
+    from_run = cli("generate", str(run), *args)
+    from_export = cli("generate", str(tmp_path / "export"), *args)
     assert from_run.returncode == 0, from_run.stderr
     assert from_run.stdout == from_export.stdout and from_run.stdout.startswith("def decode(self")
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from hpctrain.rundir import RunDir
-from tests.support import FAST, REPO, hpctrain
+from tests.support import CLI, FAST, REPO
 
 
-def test_second_run_in_the_same_directory_is_refused_until_the_first_dies(run_dir: Path):
+def test_second_run_in_the_same_directory_is_refused_until_the_first_dies(cli: CLI, run_dir: Path):
     first = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", *FAST, "trainer.max_steps=100000", f"hydra.run.dir={run_dir}"],
         cwd=REPO,
@@ -29,7 +29,8 @@ def test_second_run_in_the_same_directory_is_refused_until_the_first_dies(run_di
             time.sleep(0.1)
         assert json.loads(lock.read_text())["pid"] == first.pid
 
-        second = hpctrain(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run_dir}", timeout=60)
+        # The second and third commands in this process: the lock's holder is another process all the same.
+        second = cli(*FAST, "trainer.max_steps=2", f"hydra.run.dir={run_dir}")
         assert second.returncode == 2, second.stderr
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1, second.stderr
@@ -40,5 +41,5 @@ def test_second_run_in_the_same_directory_is_refused_until_the_first_dies(run_di
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
 
-    third = hpctrain(*FAST, "dry_run=true", f"hydra.run.dir={run_dir}", timeout=60)
+    third = cli(*FAST, "dry_run=true", f"hydra.run.dir={run_dir}")
     assert third.returncode == 0, third.stderr
