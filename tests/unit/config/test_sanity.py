@@ -61,3 +61,40 @@ def test_precheck_gaps(cli, tmp_path: Path, overrides: list[str], words: list[st
     result = cli("dry_run=true", *overrides, *dirs, cwd=tmp_path)
     refused(result, words)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "something was created"
+
+
+# --- the checks themselves, on values and typed configs
+def test_the_checks_name_the_key_the_value_and_what_is_valid(tmp_path: Path) -> None:
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.config.sanity import (
+        check_finite,
+        check_local_cluster,
+        check_text,
+        check_writable_dir,
+        leaves,
+    )
+    from hpctrain.errors import ConfigError
+
+    check_text("k", "printable ünïcödé")
+    with pytest.raises(ConfigError) as caught:
+        check_text("cluster.job_name", "a\tb")
+    assert str(caught.value) == (
+        "cluster.job_name=a\\tb: contains the control character '\\t' (valid: printable characters only "
+        "(no newline, tab, carriage return or escape))"
+    )
+    cfg = to_typed(compose(["++cluster.env.A=x", "model=vit", "data=digits"]))
+    keys = dict(leaves(cfg))
+    assert keys["cluster.env.A"] == "x" and keys["model._target_"] == "hpctrain.models.vit.ViT"
+    assert "model.image_size" in keys and "optim.lr" in keys
+    check_finite(cfg)
+    cfg.optim.lr = float("nan")
+    with pytest.raises(ConfigError, match=r"^optim\.lr=nan: must be a finite number$"):
+        check_finite(cfg)
+    check_local_cluster(2, "127.0.0.1")
+    with pytest.raises(ConfigError, match=r"^cluster\.nproc=100000: too many local processes"):
+        check_local_cluster(100000, "127.0.0.1")
+    check_writable_dir("hydra.run.dir", tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists()  # probed, nothing left behind
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        check_writable_dir("hydra.run.dir", tmp_path / "file" / "run")

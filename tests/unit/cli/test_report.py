@@ -1,0 +1,67 @@
+"""``hpctrain report`` (hpctrain.cli.report, hpctrain.observe.report, hpctrain.observe.results) on a run and
+a sweep written by hand, in this process: the pictures hold the logged numbers, a failed member is listed and
+skipped, the scaling table compares world sizes; a target that is not a run is one line. (On real runs:
+tests/e2e/observe/test_report.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.observe.report import report_sweep, run_pictures
+from hpctrain.observe.results import steady_throughput, throughput_key, world_size
+from hpctrain.rundir.records import write_error_record
+from tests.support import CLI
+from tests.support.png import check_png
+from tests.support.runs import local_run, local_sweep, steps
+
+
+def test_a_runs_pictures_hold_its_metrics(cli: CLI, tmp_path: Path) -> None:
+    records = steps(4, samples_per_s=20.0, mfu=0.01)
+    records[1]["val_loss"], records[3]["val_loss"] = 1.5, 1.25
+    run = local_run(tmp_path / "run", ["model=vit", "data=digits", "trainer.max_steps=4"], records)
+    shown = cli("report", str(run))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines() == [
+        f"wrote {run / 'report' / 'loss.png'}",
+        f"wrote {run / 'report' / 'throughput.png'}",
+    ]
+    loss, throughput = run_pictures(run, tmp_path / "again")
+    for picture in (loss, throughput):
+        check_png(picture)
+    assert loss.get("train loss", panel="loss").y == pytest.approx([r["loss"] for r in records])
+    assert loss.get("val_loss", panel="loss").x == (2.0, 4.0)
+    assert throughput.get("MFU", panel="mfu").y == pytest.approx([1.0] * 4)  # percent
+
+
+def test_a_scaling_sweep_with_a_failed_member(cli: CLI, tmp_path: Path) -> None:
+    members = [(1, 100.0), (2, 180.0), (2, 0.0)]
+    local_sweep(
+        tmp_path,
+        [(["trainer.max_steps=3", f"cluster.nproc={n}"], steps(3, tokens_per_s=rate)) for n, rate in members],
+    )
+    write_error_record(tmp_path / "2", 0, "RuntimeError", "injected failure at step 2")
+    shown = cli("report", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "skipped: failed: rank 0 on" in shown.stdout and "efficiency" in shown.stdout
+    report = report_sweep(tmp_path, tmp_path / "pictures")
+    assert [p.ranks for p in report.scaling] == [1, 2]
+    assert [m.index for m in report.members if m.skipped] == [2]
+    speedup = next(p for p in report.pictures if p.path.name == "scaling.png").get(
+        "measured", panel="speedup"
+    )
+    assert speedup.y == pytest.approx([1.0, 1.8])
+    assert world_size(tmp_path / "1") == 2 and throughput_key(steps(1, tokens_per_s=1.0)) == "tokens_per_s"
+    assert steady_throughput(steps(3, tokens_per_s=5.0), "tokens_per_s") == 5.0
+
+
+def test_targets_that_are_not_runs_are_one_line(cli: CLI, tmp_path: Path) -> None:
+    nothing = cli("report", str(tmp_path))
+    assert nothing.returncode == 2 and nothing.stderr.startswith(
+        f"hpctrain report: {tmp_path}: not a run or sweep"
+    )
+    assert (
+        cli("report", str(tmp_path / "missing")).stderr
+        == f"hpctrain report: {tmp_path / 'missing'}: no such directory\n"
+    )
