@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.cli.report import run as report_main
 from hpctrain.observe.report import report_sweep, run_pictures
 from hpctrain.observe.results import steady_throughput, throughput_key, world_size
 from hpctrain.rundir.records import write_error_record
@@ -65,3 +66,4 @@ def test_targets_that_are_not_runs_are_one_line(cli: CLI, tmp_path: Path) -> Non
         cli("report", str(tmp_path / "missing")).stderr
         == f"hpctrain report: {tmp_path / 'missing'}: no such directory\n"
     )
+    assert report_main("report", []) == 2  # no target: argparse's usage error, one line

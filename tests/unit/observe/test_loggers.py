@@ -69,12 +69,12 @@ def test_every_rank_logs_to_its_file_and_rank_0_to_the_console(
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("HPCTRAIN_LAUNCHER_PID", raising=False)
     setup_logging(tmp_path, 2, console_handler=None)
-    logging.getLogger("hpctrain.worker").info("hello from rank 2")
+    logging.getLogger("hpctrain.observe.logs.check").info("hello from rank 2")
     assert capsys.readouterr().out == ""  # not rank 0: the file only
     setup_logging(tmp_path, 0, console_handler=None)
-    logging.getLogger("hpctrain.worker").info("hello from rank 0")
+    logging.getLogger("hpctrain.observe.logs.check").info("hello from rank 0")
     assert capsys.readouterr().out.endswith("hello from rank 0\n")
     for handler in root_logger.handlers:
         handler.flush()
-    assert "rank2 INFO hpctrain.worker: hello from rank 2" in RunDir(tmp_path).log(2).read_text()
-    assert "rank0 INFO hpctrain.worker: hello from rank 0" in RunDir(tmp_path).log(0).read_text()
+    assert "rank2 INFO hpctrain.observe.logs.check: hello from rank 2" in RunDir(tmp_path).log(2).read_text()
+    assert "rank0 INFO hpctrain.observe.logs.check: hello from rank 0" in RunDir(tmp_path).log(0).read_text()
