@@ -188,6 +188,16 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def _import_torchao_if_installed() -> None:
+    """torchao, when installed (hpctrain does not use it; transformers imports it as it builds a model), logs
+    load failures and deprecation warnings on stderr at import: imported here, before a test captures the
+    stderr of a command whose one line it checks, it stays out of that line whichever test runs first."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is not None:
+        import torchao  # noqa: F401
+
+
 def _forget_user_modules() -> None:
     for name in [m for m in sys.modules if m == "mynets" or m.startswith("mynets.")]:
         del sys.modules[name]  # another module's copy of the project imports its own
@@ -196,6 +206,7 @@ def _forget_user_modules() -> None:
 @pytest.fixture
 def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """This process in the project's folder, its package importable, as ``python -m hpctrain`` would be."""
+    _import_torchao_if_installed()
     _forget_user_modules()
     monkeypatch.chdir(project)
     monkeypatch.syspath_prepend(str(project))
@@ -227,13 +238,3 @@ def bpe_corpus(bpe_sources: Path) -> Path:
     assert code == 0
     assert "tokenizer" in printed.getvalue() and str(out) in printed.getvalue()
     return out
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """torchao, when installed (hpctrain does not use it; transformers imports it when a model is built), logs
-    load failures and deprecation warnings on stderr at import: import it before any test captures stderr,
-    so that the one-line errors of tests that build a transformers model hold whichever test runs first."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchao") is not None:
-        import torchao  # noqa: F401

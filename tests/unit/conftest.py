@@ -1,4 +1,4 @@
-"""Fixtures of the fast tier."""
+"""Fixtures of the fast tier, and one intra-op thread per test process."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpctrain.slurm import commands
 from tests.support.fake_slurm import FAKE, Fake
+
+# The fast tier's models are tiny: intra-op threads gain them nothing, and with two xdist workers on two cores
+# their spin-waits only slow each other down (several times, on a busy machine).
+torch.set_num_threads(1)
 
 
 @pytest.fixture

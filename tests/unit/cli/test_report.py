@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli.report import run as report_main
-from hpctrain.observe.report import report_sweep, run_pictures
+from hpctrain.observe.report import run_pictures
 from hpctrain.observe.results import steady_throughput, throughput_key, world_size
 from hpctrain.rundir.records import write_error_record
 from tests.support import CLI
@@ -18,17 +18,12 @@ from tests.support.png import check_png
 from tests.support.runs import local_run, local_sweep, steps
 
 
-def test_a_runs_pictures_hold_its_metrics(cli: CLI, tmp_path: Path) -> None:
+def test_a_runs_pictures_hold_its_metrics(tmp_path: Path) -> None:
     records = steps(4, samples_per_s=20.0, mfu=0.01)
     records[1]["val_loss"], records[3]["val_loss"] = 1.5, 1.25
     run = local_run(tmp_path / "run", ["model=vit", "data=digits", "trainer.max_steps=4"], records)
-    shown = cli("report", str(run))
-    assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.splitlines() == [
-        f"wrote {run / 'report' / 'loss.png'}",
-        f"wrote {run / 'report' / 'throughput.png'}",
-    ]
-    loss, throughput = run_pictures(run, tmp_path / "again")
+    loss, throughput = run_pictures(run, None)
+    assert [loss.path, throughput.path] == [run / "report" / "loss.png", run / "report" / "throughput.png"]
     for picture in (loss, throughput):
         check_png(picture)
     assert loss.get("train loss", panel="loss").y == pytest.approx([r["loss"] for r in records])
@@ -45,14 +40,16 @@ def test_a_scaling_sweep_with_a_failed_member(cli: CLI, tmp_path: Path) -> None:
     write_error_record(tmp_path / "2", 0, "RuntimeError", "injected failure at step 2")
     shown = cli("report", str(tmp_path))
     assert shown.returncode == 0, shown.stderr
-    assert "skipped: failed: rank 0 on" in shown.stdout and "efficiency" in shown.stdout
-    report = report_sweep(tmp_path, tmp_path / "pictures")
-    assert [p.ranks for p in report.scaling] == [1, 2]
-    assert [m.index for m in report.members if m.skipped] == [2]
-    speedup = next(p for p in report.pictures if p.path.name == "scaling.png").get(
-        "measured", panel="speedup"
-    )
-    assert speedup.y == pytest.approx([1.0, 1.8])
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"sweep {tmp_path}: 3 members" and lines[1] == "common overrides: trainer.max_steps=3"
+    member = {line.split()[0]: line for line in lines if line[:1].isdigit() and "cluster.nproc" in line}
+    assert "skipped: failed: rank 0 on" in member["2"] and "skipped" not in member["0"] + member["1"]
+    scaling = lines[lines.index(next(line for line in lines if line.startswith("ranks"))) + 1 :][:2]
+    assert scaling[0].split() == ["1", "100", "1.00", "1", "100%"]
+    assert scaling[1].split() == ["2", "180", "1.80", "2", "90%"]  # speedup 180/100, efficiency 1.8/2
+    assert [
+        f"wrote {tmp_path / 'report' / n}.png" for n in ("loss", "throughput", "final", "scaling")
+    ] == lines[-4:]
     assert world_size(tmp_path / "1") == 2 and throughput_key(steps(1, tokens_per_s=1.0)) == "tokens_per_s"
     assert steady_throughput(steps(3, tokens_per_s=5.0), "tokens_per_s") == 5.0
 
