@@ -17,8 +17,8 @@ from hpctrain.verify.parity import CASES, EXTRA_CASES
 from tests.support import REPO, hpctrain, metrics
 
 
-# The whole table in one command: about 6 minutes on 2 quiet cores, longer beside the Slurm tier's jobs (the
-# other xdist worker) on a busy machine; bounded all the same.
+# The whole table in one command, the suite's longest test: on a busy machine, beside the Slurm tier's jobs
+# (the other xdist worker), it needs more than pyproject's 600 s; bounded all the same.
 @pytest.mark.timeout(1500)
 def test_every_layout_matches_one_process():
     result = subprocess.run(
