@@ -13,8 +13,8 @@ with ``trainer.log_every=1``, so step 1 logs one) and to the command's exit, for
   hpctrain.forkserver --socket PATH``), as on a workstation iterating on runs.
 
 Variants alternate within each round (the order rotates from round to round); medians, and each variant's
-ratio to spawn measured in the same run. ``--suite`` also times ``pytest tests/test_launcher.py
-tests/test_resume.py tests/test_parallel.py`` with the session's persistent server and with
+ratio to spawn measured in the same run. ``--suite`` also times ``pytest`` of three test files (the local
+launcher's, resume's and every layout's) with the session's persistent server and with
 ``HPCTRAIN_TEST_FORKSERVER=off`` (every rank spawned), alternating.
 """
 
@@ -88,7 +88,11 @@ def start_server(work: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def suite(rounds: int) -> None:
-    tests = ["tests/test_launcher.py", "tests/test_resume.py", "tests/test_parallel.py"]
+    tests = [
+        "tests/e2e/launch/test_local.py",
+        "tests/e2e/checkpoint/test_resume.py",
+        "tests/e2e/parallel/test_layouts.py",
+    ]
     times: dict[str, list[float]] = {"persistent server": [], "spawned ranks": []}
     for i in range(rounds):
         order = list(times) if i % 2 == 0 else list(times)[::-1]

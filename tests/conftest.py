@@ -1,10 +1,21 @@
-"""Shared helpers: run the real CLI in a subprocess, read what a run left in its directory; one fork server
-for the whole session."""
+"""The tiers and the fixtures every tier shares (tests/README.md says more).
+
+Every test gets the marker of the folder it lives in (``unit``, ``e2e``, ``slurm``), so ``-m unit`` selects
+the fast tier without anybody remembering a decorator. Under pytest-xdist (``-n 2 --dist loadgroup``, the
+default of pyproject.toml) the Slurm tier is one group (one worker runs it, and starts its cluster once), and
+a module whose tests share a module-scoped fixture is one group, so the fixture is built once.
+
+One fork server serves the whole session (per xdist worker): every local launch outside tests/unit forks its
+ranks from a process that imported torch once.
+"""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,50 +24,225 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import CLI, REPO, STDLIB
+
 # bench/reference_ddp.py holds the hand-written DDP loop that parity tests compare against.
 sys.path.insert(0, str(REPO / "bench"))
 
-# Small and fast: a 2-layer GPT on 200 kB of the standard library's sources.
-FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "e2e", "slurm", "gpu")  # gpu: the CUDA path, run by bench/gpu.py on a GPU
+# Fixtures wider than a test: a module that uses one is kept on one xdist worker.
+SHARED_SCOPES = ("module", "class", "package")
 
 
-def hpctrain(
-    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``python -m hpctrain ARGS`` to completion, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd or REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """With ``-p no:xdist`` the suite runs in this one process: accept (and ignore) pyproject's ``-n`` and
+    ``--dist``, which would otherwise be unknown options."""
+    if pluginmanager.has_plugin("xdist"):
+        return
+    group = parser.getgroup("xdist (not loaded)")
+    # ``_addoption``: pytest reserves lowercase short options for itself and its plugins; this is xdist's.
+    group._addoption("-n", "--numprocesses", dest="numprocesses", default=None, help="ignored: no xdist")
+    group.addoption("--dist", dest="dist", default="no", help="ignored: no xdist")
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+def tier_of(path: Path) -> str:
+    parts = path.resolve().relative_to(TESTS).parts
+    if len(parts) < 2 or parts[0] not in TIERS:
+        raise pytest.UsageError(f"{path}: a test lives under tests/unit, tests/e2e, tests/slurm or tests/gpu")
+    return parts[0]
 
 
-def worker_pids(run_dir: Path) -> list[int]:
-    """Live processes running ``hpctrain.worker RUN_DIR`` (read from /proc, no extra dependency)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"hpctrain.worker" in cmdline and str(run_dir).encode() in cmdline:
-            found.append(int(entry.name))
-    return found
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in SHARED_SCOPES for defs in info.name2fixturedefs.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects and before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "slurm":  # one worker runs the Slurm tier (mostly waiting on Slurm) and its one cluster
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS).as_posix()))
 
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+# ------------------------------------------------------------------------------ the CLI, in this process
+
+
+@pytest.fixture
+def cli(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> CLI:
+    """``hpctrain ARGS`` in this process, as ``python -m hpctrain`` runs it (``sys.exit(main())``): its exit
+    status and what it printed, like :func:`tests.support.hpctrain` returns, without an interpreter start.
+    For bad input and dry runs, where no process boundary is under test.
+
+    As in a fresh process: the working directory and environment given, the root logger without handlers
+    (a dry run's ``logging.basicConfig`` then prints to stdout as typed), the submit directory that
+    ``record_project_dir`` sets in ``os.environ`` undone afterwards, Hydra's global state cleared."""
+
+    def run(
+        *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        from hydra.core.global_hydra import GlobalHydra
+
+        from hpctrain.cli import main
+        from hpctrain.launch.project import PROJECT_DIR_ENV
+
+        capfd.readouterr()  # what the test printed before is not the command's
+        root = logging.getLogger()
+        handlers, level = root.handlers[:], root.level
+        with monkeypatch.context() as mp:
+            mp.chdir(cwd or REPO)
+            for key, value in (env or {}).items():
+                mp.setenv(key, value)
+            mp.delenv(PROJECT_DIR_ENV, raising=False)
+            mp.setattr(sys, "argv", [sys.argv[0]])  # run_hydra sets sys.argv itself
+            root.handlers = []
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # Hydra's own exits, as ``sys.exit`` would report them
+                code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            finally:
+                for handler in root.handlers:
+                    if handler not in handlers:
+                        handler.close()
+                root.handlers, root.level = handlers, level
+                GlobalHydra.instance().clear()
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["hpctrain", *args], code, out, err)
+
+    return run
+
+
+# ------------------------------------------------------------------------------ a user's project folder
+EXAMPLE = REPO / "examples" / "user_project"
+# Test-only user code that goes wrong in the ways a user's code does.
+BAD_USER_CODE = """
+import torch
+
+
+def raising(width: int = 3, num_classes: int = 10):
+    raise ValueError("width must be even")
+
+
+def needs_depth(depth: int, width: int = 3):
+    return torch.nn.Linear(depth, width)
+
+
+def not_a_dataset(split: str):
+    return 5
+
+
+class StrItems(torch.utils.data.Dataset):
+    def __init__(self, split: str):
+        pass
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return "an image"
+
+
+class Pooled(torch.nn.Module):
+    # embed, blocks, head, but the forward pools over the sequence: not what the stages give
+
+    def __init__(self, vocab_size: int = 256, width: int = 64, depth: int = 4):
+        super().__init__()
+        from mynets.mixer import Residual
+
+        self.embed = torch.nn.Embedding(vocab_size, width)
+        self.blocks = torch.nn.ModuleList(Residual(width) for _ in range(depth))
+        self.norm = torch.nn.LayerNorm(width)
+        self.head = torch.nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids):
+        x = self.embed(input_ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x).mean(1))
+
+
+class OneHotDigits(torch.utils.data.Dataset):
+    def __init__(self, split: str):
+        pass
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.zeros(1, 8, 8), torch.nn.functional.one_hot(torch.tensor(i), 10).float()
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/user_project, copied to a folder outside the package (a user's own), with mynets/bad.py."""
+    folder = tmp_path_factory.mktemp("user") / "project"
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__", "outputs"))
+    (folder / "mynets" / "bad.py").write_text(BAD_USER_CODE)
+    return folder
+
+
+def _import_torchao_if_installed() -> None:
+    """torchao, when installed (hpctrain does not use it; transformers imports it as it builds a model), logs
+    load failures and deprecation warnings on stderr at import: imported here, before a test captures the
+    stderr of a command whose one line it checks, it stays out of that line whichever test runs first."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is not None:
+        import torchao  # noqa: F401
+
+
+def _forget_user_modules() -> None:
+    for name in [m for m in sys.modules if m == "mynets" or m.startswith("mynets.")]:
+        del sys.modules[name]  # another module's copy of the project imports its own
+
+
+@pytest.fixture
+def in_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """This process in the project's folder, its package importable, as ``python -m hpctrain`` would be."""
+    _import_torchao_if_installed()
+    _forget_user_modules()
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    yield project
+    _forget_user_modules()
+
+
+# ------------------------------------------------------------------------------ a trained BPE token file
+@pytest.fixture(scope="module")
+def bpe_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 100 kB of the standard library's sources, copied (so the test owns the input directory)."""
+    src = tmp_path_factory.mktemp("corpus") / "src"
+    src.mkdir()
+    for name in ("json/decoder.py", "json/encoder.py", "json/scanner.py", "textwrap.py", "shlex.py"):
+        shutil.copy(STDLIB / name, src / name.replace("/", "_"))
+    return src
+
+
+@pytest.fixture(scope="module")
+def bpe_corpus(bpe_sources: Path) -> Path:
+    """``hpctrain prepare SOURCES --tokenizer train:512`` (in this process): the token file of a BPE of at
+    most 512 ids trained on the sources, its header and tokenizer beside it."""
+    from hpctrain.cli.prepare import run as run_prepare
+
+    out = bpe_sources.parent / "out" / "corpus.bin"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = run_prepare("prepare", [str(bpe_sources), "--out", str(out), "--tokenizer", "train:512"])
+    assert code == 0
+    assert "tokenizer" in printed.getvalue() and str(out) in printed.getvalue()
+    return out
 
 
 @pytest.fixture(autouse=True)

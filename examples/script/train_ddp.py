@@ -51,4 +51,5 @@ if rank == 0:
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)  # never a half-written checkpoint
 print("stopped, saved" if step < args.steps else "finished", f"at step {step}", flush=True)
+dist.barrier()  # leave together: a rank that exits first closes its gloo connections under a saving peer
 dist.destroy_process_group()

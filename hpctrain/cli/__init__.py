@@ -59,7 +59,7 @@ def usage() -> str:
 
 
 def readme_table() -> str:
-    """The README's list of commands (tests/test_cli.py checks the README holds exactly this)."""
+    """The README's list of commands (tests/unit/cli/test_main.py checks the README holds exactly this)."""
     rows = "\n".join(f"| `{left.strip()}` | {text} |" for left, text in _lines())
     return "| command | what it does |\n|---|---|\n" + rows + "\n"
 

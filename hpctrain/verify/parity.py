@@ -147,8 +147,9 @@ CASES.append(
 )
 # Tied under pipeline parallelism: the first and last stages each hold a copy, kept equal by Megatron's
 # embedding group (hpctrain.parallel.shared). The V schedule: both copies on rank 0 (summed locally); 3d:
-# sharded by FSDP and split by TP alike. 1F1B, the copies on two ranks, is tests/test_tied_pipeline.py's
-# case; interleaved 1F1B places them as 1F1B does (first stage on the first rank, last on the last).
+# sharded by FSDP and split by TP alike. 1F1B, the copies on two ranks, is
+# tests/e2e/parallel/test_tied_pipeline.py's case; interleaved 1F1B places them as 1F1B does (first stage on
+# the first rank, last on the last).
 CASES += [
     Case(
         _L[layout],

@@ -17,9 +17,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from conftest import FAST, hpctrain, metrics
 
-from hpctrain.checkpoint.staging import BufferStager
+from hpctrain.checkpoint.staging import SegmentStager, Staged
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.models.gpt import GPT
 from hpctrain.parallel.apply import apply_float8
@@ -28,6 +27,7 @@ from hpctrain.precision import amp
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.rendezvous.group import init_distributed
 from hpctrain.resilience import watchdog as wd
+from tests.support import FAST, hpctrain, metrics
 
 pytestmark = [
     pytest.mark.gpu,
@@ -96,18 +96,22 @@ def test_async_checkpoints_stage_into_pinned_host_memory() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randint(0, 256, (2, 64), device="cuda")).float().mean().backward()
     optimizer.step()
-    stager = BufferStager()
+    stager = SegmentStager()
     stager.defer_until_step([optimizer])
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    staged = stager.stage(state)
-    staged = staged if isinstance(staged, dict) else staged.result()
+    copied: list[Staged] = []
+    staged = stager.stage(state, is_coordinator=True, then=lambda done, err: copied.append(done))
     stager.wait_staged()
-    pairs = [(staged["model"][k], v) for k, v in state["model"].items()] + [
-        (staged["optim"]["state"][i]["exp_avg"], s["exp_avg"]) for i, s in state["optim"]["state"].items()
-    ]
-    for copy, source in pairs:
-        assert copy.device.type == "cpu" and copy.is_pinned()
-        assert torch.equal(copy, source.cpu())
+    assert copied == [staged] and staged.segment.device.type == "cpu" and staged.segment.is_pinned()
+
+    def host(name: str) -> torch.Tensor:
+        slot = staged.slots[name]
+        return staged.segment[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
+
+    for name, source in state["model"].items():
+        assert torch.equal(host(f"model.{name}"), source.cpu())
+    for i, per_param in state["optim"]["state"].items():
+        assert torch.equal(host(f"optim.state.{i}.exp_avg"), per_param["exp_avg"].cpu())
     stager.close()
 
 

@@ -24,19 +24,10 @@ def _required() -> bool:
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestCluster]:
-    """A running 3-node cluster; SLURM_CONF/PATH are exported for the whole session.
-
-    Exported because submitit and anything else that shells out to sbatch/sacct from this
-    process must reach this cluster, and a Slurm client without SLURM_CONF falls back to DNS
-    look-ups that leave the machine.
-    """
+    """A running 3-node cluster for the session (its SLURM_CONF/PATH: :func:`_slurm_env`)."""
     existing = os.environ.get("HPCTRAIN_SLURM_TEST_WORKDIR")
     if existing:
-        cluster = SlurmTestCluster.from_workdir(Path(existing))
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in cluster.env().items():
-                mp.setenv(key, value)
-            yield cluster
+        yield SlurmTestCluster.from_workdir(Path(existing))
         return
     # 4 CPU slots per node (the nodes share this machine's cores): room for 4 tasks per node, as the
     # 8-task 3d layout needs.
@@ -49,9 +40,19 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            for key, value in cluster.env().items():
-                mp.setenv(key, value)
-            yield cluster
+        yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _slurm_env(slurm_cluster: SlurmTestCluster) -> Iterator[None]:
+    """SLURM_CONF/PATH exported while a module of tests/slurm runs (before its own module fixtures), and only
+    then: submitit and anything else that shells out to sbatch/sacct from this process must reach this
+    cluster (a Slurm client without SLURM_CONF falls back to DNS look-ups that leave the machine), while a
+    test elsewhere that this xdist worker runs afterwards must not find a cluster it did not ask for (the
+    partition check of a submission would ask it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in slurm_cluster.env().items():
+            mp.setenv(key, value)
+        yield

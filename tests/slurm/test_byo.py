@@ -7,10 +7,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import REPO, hpctrain, metrics
-
 from hpctrain.rundir.records import read_job
 from hpctrain.slurm.commands import JobState, job_states
+from tests.support import REPO, hpctrain, metrics
 
 
 def wait_final(job_id: str, timeout: float = 240) -> JobState:

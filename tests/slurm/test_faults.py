@@ -10,10 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import hpctrain, metrics
-
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.records import read_job
+from tests.support import hpctrain, metrics
 
 from .test_preemption import last_step, resumes, submit, wait_until
 from .test_submit import wait_final

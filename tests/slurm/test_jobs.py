@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import REPO, hpctrain, metrics
 
 from hpctrain.rundir import SWEEP_RECORD
 from hpctrain.rundir.records import SweepMember, SweepRecord, read_job, write_json
+from tests.support import REPO, hpctrain, metrics
 
 SMALL = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
 INJECTED = "RuntimeError: injected failure at step 3 (faults.fail_at=1:3)"

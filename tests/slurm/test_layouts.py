@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import hpctrain, metrics
-
 from hpctrain.rundir.records import read_job
+from tests.support import hpctrain, metrics
 
 from .test_submit import wait_final
 

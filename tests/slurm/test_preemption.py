@@ -10,11 +10,10 @@ import time
 from pathlib import Path
 
 import torch
-from conftest import FAST, REPO, hpctrain, metrics
-from test_resume import model_and_optimizer
-from wandb_history import history
 
 from hpctrain.rundir.records import read_job
+from tests.support import FAST, REPO, hpctrain, metrics, model_and_optimizer
+from tests.support.wandb_history import history
 
 from .test_submit import wait_final
 

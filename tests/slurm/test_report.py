@@ -8,11 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, hpctrain, metrics
-from test_report import check_png
-
 from hpctrain.observe.report import report_sweep
 from hpctrain.rundir.records import read_sweep
+from tests.support import REPO, hpctrain, metrics
+from tests.support.png import check_png
 
 from .test_submit import wait_final
 

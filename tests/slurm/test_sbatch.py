@@ -1,4 +1,5 @@
 """``launcher=sbatch`` on the real test cluster: the srun and torchrun templates, dry runs, quoting, failures.
+(Rendering alone, golden files included: tests/unit/launch/test_sbatch.py.)
 
 The jobs are submitted together by one module fixture (the cluster runs them side by side where nodes
 allow), then each test waits for its own. Every job is tiny: 10 steps of the 2-layer GPT on 200 kB.
@@ -7,17 +8,14 @@ allow), then each test waits for its own. Every job is tiny: 10 steps of the 2-l
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import FAST, hpctrain, metrics
 
-from hpctrain.config.compose import compose, to_typed
-from hpctrain.launch.sbatch import render_script
 from hpctrain.slurm.commands import job_states, run
+from tests.support import FAST, hpctrain, metrics
 
 from .cluster import SlurmTestCluster
 
@@ -138,71 +136,3 @@ def test_dry_run_prints_script_and_submits_nothing(slurm_cluster: SlurmTestClust
     # Nothing of that name was ever queued (a name, not a job count: other jobs share the cluster).
     assert run(["squeue", "--noheader", "--name", name]).strip() == ""
     assert run(["sacct", "--noheader", "--allocations", "--name", name]).strip() == ""
-
-
-def test_env_values_are_never_executed_and_setup_lines_are_shell(tmp_path: Path) -> None:
-    run_dir = tmp_path / "render"
-    result = hpctrain(
-        "cluster=slurm_test",
-        "launcher=sbatch",
-        "dry_run=true",
-        f"cluster.setup=['echo hi; touch {tmp_path}/setup_ran']",
-        f"+cluster.env.X='$(touch {tmp_path}/pwned)'",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    script = result.stdout.split("sbatch script:\n", 1)[1]
-    # The part of the job that runs before srun: the exports and the setup commands.
-    setup = script[script.index("set -euo pipefail") : script.index("\nexec srun")]
-    ran = subprocess.run(
-        ["bash", "-c", setup + '\nprintf "X=%s\\n" "$X"'], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert ran.returncode == 0, ran.stderr
-    assert "hi\n" in ran.stdout  # cluster.setup is shell by design: both commands of the line ran
-    assert f"X=$(touch {tmp_path}/pwned)" in ran.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["setup_ran"]  # the dry run wrote nothing
-
-
-@pytest.mark.parametrize("job_name", ["a;touch x", "$(touch x)", "a b", "x\ny"])
-def test_unsafe_job_name_is_rejected_before_anything_is_written(tmp_path: Path, job_name: str) -> None:
-    run_dir = tmp_path / "bad"
-    result = hpctrain(
-        "cluster=slurm_test", "launcher=sbatch", f"cluster.job_name='{job_name}'", f"hydra.run.dir={run_dir}"
-    )
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("hpctrain: cluster.job_name="), result.stderr
-    assert not run_dir.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-
-
-def test_templates_render_every_option_as_valid_bash(tmp_path: Path) -> None:
-    overrides = [
-        "cluster=a100x32",
-        "launcher=sbatch",
-        "cluster.account=proj",
-        "cluster.qos=high",
-        "cluster.exclude='gpu[01-03]'",
-        "cluster.container_image='nvcr.io#nvidia/pytorch:25.01-py3'",
-        "cluster.container_mounts=[/data:/data:ro]",
-    ]
-    run_dir = tmp_path / "it's a run %j"
-    for template in ("srun", "torchrun"):
-        cfg = to_typed(compose([*overrides, f"cluster.sbatch_template={template}"]))
-        script = render_script(cfg, run_dir)
-        checked = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
-        assert checked.returncode == 0, checked.stderr
-        for line in (
-            "#SBATCH --account=proj",
-            "#SBATCH --qos=high",
-            "#SBATCH --exclude=gpu[01-03]",
-            "#SBATCH --constraint=a100_80gb",
-            "#SBATCH --gpus-per-node=8",
-            "#SBATCH --mem=0",
-            "#SBATCH --signal=USR2@300",
-            "#SBATCH --output='" + str(run_dir).replace("'", "'\"'\"'").replace("%", "%%") + "/slurm/%j.out'",
-            "'--container-image=nvcr.io#nvidia/pytorch:25.01-py3' --container-mounts=/data:/data:ro",
-        ):
-            assert line in script, (template, line)
-        assert "{{" not in script and "{%" not in script
-    assert "#SBATCH --cpus-per-task=96" in script  # torchrun: one task per node holds 8 × 12 CPUs

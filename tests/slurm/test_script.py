@@ -8,9 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import REPO, hpctrain
-
 from hpctrain.rundir.records import read_job
+from tests.support import REPO, hpctrain
 
 from .test_preemption import wait_until
 from .test_submit import wait_final

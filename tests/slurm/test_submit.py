@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, hpctrain, metrics
 
 from hpctrain.rundir.records import read_job, read_sweep
 from hpctrain.slurm.commands import JobState, job_states
+from tests.support import REPO, hpctrain, metrics
 
 SMALL = [
     "cluster=slurm_test",

@@ -19,11 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST, REPO, hpctrain, metrics, worker_pids
-from test_resume import model_and_optimizer
 
 from hpctrain.errors import ConfigError
 from hpctrain.launch.forked import FORKSERVER_ENV, OFF, SERVER_MODULE, ForkServer
+from tests.support import FAST, REPO, hpctrain, metrics, model_and_optimizer, worker_pids
 
 # What a process can tell of how it was started (random draws and the hash seed aside), after importing what
 # a worker imports (the fork server's preload: imports can set environment variables).

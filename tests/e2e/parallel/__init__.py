@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.parallel: every layout against one process, on gloo ranks."""

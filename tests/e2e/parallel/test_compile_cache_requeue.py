@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from tests.support import REPO
 
 # One rank of a run with parallel.compile=true: open the run's compile cache, compile the blocks, one step.
 RANK = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import hpctrain
+from tests.support import hpctrain
 
 
 def test_fp8_without_a_float8_gpu_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import hpctrain
+
+from tests.support import CLI
 
 SLURM = "cluster=slurm_test"
 
@@ -25,9 +26,11 @@ BAD = [
 
 
 @pytest.mark.parametrize(("overrides", "words"), BAD, ids=[repr(" ".join(o)) for o, _ in BAD])
-def test_bad_cluster_values_are_one_line(tmp_path: Path, overrides: list[str], words: list[str]) -> None:
+def test_bad_cluster_values_are_one_line(
+    cli: CLI, tmp_path: Path, overrides: list[str], words: list[str]
+) -> None:
     where = "hydra.sweep.dir" if "-m" in overrides else "hydra.run.dir"
-    result = hpctrain("dry_run=true", *overrides, f"{where}={tmp_path / 'out'}", timeout=120)
+    result = cli("dry_run=true", *overrides, f"{where}={tmp_path / 'out'}")
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("hpctrain: "), result.stderr
@@ -46,5 +49,5 @@ EVAL_JOB = [
 
 
 @pytest.mark.parametrize(("overrides", "words"), EVAL_JOB, ids=[repr(" ".join(o)) for o, _ in EVAL_JOB])
-def test_bad_eval_job_is_one_line(tmp_path: Path, overrides: list[str], words: list[str]) -> None:
-    test_bad_cluster_values_are_one_line(tmp_path, overrides, words)
+def test_bad_eval_job_is_one_line(cli: CLI, tmp_path: Path, overrides: list[str], words: list[str]) -> None:
+    test_bad_cluster_values_are_one_line(cli, tmp_path, overrides, words)

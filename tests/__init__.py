@@ -1,0 +1,1 @@
+"""hpctrain's tests: tests/README.md describes the tiers."""

@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.checkpoint: resume, reshard, async saves, damaged checkpoints; real runs."""

@@ -1,0 +1,83 @@
+"""Loading a checkpoint of a real run never runs code from it, and a damaged one is never loaded silently
+(hpctrain.checkpoint.safe, hpctrain.rundir.checkpoints, on runs resumed through the CLI). The pieces alone:
+tests/unit/checkpoint/test_safe.py, tests/unit/rundir/test_checkpoints.py."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from hpctrain.rundir import checkpoints as layout
+from tests.support import FAST, hpctrain, metrics
+from tests.support.exploit import Exploit
+
+RUN = [*FAST, "trainer.max_steps=4", "trainer.ckpt_every=2", "trainer.log_every=1", "trainer.keep_last=5"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("safety") / "run"
+    result = hpctrain(*RUN, f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    return run
+
+
+def _copy(trained: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    return copy
+
+
+def test_resume_skips_a_crafted_checkpoint_without_running_it(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    marker = tmp_path / "pwned"
+    newest = layout.committed(run / "checkpoints")[0]
+    (newest / ".metadata").write_bytes(pickle.dumps(Exploit(marker)))
+    layout.write_manifest(newest, layout.step_of(newest))  # whoever crafted it rewrote the manifest too
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert not marker.exists(), "the checkpoint's pickle ran"
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "Skipping checkpoint" in log and "UnsafeCheckpoint" in log and "system" in log
+    assert "Resumed from" in log and "step_00000002" in log.split("Resumed from")[1].splitlines()[0]
+
+
+def test_a_flipped_bit_is_caught_by_the_checksum_and_named(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    newest = layout.committed(run / "checkpoints")[0]
+    shard = sorted(newest.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: a size-only manifest would load it
+    shard.write_bytes(bytes(data))
+    problem = layout.problem_with(newest)
+    assert problem is not None and shard.name in problem and "checksum" in problem
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert f"{shard.name} does not match its checksum" in log
+    assert [r["step"] for r in metrics(run)][-2:] == [5, 6]
+
+
+def test_an_older_size_only_manifest_still_verifies(trained: Path, tmp_path: Path) -> None:
+    import json
+
+    run = _copy(trained, tmp_path)
+    newest = layout.committed(run / "checkpoints")[0]
+    manifest = json.loads((newest / layout.MANIFEST).read_text())
+    old = {"step": manifest["step"], "files": {k: v["size"] for k, v in manifest["files"].items()}}
+    (newest / layout.MANIFEST).write_text(json.dumps(old))
+    assert layout.problem_with(newest) is None
+
+
+def test_resume_after_a_torn_metrics_line(trained: Path, tmp_path: Path) -> None:
+    run = _copy(trained, tmp_path)
+    with open(run / "metrics.jsonl", "a") as out:
+        out.write('{"step": 5, "loss": 0.')  # the process died mid-line
+    result = hpctrain(*RUN, "trainer.max_steps=6", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert all(line.endswith("}") for line in (run / "metrics.jsonl").read_text().splitlines())

@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.launch: local launches, their signals and their environment."""

@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.rendezvous: ranks meeting on a port that is taken."""

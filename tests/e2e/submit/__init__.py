@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.submit: sweeps through Hydra's sweepers, run here."""

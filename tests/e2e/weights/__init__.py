@@ -1,0 +1,1 @@
+"""End-to-end tests of hpctrain.weights: export, init_from and generate on trained runs."""

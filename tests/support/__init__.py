@@ -1,0 +1,109 @@
+"""Helpers every tier shares (``from tests.support import ...``): run the real CLI in a subprocess, read what
+a run left in its directory, find its worker processes, compare checkpoints tensor by tensor.
+
+Fixtures (``run_dir``, ``cli`` for an in-process command line, the user project) live in tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+REPO = Path(__file__).resolve().parents[2]
+# The standard library's own sources: a corpus every machine has.
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+# Small and fast: a 2-layer GPT on 200 kB of the standard library's sources.
+FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
+
+
+def hpctrain(
+    *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m hpctrain ARGS`` to completion, output captured: this checkout's hpctrain, whatever ``cwd``
+    is (a user's project folder, say) and whichever copy is installed."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": this_checkout_first(), **(env or {})},
+    )
+
+
+def this_checkout_first() -> str:
+    """PYTHONPATH with this checkout first: a process started outside it imports this hpctrain too, not an
+    installed copy (an editable install of another checkout, on a machine shared by several)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)]
+    return os.pathsep.join([str(REPO), *rest])
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def worker_pids(run_dir: Path) -> list[int]:
+    """Live processes running ``hpctrain.worker RUN_DIR`` (read from /proc, no extra dependency)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"hpctrain.worker" in cmdline and str(run_dir).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def flat_tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(flat_tensors(value, f"{prefix}{key}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, value in enumerate(tree):
+            out.update(flat_tensors(value, f"{prefix}{i}."))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix.rstrip(".")] = tree
+    return out
+
+
+def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """Every model and optimizer tensor of a committed checkpoint, by flattened key."""
+    from hpctrain.checkpoint.manager import read_checkpoint
+
+    state = read_checkpoint(checkpoint)["model_optim"]
+    tensors = flat_tensors(state)
+    assert any(k.startswith("model.") for k in tensors) and any(k.startswith("optim.state.") for k in tensors)
+    return tensors
+
+
+def refused(result: subprocess.CompletedProcess[str], words: list[str]) -> str:
+    """The one line a refused command printed: exit status 2, one line on stderr starting ``hpctrain: `` and
+    holding every word, no traceback."""
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hpctrain: ")
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert "Traceback" not in result.stdout + result.stderr
+    return lines[0]
+
+
+# The ``cli`` fixture of tests/conftest.py: ``hpctrain ARGS`` in this process, its exit status and output.
+CLI = Callable[..., "subprocess.CompletedProcess[str]"]

@@ -1,0 +1,1 @@
+"""Fast tests of hpctrain.launch."""

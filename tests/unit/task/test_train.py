@@ -1,0 +1,91 @@
+"""``task=train`` (hpctrain.task.train) on one rank in this process: the trainer (hpctrain.train.trainer)
+trains, logs every step, checkpoints, and a run that failed at a step resumes from its checkpoint to the
+same losses and weights, bit for bit, dropout included. (The same on several ranks, through the CLI:
+tests/e2e/checkpoint/test_resume.py.)"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hpctrain.config.compose import compose
+from hpctrain.config.io import write_run_config
+from hpctrain.launch.local import free_port
+from hpctrain.rendezvous.env import DistEnv
+from hpctrain.resilience.signals import StopSignals
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.task.train import run_training
+from tests.support import FAST, metrics, model_and_optimizer
+
+RUN = [
+    *FAST,
+    "parallel=none",
+    "cluster.nproc=1",
+    "model.dropout=0.1",  # resume must restore the RNG streams too
+    "trainer.max_steps=4",
+    "trainer.ckpt_every=2",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "logger.progress_bar=false",
+]
+
+
+@pytest.fixture
+def as_a_worker() -> Iterator[None]:
+    """This process as a worker process is, for one test: what a worker sets up for its whole life (signal
+    handlers, the root logger's handlers, the process group) is put back afterwards."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for handler in root.handlers:
+            if handler not in saved:
+                handler.close()
+        root.handlers, root.level = saved, level
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def train(run_dir: Path, *overrides: str) -> None:
+    """One rank of ``hpctrain RUN OVERRIDES`` in ``run_dir``, as hpctrain.worker runs it."""
+    write_run_config(run_dir, compose([*RUN, *overrides, f"hydra.run.dir={run_dir}"]))
+    env = DistEnv(0, 0, 1, 1, "127.0.0.1", free_port("127.0.0.1"), hostname="localhost")
+    try:
+        run_training(run_dir, env, None, StopSignals({"USR2", "TERM"}))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("as_a_worker")
+def test_one_rank_trains_and_resumes_a_failed_run_bitwise(tmp_path: Path) -> None:
+    whole, failed = tmp_path / "whole", tmp_path / "failed"
+    train(whole)
+    records = metrics(whole)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(r["loss"] > 0 and r["tokens_per_s"] > 0 and "grad_norm" in r for r in records)
+    assert [p.name for p in layout.committed(whole / "checkpoints")] == ["step_00000004", "step_00000002"]
+
+    with pytest.raises(RuntimeError, match="injected failure at step 3"):
+        train(failed, "faults.fail_at=0:3")
+    assert [p.name for p in layout.committed(failed / "checkpoints")] == ["step_00000002"]
+    train(failed)  # trainer.resume=auto: from step 2
+    resumed = metrics(failed)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert {r["step"]: r["loss"] for r in resumed} == {r["step"]: r["loss"] for r in records}
+    a = model_and_optimizer(whole / "checkpoints" / "step_00000004")
+    b = model_and_optimizer(failed / "checkpoints" / "step_00000004")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert "Resumed from" in (failed / "logs" / "rank0.log").read_text()

@@ -1,0 +1,82 @@
+"""The house rules of docs/architecture.md that a test can check: faults stay in their room, Slurm is
+called from one module, the submit path imports no torch, no module grows past ~400 lines without a reason,
+and the import-linter contracts hold (the rules on names and derived numbers: tests/unit/test_rules.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "hpctrain"
+SLURM_COMMANDS = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "salloc")
+
+
+def _sources() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_fault_words_live_only_in_the_faults_room() -> None:
+    words = re.compile(r"fail_at|hang_at|slow_rank|save_delay_s")
+    found = [
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*")
+        if path.is_file() and path.suffix in (".py", ".yaml", ".j2") and words.search(path.read_text())
+    ]
+    assert found and all(f.startswith(("hpctrain/faults/", "hpctrain/conf/faults/")) for f in found), found
+
+
+def test_no_slurm_command_is_run_outside_slurm() -> None:
+    offenders = []
+    for path in _sources():
+        if path.is_relative_to(PACKAGE / "slurm"):
+            continue
+        text = path.read_text()
+        for call in re.finditer(r"subprocess\.\w+\(\s*\[?\s*\"?(\w+)", text):
+            if call.group(1) in SLURM_COMMANDS:
+                offenders.append(f"{path.relative_to(ROOT)}: {call.group(0)}")
+        for name in SLURM_COMMANDS:
+            if re.search(rf"\[\s*\"{name}\"", text):
+                offenders.append(f'{path.relative_to(ROOT)}: ["{name}" ...]')
+    assert not offenders, offenders
+
+
+def test_rundir_and_config_import_no_torch() -> None:
+    code = (
+        "import sys, hpctrain.rundir, hpctrain.config, hpctrain.config.validate, hpctrain.config.shape, "
+        "hpctrain.config.compose, hpctrain.faults, hpctrain.slurm.commands, hpctrain.precision, "
+        "hpctrain.submit.precheck, hpctrain.submit.sweep, hpctrain.submit.fits, hpctrain.submit.hydra_app, "
+        "hpctrain.submit.measure, hpctrain.jobs.targets, hpctrain.jobs.summary, hpctrain.plan.check, "
+        "hpctrain.plan.text, hpctrain.data.catalog, hpctrain.launch.submitit, hpctrain.launch.sbatch; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_long_modules_say_why() -> None:
+    """A module over ~400 lines (430 with slack) gives its reason in the docstring ("Over 400 lines: ...")."""
+    long = []
+    for path in _sources():
+        lines = path.read_text().count("\n")
+        if lines > 430 and "Over 400 lines" not in path.read_text()[:3000]:
+            long.append(f"{path.relative_to(ROOT)} ({lines} lines)")
+    assert not long, long
+
+
+def test_import_contracts_hold() -> None:
+    result = subprocess.run(["lint-imports"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def test_the_readmes_promises_name_tests_that_exist() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What hpctrain promises", 1)[1].split("\n## ", 1)[0]
+    cited = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+?)(\*)?)?`", section)
+    assert len(cited) >= 10
+    for path, name, star in cited:
+        source = (ROOT / path).read_text()
+        if name:
+            pattern = rf"^def {name}\w*\(" if star else rf"^def {name}\("
+            assert re.search(pattern, source, re.M), f"{path}::{name} does not exist"
