@@ -71,4 +71,32 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else "train"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     module = importlib.import_module(f"hpctrain.cli.{SUBCOMMANDS[name].module}")
-    return int(module.run(name, rest))
+    try:
+        return int(module.run(name, rest))
+    except KeyboardInterrupt:
+        print(f"hpctrain {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        line = _expected_failure(err)
+        if line is None:
+            raise  # a fault of hpctrain's own: its traceback is what a bug report needs
+        print(f"hpctrain {name}: {line}", file=sys.stderr)
+        return 1
+
+
+def _expected_failure(err: Exception) -> str | None:
+    """The one line for a failure that is not hpctrain's fault, None for one that is (a bug).
+
+    The user's own code raised (a model class of theirs under export, generate or plan): their frames go
+    to stderr first. The file system refused (a read-only run directory, a full disk, no permission): the
+    path and the system's words."""
+    from hpctrain.errors import first_line, user_traceback
+
+    if isinstance(err, OSError) and (err.filename is not None or err.strerror):
+        where = f"{err.filename}: " if err.filename is not None else ""
+        return f"{where}{err.strerror or first_line(err)}"
+    frames = user_traceback(err)
+    if frames is not None:
+        print(frames, file=sys.stderr, end="")
+        return f"your code raised {type(err).__name__}: {first_line(err)}"
+    return None

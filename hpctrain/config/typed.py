@@ -132,10 +132,19 @@ def _plain_values(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, A
     return out
 
 
+def _frames(err: BaseException) -> list[Any]:
+    import traceback
+
+    return list(traceback.extract_tb(err.__traceback__))
+
+
 def locate(key: str, target: str) -> Any:
     """The object ``target`` (``package.module.name``) names, or a ConfigError for ``key`` saying why it
-    cannot be imported. An exception raised while importing the user's module is theirs and propagates."""
+    cannot be imported: a missing optional package with its pip line, an exception the user's module raised
+    while importing as a UserCodeError (their frames, then one line)."""
     import importlib
+
+    from hpctrain.errors import EXTRAS, MissingPackage, UserCodeError, is_user_file
 
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
@@ -144,8 +153,16 @@ def locate(key: str, target: str) -> Any:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name is not None and module_name.startswith(err.name):
+                if err.name.split(".")[0] in EXTRAS:  # an optional package hpctrain knows: its pip line
+                    raise MissingPackage(key, target, err.name) from None
                 continue  # this prefix is not a module: try a shorter one (the rest are attributes)
-            raise
+            if err.name is not None and err.name.split(".")[0] in EXTRAS:
+                raise MissingPackage(key, target, err.name) from None
+            raise UserCodeError(key, target, err) from None
+        except Exception as err:  # the module itself raised while importing (SyntaxError, ImportError, ...)
+            if isinstance(err, SyntaxError) or any(is_user_file(frame.filename) for frame in _frames(err)):
+                raise UserCodeError(key, target, err) from None
+            raise ConfigError(key, target, f"cannot be imported: {type(err).__name__}: {err}") from None
         for i, attr in enumerate(parts[cut:], start=cut):
             if not hasattr(obj, attr):
                 raise ConfigError(

@@ -28,7 +28,7 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import is_peer_symptom, read_error_file
+from hpctrain.rundir.records import is_peer_symptom, read_error_file, read_user_traceback
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,9 @@ class LocalLauncher:
             # Ranks that failed with the very same error (a refusal every rank reaches alike) add no line.
             alike = [o.rank for o in others if o.detail == first.detail]
             also = f" (rank{'s' * (len(alike) > 1)} {', '.join(map(str, alike))} alike)" if alike else ""
+            frames = read_user_traceback(run_dir, first.rank)  # the user's code raised: their frames first
+            if frames:
+                print(frames, file=sys.stderr, end="")
             print(f"hpctrain: {first.describe()}{also}", file=sys.stderr)
             for other in others:
                 if other.detail != first.detail:

@@ -220,6 +220,17 @@ class RunDir:
         with open(self.faults, "a") as out:
             out.write(json.dumps(record) + "\n")
 
+    def holds_only_records(self, submission: bool = False) -> bool:
+        """Whether the directory holds nothing a run made: only what Hydra writes before the task starts
+        (.hydra/, hpctrain.log), the run's config and lock (a run that never started leaves these), and
+        with ``submission`` what a Slurm submission that was never queued prepared (no job.json)."""
+        if not self.path.is_dir():
+            return False
+        allowed = {HYDRA_DIR, SUBMIT_LOG, RUN_CONFIG, LOCK_FILE}
+        if submission:
+            allowed |= {CODE_DIR, SLURM_DIR, SBATCH_SCRIPT}
+        return all(p.name in allowed for p in self.path.iterdir())
+
     def is_run(self) -> bool:
         """Whether this looks like a run directory (any of the files a run leaves)."""
         return any(p.is_file() for p in (self.config, self.metrics, self.job))
@@ -263,6 +274,43 @@ class RunDir:
     def read_ranks(self) -> list[dict[str, Any]] | None:
         found = read_json(self.ranks)
         return found if isinstance(found, list) else None
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` (itself or an ancestor) that does not exist yet: what creating
+    ``path`` makes, and what removing a run that never started takes away. None when ``path`` exists."""
+    path = Path(path).absolute()
+    if path.exists():
+        return None
+    top = path
+    while not top.parent.exists():
+        top = top.parent
+    return top
+
+
+def remove_unstarted(run_dir: Path, made: Path | None, submission: bool = False) -> None:
+    """Remove a run directory that never started (it holds only Hydra's records, see
+    :meth:`RunDir.holds_only_records`), and the folders above it that this command created (``made``, from
+    :func:`first_missing` before it ran) once they are empty. A directory that existed before is kept
+    whole, only a failed submission's own snapshot and scripts are taken out of it."""
+    import shutil
+
+    run_dir = Path(run_dir).absolute()
+    if not RunDir(run_dir).holds_only_records(submission):
+        return
+    if made is None:  # the directory was there before this command: take out only what it prepared
+        if submission:
+            for name in (CODE_DIR, SLURM_DIR):
+                shutil.rmtree(run_dir / name, ignore_errors=True)
+            (run_dir / SBATCH_SCRIPT).unlink(missing_ok=True)
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if made is None or (run_dir != made and made not in run_dir.parents):
+        return
+    parent = run_dir.parent
+    while parent != made.parent and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent
 
 
 __all__ = [

@@ -82,8 +82,11 @@ def error_file(run_dir: Path, rank: int) -> Path:
     return RunDir(run_dir).error_file(rank)
 
 
-def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace: str = "") -> None:
-    """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json."""
+def write_error_record(
+    run_dir: Path, rank: int, kind: str, message: str, trace: str = "", user_trace: str | None = None
+) -> None:
+    """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json.
+    ``user_trace``: the frames of the user's own code, when their code raised (shown above the one line)."""
     record = {
         "rank": rank,
         "host": socket.gethostname(),
@@ -92,6 +95,8 @@ def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace:
         "message": message,
         "traceback": trace,
     }
+    if user_trace:
+        record["user_traceback"] = user_trace
     path = error_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_json(path, record)
@@ -104,6 +109,13 @@ def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and "type" in record else None
+
+
+def read_user_traceback(run_dir: Path, rank: int) -> str | None:
+    """The user's own frames a failed rank recorded (their code raised), else None."""
+    record = read_error_record(run_dir, rank)
+    text = record.get("user_traceback") if record is not None else None
+    return text if isinstance(text, str) and text else None
 
 
 def read_error_file(run_dir: Path, rank: int) -> str | None:

@@ -31,6 +31,8 @@ def precheck(
     for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
         cfg = compose(member, config_dirs or [])
         typed = to_typed(cfg)
+        if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
+            _check_slurm_here(typed)  # first: nothing else matters on a machine that cannot submit
         choice = data_for_model(typed, member) if i == 0 else None
         if choice is not None:  # the data follows the model the user chose: say so, then check with it
             spec = model_spec(typed.model)
@@ -40,6 +42,8 @@ def precheck(
             return precheck(overrides, multirun, config_dirs)
         check_run(typed)
         _probe_once(typed, probed)
+        if typed.model.init_from is not None and not multirun:
+            _check_init_from(typed, Path(cfg.hydra.run.dir), probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
             from hpctrain.submit.fits import check_fits, check_fits_here
@@ -68,6 +72,38 @@ def precheck(
 
         plan_project(project_dir(), first.cluster.snapshot_paths)
     return checked[0]
+
+
+def _check_slurm_here(cfg: Config) -> None:
+    """A Slurm profile needs a Slurm client that knows its controller: refused in one line before Hydra
+    makes a run or sweep directory (a laptop, a login node without SLURM_CONF)."""
+    from hpctrain.errors import ConfigError
+    from hpctrain.slurm.commands import SlurmUnavailable, check_client
+
+    try:
+        check_client()
+    except SlurmUnavailable as err:
+        raise ConfigError(
+            "cluster", cfg.cluster.name, f"cannot submit from here: {err}",
+            valid="a machine with Slurm's client and configuration, dry_run=true to see the submission, "
+            "or cluster=local",
+        ) from None  # fmt: skip
+
+
+def _check_init_from(cfg: Config, run_dir: Path, probed: set[str]) -> None:
+    """``model.init_from`` fits the model (names and shapes, from the weights' headers), unless this run
+    continues a checkpoint of its own, where init_from is ignored. Imports torch (only for init_from)."""
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir import checkpoints as layout
+
+    key = repr(("init_from", cfg.model, cfg.data))
+    own = cfg.trainer.resume != "never" and layout.committed(RunDir(run_dir).checkpoints)
+    if key in probed or own or cfg.trainer.resume not in ("auto", "never"):
+        return
+    from hpctrain.submit.probe import check_init_from
+
+    check_init_from(cfg)
+    probed.add(key)
 
 
 def _check_unlocked(run_dir: Path) -> None:

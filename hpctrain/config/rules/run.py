@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.config.sanity import at_least, one_of
 from hpctrain.config.schema import Config, DataConfig
 from hpctrain.config.shape import degrees, samples_per_pass
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 from hpctrain.precision import PRECISIONS
 from hpctrain.rundir import checkpoints as checkpoint_layout
 
@@ -123,6 +123,11 @@ def check_trainer(cfg: Config) -> None:
 
 def check_logger(cfg: Config) -> None:
     one_of("logger.wandb_mode", cfg.logger.wandb_mode, WANDB_MODES)
+    # Found before anything starts, not by every rank after the workers joined (find_spec imports nothing).
+    if cfg.logger.tensorboard:
+        require_package("logger", "tensorboard", "tensorboard")
+    if cfg.logger.wandb and cfg.logger.wandb_mode != "disabled":
+        require_package("logger", "wandb", "wandb")
 
 
 def check_batch(cfg: Config) -> None:
