@@ -43,7 +43,7 @@ def precheck(
         check_run(typed)
         _probe_once(typed, probed)
         if typed.model.init_from is not None and not multirun:
-            _check_init_from(typed, Path(cfg.hydra.run.dir), probed)
+            _check_init_from(typed, resolved_dir(cfg, "hydra.run.dir"), probed)
         if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
             # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
             from hpctrain.submit.fits import check_fits, check_fits_here
@@ -61,10 +61,11 @@ def precheck(
                 note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
                 print(note, file=sys.stderr)
         if multirun:
-            check_writable_dir("hydra.sweep.dir", Path(cfg.hydra.sweep.dir))
+            check_writable_dir("hydra.sweep.dir", resolved_dir(cfg, "hydra.sweep.dir"))
         else:
-            check_writable_dir("hydra.run.dir", Path(cfg.hydra.run.dir))
-            _check_unlocked(Path(cfg.hydra.run.dir))
+            run_dir = resolved_dir(cfg, "hydra.run.dir")
+            check_writable_dir("hydra.run.dir", run_dir)
+            _check_unlocked(run_dir)
     first = checked[0][0]
     if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
         from hpctrain.launch.project import project_dir
@@ -72,6 +73,27 @@ def precheck(
 
         plan_project(project_dir(), first.cluster.snapshot_paths)
     return checked[0]
+
+
+def resolved_dir(cfg: DictConfig, key: str) -> Path:
+    """``hydra.run.dir`` / ``hydra.sweep.dir`` resolved, or a one-line ConfigError: an interpolation that
+    cannot be resolved, or an empty value (the run would be written into the current folder)."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.errors import ConfigError, first_line
+
+    raw = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+    try:
+        value = OmegaConf.select(cfg, key, throw_on_resolution_failure=True)
+    except Exception as err:  # OmegaConf's interpolation errors, over several lines
+        given = cfg.hydra.run._get_node(key.rsplit(".", 1)[1])._value() if key == "hydra.run.dir" else raw
+        raise ConfigError(key, given, f"cannot be resolved: {first_line(err)}") from None
+    if value is None or not str(value).strip():
+        raise ConfigError(
+            key, value, "empty: the run would be written into the current folder",
+            valid="a folder of its own, e.g. outputs/NAME (or run=NAME)",
+        )  # fmt: skip
+    return Path(str(value))
 
 
 def _check_slurm_here(cfg: Config) -> None:

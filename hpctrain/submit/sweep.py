@@ -6,6 +6,8 @@ import itertools
 
 from hpctrain.errors import ConfigError
 
+MAX_MEMBERS = 10_000  # a sweep larger than this is a typo (Slurm's own MaxArraySize defaults to 1001)
+
 
 def sweep_members(overrides: list[str]) -> list[list[str]]:
     """The override lists of a basic-sweeper grid. Interval sweeps (Optuna & co) cannot be enumerated ahead:
@@ -24,9 +26,28 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
         if override.is_interval_sweep():
             continue
         if override.is_sweep_override():
-            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+            try:  # a range is expanded lazily: a step of 0 or a huge range is found here, not later
+                values = list(itertools.islice(override.sweep_string_iterator(), MAX_MEMBERS + 1))
+            except Exception as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(key, text.split("=", 1)[-1], f"not a valid sweep: {reason}") from None
+            if not values:
+                raise ConfigError(
+                    key, text.split("=", 1)[-1], "sweeps over no value",
+                    valid="e.g. 1,2,3 or range(0,10,2) (from below to above the stop)",
+                )  # fmt: skip
+            axes.append([f"{key}={value}" for value in values])
         else:
             axes.append([override.input_line])
+    total = 1
+    for axis in axes:
+        total *= len(axis)
+    if total > MAX_MEMBERS:
+        raise ConfigError(
+            "-m", " ".join(overrides),
+            f"would start {total if all(len(a) <= MAX_MEMBERS for a in axes) else f'more than {MAX_MEMBERS}'} runs",
+            valid=f"at most {MAX_MEMBERS} members in one sweep",
+        )  # fmt: skip
     return [list(combo) for combo in itertools.product(*axes)]
 
 
