@@ -43,9 +43,9 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
     for axis in axes:
         total *= len(axis)
     if total > MAX_MEMBERS:
+        count = total if all(len(a) <= MAX_MEMBERS for a in axes) else f"more than {MAX_MEMBERS}"
         raise ConfigError(
-            "-m", " ".join(overrides),
-            f"would start {total if all(len(a) <= MAX_MEMBERS for a in axes) else f'more than {MAX_MEMBERS}'} runs",
+            "-m", " ".join(overrides), f"would start {count} runs",
             valid=f"at most {MAX_MEMBERS} members in one sweep",
         )  # fmt: skip
     return [list(combo) for combo in itertools.product(*axes)]
