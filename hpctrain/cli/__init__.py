@@ -73,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(f"hpctrain.cli.{SUBCOMMANDS[name].module}")
     try:
         return int(module.run(name, rest))
+    except SystemExit as exit_:  # Hydra's run and the task it runs end with one (its line already printed)
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
     except KeyboardInterrupt:
         print(f"hpctrain {name}: interrupted", file=sys.stderr)
         return 130

@@ -20,6 +20,24 @@ EXIT_BAD_CONFIG = 2
 _MADE: dict[Path, Path | None] = {}
 
 
+def _launch(typed: Config, run_dir: Path) -> int:
+    """The launcher's status. A Slurm submission's stderr is held back until it is known to have worked:
+    when sbatch refuses the job, submitit prints sbatch's lines before raising, and the one line that
+    reports the refusal says the same."""
+    import contextlib
+    import io
+
+    from hpctrain.launch import get_launcher
+
+    if typed.cluster.kind != "slurm" or typed.dry_run:
+        return int(get_launcher(typed).launch(typed, run_dir) or 0)
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        status = int(get_launcher(typed).launch(typed, run_dir) or 0)
+    sys.stderr.write(held.getvalue())  # reached only when the launcher did not raise
+    return status
+
+
 def _one_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None:
         return f"{err.filename}: {err.strerror or err}"
@@ -103,7 +121,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.redact import redact_files
-    from hpctrain.launch import get_launcher, write_run_config
+    from hpctrain.launch import write_run_config
     from hpctrain.plan.check import check_run
     from hpctrain.rundir import RunDir, RunLock, remove_unstarted
     from hpctrain.slurm.commands import SlurmUnavailable
@@ -122,7 +140,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
             records = [*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun]
             redact_files(records, typed.cluster.env)
             write_run_config(run_dir, cfg)
-            status = get_launcher(typed).launch(typed, run_dir)
+            status = _launch(typed, run_dir)
         finally:
             if lock is not None:
                 lock.release()

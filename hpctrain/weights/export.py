@@ -64,6 +64,10 @@ def check_destination(to: Path) -> None:
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError("--to", str(to), "exists and is not an empty folder", valid="a new folder")
     parent = next((p for p in [to, *to.absolute().parents] if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise ConfigError(
+            "--to", str(to), f"cannot be created: {parent} is not a folder", valid="a new folder"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(
             "--to", str(to), f"cannot be written: {parent} is not writable", valid="a new folder"
