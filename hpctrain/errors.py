@@ -94,7 +94,7 @@ class CheckpointMismatch(RuntimeError):
         super().__init__(" ".join(message.split()))
 
 
-START_FRESH = "to start fresh, use a new hydra.run.dir or trainer.resume=never"
+START_FRESH = "to start fresh, use another run=NAME (or a new hydra.run.dir)"
 
 
 def _library_roots() -> tuple[str, ...]:

@@ -24,8 +24,9 @@ class Subcommand(NamedTuple):
 _PREPARE = "INPUT... --out PATH.bin [--tokenizer T] [--workers N]"
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
+    "resume": Subcommand("[RUN_DIR] [OVERRIDES...]", "continue a run (default: the latest)", "resume"),
     "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
-    "status": Subcommand("TARGET", "Slurm state and training progress of a run, a sweep or a job id", "jobs"),
+    "status": Subcommand("[TARGET]", "state and progress of a run (the latest), a sweep or a job", "jobs"),
     "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "logs"),
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),

@@ -290,6 +290,9 @@ class Config:
     dry_run: bool = False  # print what would be started or submitted, start nothing
     # Refuse a GPU submission whose estimated memory (hpctrain.plan) exceeds the GPU's; false submits anyway.
     plan_check: bool = True
+    # A name for the run: its directory is outputs/NAME (a sweep's multirun/NAME), so the same command again
+    # continues it; unset, each run gets a new timestamped directory (hydra.run.dir).
+    run: str | None = None
     # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
     # them into ModelConfig / DataConfig / LossConfig.
     model: Any = field(default_factory=lambda: dict(MODEL_KEYS))

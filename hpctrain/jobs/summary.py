@@ -18,16 +18,25 @@ def last_with(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def progress(run_dir: Path, records: list[dict[str, Any]]) -> str:
+    from hpctrain.jobs.states import is_script
+
     last = records[-1]["step"] if records else "-"
-    total = RunDir(run_dir).max_steps()
+    total = None if is_script(run_dir) else RunDir(run_dir).max_steps()  # a script's steps are its own
     return f"{last}/{total}" if total is not None else str(last)
 
 
 def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
-    """Slurm's word for every member of an array, or what a local sweep's run directories say."""
+    """Every member's state word (:mod:`hpctrain.jobs.states`: the same for an array and a sweep run here),
+    from Slurm or from the members' run directories."""
     if sweep.array_job_id == LOCAL:  # a sweep run here (hpctrain.jobs.targets.local_sweep)
         return local_states(sweep)
-    return states_of([m.job_id for m in sweep.members])
+    from dataclasses import replace
+
+    from hpctrain.jobs.states import run_state
+
+    states = states_of([m.job_id for m in sweep.members])
+    runs = {m.job_id: Path(m.run_dir) for m in sweep.members}
+    return {job: replace(state, state=run_state(runs.get(job), state).word) for job, state in states.items()}
 
 
 def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[str], list[dict[str, Any]]]:

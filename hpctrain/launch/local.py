@@ -27,8 +27,8 @@ from pathlib import Path
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
-from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import is_peer_symptom, read_error_file, read_user_traceback
+from hpctrain.rundir import RunDir, continue_command
+from hpctrain.rundir.records import EXIT_STOPPED, is_peer_symptom, read_error_file, read_user_traceback
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ class LocalLauncher:
             if console_fd is not None:
                 os.close(console_fd)
         if self._stop_signal is not None:
-            log.error("hpctrain: stopped by %s", signal.Signals(self._stop_signal).name)
+            name = signal.Signals(self._stop_signal).name
+            log.error("hpctrain: stopped by %s; continue with: %s", name, continue_command(run_dir))
             return 128 + self._stop_signal
         if failures:
             first, *others = failures
@@ -121,6 +122,15 @@ class LocalLauncher:
                 if other.detail != first.detail:
                     print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
             return 1
+        if any(w.proc.returncode == EXIT_STOPPED for w in workers):
+            # A stop signal reached the workers but not this command (e.g. one kill of a rank): they saved,
+            # but the run did not reach its end, and the exit status must not say it did.
+            print(
+                "hpctrain: the workers stopped before the end (a stop signal reached them, not this "
+                f"command); continue with: {continue_command(run_dir)}",
+                file=sys.stderr,
+            )
+            return EXIT_STOPPED
         _print_outputs(run_dir)
         return 0
 
@@ -175,7 +185,7 @@ class LocalLauncher:
             for worker in workers:
                 if worker.exited_at is None and worker.proc.poll() is not None:
                     worker.exited_at = time.monotonic()
-                    if worker.proc.returncode != 0:
+                    if worker.proc.returncode not in (0, EXIT_STOPPED):
                         failures.append(_failure(worker, run_dir))
             if failures and settle_until is None:
                 settle_until = time.monotonic() + SETTLE_S

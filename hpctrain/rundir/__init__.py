@@ -38,6 +38,8 @@ REPORT_DIR = "report"
 CODE_DIR = "code"
 PROJECT_SUBDIR = "project"  # the user's project, under CODE_DIR
 SLURM_DIR = "slurm"
+# Where runs go unless hydra.run.dir says otherwise (Hydra's own folders; run=NAME: RUNS_ROOT/NAME).
+RUNS_ROOT, SWEEPS_ROOT = "outputs", "multirun"
 SUBMIT_LOG = "hpctrain.log"  # the submitting process's log (conf/hydra/job_logging/hpctrain.yaml names it)
 
 # Every name of a run directory (a sweep directory has the sweep's rows), in README's order: name → what.
@@ -241,6 +243,20 @@ class RunDir:
         atomic_write(self.config, text)
         return self.config
 
+    def restore_config(self) -> Path | None:
+        """Put back config.yaml as the run's newest checkpoint saved it (a resume that was refused must not
+        leave the refused command's config as the run's); the checkpoint it came from, or None."""
+        from hpctrain.rundir import checkpoints as layout
+
+        for checkpoint in layout.committed(self.checkpoints):
+            saved = layout.config_copy(checkpoint)
+            if saved.is_file():
+                text = saved.read_text()
+                if not self.config.is_file() or self.config.read_text() != text:
+                    atomic_write(self.config, text)
+                return checkpoint
+        return None
+
     def read_metrics(self, tail_bytes: int | None = None) -> list[dict[str, Any]]:
         """metrics.jsonl's step records (a torn or partly read line is skipped)."""
         return [r for r in read_jsonl(self.metrics, tail_bytes) if "step" in r]
@@ -274,6 +290,48 @@ class RunDir:
     def read_ranks(self) -> list[dict[str, Any]] | None:
         found = read_json(self.ranks)
         return found if isinstance(found, list) else None
+
+
+def latest_run(here: Path) -> Path:
+    """The run directory under ``here/outputs`` or ``here/multirun`` whose metrics or config changed last
+    (one Hydra made: it holds .hydra/overrides.yaml); a ConfigError naming both folders when none is."""
+    from hpctrain.errors import ConfigError
+
+    found: list[tuple[float, Path]] = []
+    for root in (here / RUNS_ROOT, here / SWEEPS_ROOT):
+        if not root.is_dir():
+            continue
+        # outputs/NAME, outputs/DATE/TIME, multirun/NAME/N, multirun/DATE/TIME/N: never into checkpoints
+        found_here = [
+            p
+            for depth in (1, 2, 3)
+            for p in root.glob("/".join(["*"] * depth + [HYDRA_DIR, HYDRA_OVERRIDES]))
+        ]
+        for config in found_here:
+            run = RunDir(config.parent.parent)
+            if not run.config.is_file():
+                continue
+            stamps = [p.stat().st_mtime for p in (run.metrics, run.config) if p.is_file()]
+            found.append((max(stamps), run.path))
+    if not found:
+        raise ConfigError(
+            "RUN_DIR", None, f"no run in {here / RUNS_ROOT} or {here / SWEEPS_ROOT}",
+            valid="a run's directory",
+        )  # fmt: skip
+    return max(found)[1]
+
+
+def continue_command(run_dir: Path) -> str:
+    """The exact command that continues a run (printed by every stop), its path relative to the current
+    folder when it is under it."""
+    import shlex
+
+    path = Path(run_dir).absolute()
+    try:
+        shown = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        shown = str(path)
+    return f"hpctrain resume {shlex.quote(shown)}"
 
 
 def first_missing(path: Path) -> Path | None:
@@ -314,13 +372,17 @@ def remove_unstarted(run_dir: Path, made: Path | None, submission: bool = False)
 
 
 __all__ = [
+    "HYDRA_DIR",
     "JOB_RECORD",
     "LAYOUT",
     "LOCK_FILE",
     "METRICS_FILE",
     "MULTIRUN_RECORD",
     "RANKS_FILE",
+    "RUNS_ROOT",
     "RUN_CONFIG",
+    "SUBMIT_LOG",
+    "SWEEPS_ROOT",
     "SWEEP_RECORD",
     "RunDir",
     "RunLock",

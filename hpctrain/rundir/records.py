@@ -20,6 +20,9 @@ from typing import Any
 from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.files import atomic_json
 
+# A worker's exit status when a stop signal ended training before its end (saved): neither done nor failed.
+EXIT_STOPPED = 3
+
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
 PEER_ERROR_MARKERS = (
     "Connection reset by peer",

@@ -23,6 +23,7 @@ def precheck(
     from hpctrain.config.compose import compose, shadowed_choices, to_typed
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run, data_for_model
+    from hpctrain.submit.existing import check_existing, named_run_overrides
     from hpctrain.submit.sweep import sweep_members
 
     checked = []
@@ -33,6 +34,10 @@ def precheck(
         typed = to_typed(cfg)
         if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
             _check_slurm_here(typed)  # first: nothing else matters on a machine that cannot submit
+        named = named_run_overrides(typed.run, overrides, multirun) if i == 0 else []
+        if named:  # run=NAME: its stable directory, for this check and for Hydra's own run alike
+            overrides.extend(named)
+            return precheck(overrides, multirun, config_dirs)
         choice = data_for_model(typed, member) if i == 0 else None
         if choice is not None:  # the data follows the model the user chose: say so, then check with it
             spec = model_spec(typed.model)
@@ -66,6 +71,7 @@ def precheck(
             run_dir = resolved_dir(cfg, "hydra.run.dir")
             check_writable_dir("hydra.run.dir", run_dir)
             _check_unlocked(run_dir)
+            check_existing(run_dir, typed, cfg)  # new, empty, or a run this one continues
     first = checked[0][0]
     if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
         from hpctrain.launch.project import project_dir

@@ -146,7 +146,9 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
     )
     if resumed is not None:
-        set_hyperparameters(optimizer, scheduler, cfg)
+        anchor = set_hyperparameters(optimizer, scheduler, cfg, resumed)
+        if anchor is not None:  # the schedule changed on a resume: later resumes go on from the same anchor
+            checkpoints.manifest_info["lr_anchor"] = list(anchor)
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
