@@ -195,6 +195,11 @@ class RunDir:
     def hydra_overrides(self) -> Path:
         return self.hydra / HYDRA_OVERRIDES
 
+    @property
+    def hydra_record(self) -> Path:
+        """Hydra's record of the run's own settings (its cwd, config sources, output dir)."""
+        return self.hydra / "hydra.yaml"
+
     def hydra_records(self) -> list[Path]:
         """Hydra's YAML records of this run (config, hydra, overrides)."""
         return sorted(self.hydra.glob("*.yaml")) if self.hydra.is_dir() else []

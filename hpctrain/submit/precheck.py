@@ -102,6 +102,21 @@ def resolved_dir(cfg: DictConfig, key: str) -> Path:
     return Path(str(value))
 
 
+def composed_run(overrides: list[str], config_dirs: list[Path] | None = None) -> Config:
+    """The run exactly as ``hpctrain train`` would compose it (``hpctrain plan`` plans that one): the data
+    that feeds the model when none was chosen (said in one line, as train says it), the run's name."""
+    from hpctrain.config.compose import compose, to_typed
+    from hpctrain.plan.check import data_for_model
+
+    typed = to_typed(compose(overrides, config_dirs or []))
+    choice = data_for_model(typed, overrides)
+    if choice is None:
+        return typed
+    spec = model_spec(typed.model)
+    print(f"hpctrain: {choice} (model {spec.name} takes {spec.input_kind}; choose another with data=...)")
+    return to_typed(compose([*overrides, choice], config_dirs or []))
+
+
 def _check_slurm_here(cfg: Config) -> None:
     """A Slurm profile needs a Slurm client that knows its controller: refused in one line before Hydra
     makes a run or sweep directory (a laptop, a login node without SLURM_CONF)."""

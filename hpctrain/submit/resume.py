@@ -28,7 +28,7 @@ def resume_command(run_dir: Path, extra: list[str]) -> tuple[Path, list[str]]:
     if not run.path.is_dir():
         raise ConfigError("RUN_DIR", str(run_dir), "no such directory", valid="a run directory")
     recorded = run.read_hydra_overrides()
-    hydra_file = run.hydra / "hydra.yaml"
+    hydra_file = run.hydra_record
     if recorded is None or not run.config.is_file() or not hydra_file.is_file():
         raise ConfigError(
             "RUN_DIR", str(run_dir), "is not a run hpctrain started (no config.yaml and .hydra/ records)",
@@ -39,7 +39,8 @@ def resume_command(run_dir: Path, extra: list[str]) -> tuple[Path, list[str]]:
         cwd = Path(str(hydra.runtime.cwd))
         sources = list(hydra.runtime.config_sources)
     except Exception as err:
-        raise ConfigError("RUN_DIR", str(run_dir), f".hydra/hydra.yaml cannot be read: {err}") from None
+        record = hydra_file.relative_to(run.path)
+        raise ConfigError("RUN_DIR", str(run_dir), f"{record} cannot be read: {err}") from None
     given = {o.lstrip("+~").split("=", 1)[0] for o in extra}
     overrides = []
     for override in recorded:
