@@ -20,13 +20,21 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpctrain.config.schema import DATA_KEYS, GROUP_SCHEMAS, TARGET_GROUPS, Config, register_configs
+from hpctrain.config.schema import (
+    DATA_KEYS,
+    GROUP_SCHEMAS,
+    MODEL_KEYS,
+    TARGET_GROUPS,
+    Config,
+    register_configs,
+)
 from hpctrain.config.typed import to_config
 from hpctrain.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's config_name)
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
+USER_DATA_KEYS = ("num_workers", "collate", "target_key")  # hpctrain's keys that a user's dataset takes too
 
 
 def user_config_dirs(given: str | None) -> list[Path]:
@@ -81,12 +89,80 @@ def field_names(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
+def plain_parameters(overrides: list[str], config_dirs: Sequence[Path] = ()) -> list[str]:
+    """``overrides`` with a ``+`` added to each ``model.KEY=V`` / ``data.KEY=V`` / ``loss.KEY=V`` whose KEY
+    the chosen option's YAML does not list but its ``_target_``'s signature takes: any parameter of the
+    user's factory is a plain override, as any key of a YAML is. Nothing else changes."""
+    out = list(overrides)
+    parsed: dict[str, Any] | None = None
+    for i, text in enumerate(overrides):
+        key = text.split("=", 1)[0]
+        if key.startswith("data.collate."):  # hpctrain's own node: given whole or key by key, never with +
+            key = "data.collate"
+        group, _, name = key.partition(".")
+        if (
+            text.startswith(("+", "~"))
+            or "=" not in text
+            or group not in TARGET_GROUPS
+            or not name.isidentifier()
+        ):
+            continue
+        parsed = parsed if parsed is not None else _parse_overrides(overrides)
+        dirs = [*config_dirs, *searchpath_dirs(parsed)]
+        listed, target = _option_keys(group, parsed, dirs)
+        if name in listed and not (name == "collate" and "collate" not in _yaml_keys(group, parsed, dirs)):
+            continue
+        if name == "collate" or (target is not None and name in (target_parameters(target) or ())):
+            out[i] = f"+{text}"
+    return out
+
+
+def _yaml_keys(group: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> set[str]:
+    path = option_file(group, _choice(group, parsed), dirs)
+    node = OmegaConf.load(path) if path is not None else None
+    return {str(k) for k in node} if isinstance(node, DictConfig) else set()
+
+
+def _option_keys(group: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> tuple[set[str], str | None]:
+    """The keys the chosen option of ``group`` lists (with hpctrain's own), and its ``_target_`` (an
+    override of it wins)."""
+    own = set(DATA_KEYS) | {"collate"} if group == "data" else set(MODEL_KEYS) if group == "model" else set()
+    path = option_file(group, _choice(group, parsed), dirs)
+    node = OmegaConf.load(path) if path is not None else OmegaConf.create({})
+    listed = {str(k) for k in node} | own if isinstance(node, DictConfig) else own
+    target = parsed.get(f"{group}._target_") or (
+        node.get("_target_") if isinstance(node, DictConfig) else None
+    )
+    return listed, str(target) if target else None
+
+
+def target_parameters(target: str) -> list[str] | None:
+    """The keyword parameters a ``_target_`` takes (``split`` left out: hpctrain passes it), from its
+    signature; None when it cannot be imported, has none to read, or takes any keyword (``**kwargs``)."""
+    import inspect
+
+    from hpctrain.config.typed import locate
+
+    try:
+        fn = locate("_target_", target)
+        signature = inspect.signature(fn)
+    except Exception:  # not importable here, or a builtin: the usual errors say more, later
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.name not in ("self", "split")]
+
+
 def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfig:
     """The composed config, ``hydra`` node included, or a ConfigError for the first bad override.
 
-    ``config_dirs`` are the user's ``--config-dir`` directories (absolute or relative to the current one)."""
+    ``config_dirs`` are the user's ``--config-dir`` directories (absolute or relative to the current one).
+    A parameter of a ``_target_``'s signature needs no ``+`` (:func:`plain_parameters`)."""
     from hydra import compose as hydra_compose
 
+    overrides = plain_parameters(overrides, config_dirs)
     parsed = _parse_overrides(overrides)
     dirs = [*config_dirs, *searchpath_dirs(parsed)]
     register_configs()
@@ -220,8 +296,7 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
             valid = ", ".join(field_names(schema)) if schema else None
             hint = nearest(rest, field_names(schema)) if schema else ""
             if group in TARGET_GROUPS:
-                own = ", ".join(k for k in DATA_KEYS if k != "_target_") if group == "data" else ""
-                valid = f"{own + '; ' if own else ''}the option's own keys, or add one with +{full_key}=VALUE"
+                hint, valid = _target_hint(group, rest, parsed, dirs)
             return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}{hint}", valid=valid)
         return ConfigError(
             full_key, parsed.get(full_key), "unknown config group or key", valid="groups " + ", ".join(GROUPS)
@@ -239,6 +314,30 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
         return ConfigError(full_key, value, reason, valid=", ".join(names) or None)
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return ConfigError("", None, first_line)
+
+
+def _target_hint(group: str, key: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> tuple[str, str]:
+    """("; did you mean X?", what is valid) for an unknown key of a ``_target_`` group: the parameters of
+    its ``_target_`` (read from its signature; else the keys its option lists) and hpctrain's own keys."""
+    listed, target = _option_keys(group, parsed, dirs)
+    params = target_parameters(target) if target else None
+    if group == "model":
+        own = list(MODEL_KEYS)
+    elif group == "data":  # a dataset of the user's takes only these of hpctrain's keys
+        user_data = target is not None
+        own = [k for k in DATA_KEYS if k != "_target_" and (not user_data or k in USER_DATA_KEYS)]
+    else:
+        own = []
+    yaml_keys = sorted(k for k in listed if not k.startswith("_") and k not in own)
+    hint = nearest(key, sorted({*(params or []), *yaml_keys, *own}))
+    parts = []
+    if params is not None:
+        parts.append(f"{target}'s parameters: {', '.join(params) or 'none'}")
+    elif yaml_keys:
+        parts.append(f"{group}={_choice(group, parsed)}'s keys: {', '.join(yaml_keys)}")
+    if own:
+        parts.append(f"hpctrain's: {', '.join(own)}")
+    return hint, "; ".join(parts) or f"add one with +{group}.{key}=VALUE"
 
 
 def _choice(group: str, parsed: dict[str, Any]) -> str | None:
