@@ -52,6 +52,9 @@ class DataConfig:
     path: str | None = None  # the token file, for name=tokens
     num_samples: int = 8192  # synthetic only
     max_bytes: int = 4_000_000  # text only: how much of the corpus to read
+    # text, tokens: the windows' length for a model that declares none (a transformers LM whose config
+    # gives no n_positions, or a shorter window than it); a built-in model's windows are its model.seq_len.
+    seq_len: int | None = None
     val_fraction: float = 0.05  # built-ins: the last fraction of the samples is the validation set
     num_workers: int = 0  # DataLoader worker processes building batches ahead of the training loop
     # How a list of items becomes a batch: a node with ``_target_`` (called as fn(items)), or None for torch's
@@ -70,6 +73,7 @@ DATA_KEYS: dict[str, Any] = {
     "path": None,
     "num_samples": 8192,
     "max_bytes": 4_000_000,
+    "seq_len": None,
     "val_fraction": 0.05,
     "num_workers": 0,
     "collate": None,

@@ -8,6 +8,7 @@ the target (``ModelConfig`` / ``DataConfig`` / ``LossConfig``). The other groups
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +19,7 @@ from hpctrain.errors import ConfigError
 
 T = TypeVar("T")
 TARGET = "_target_"
+HF_CONFIG = "config.json"  # a transformers save_pretrained folder's config
 WHAT_TARGET_IS = {
     "model": "an importable callable returning an nn.Module, e.g. mypkg.nets.build",
     "data": "an importable callable taking split='train'|'val' and returning a map-style dataset",
@@ -66,6 +68,21 @@ def _model(node: Any) -> ModelConfig:
         raise ConfigError("model.init_from", own["init_from"], "not a path", valid="a file or directory")
     if not isinstance(own.get("init_strict", True), bool):
         raise ConfigError("model.init_strict", own["init_strict"], "expected true or false")
+    if target.startswith("transformers.") and "config" not in raw:
+        folder = own.get("init_from")
+        if folder is not None and (Path(folder) / HF_CONFIG).is_file():
+            # A save_pretrained folder alone: the model is built from its config.json (its weights follow).
+            raw["config"] = {
+                "_target_": "transformers.AutoConfig.from_pretrained",
+                "pretrained_model_name_or_path": str(folder),
+                "local_files_only": True,
+            }
+        elif target.endswith(".from_config"):
+            raise ConfigError(
+                "model.init_from", folder, f"{target} builds a model from a config, and none is given",
+                valid=f"a save_pretrained folder (holding {HF_CONFIG}), or model.config={{_target_: "
+                "transformers.GPT2Config, ...}",
+            )  # fmt: skip
     return ModelConfig(target=target, args=raw, **own)
 
 
@@ -153,7 +170,7 @@ def locate(key: str, target: str) -> Any:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name is not None and module_name.startswith(err.name):
-                if err.name.split(".")[0] in EXTRAS:  # an optional package hpctrain knows: its pip line
+                if err.name in EXTRAS:  # an optional package hpctrain knows is missing: its pip line
                     raise MissingPackage(key, target, err.name) from None
                 continue  # this prefix is not a module: try a shorter one (the rest are attributes)
             if err.name is not None and err.name.split(".")[0] in EXTRAS:

@@ -20,6 +20,9 @@ from hpctrain.errors import ConfigError, UserCodeError
 from hpctrain.models.builtin import BUILTIN
 
 log = logging.getLogger(__name__)
+# Libraries a user's model imports (torchao through transformers) register enums in a way torch now calls
+# deprecated, one log line each on the console of a user who can do nothing about it: not shown here.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 LABEL_SCAN = 64  # items whose labels are checked against the model's output width before anything starts
 

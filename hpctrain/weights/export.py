@@ -139,10 +139,11 @@ def export(
             torch.save(weights, partial / "model.pt")
         else:
             _save_safetensors(weights, partial, int(max_shard_gb * 2**30))
-        from hpctrain.data.codec import copy_tokenizer
+        from hpctrain.data.codec import copy_tokenizer, save_hf_tokenizer
 
         data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
-        tokenizer = copy_tokenizer(data, partial)  # generate and people find it with the weights
+        # Beside the weights: generate and people find it there; an hf folder's, AutoTokenizer loads.
+        tokenizer = save_hf_tokenizer(data, partial) if fmt == "hf" else copy_tokenizer(data, partial)
         meta = {
             "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": layout.step_of(checkpoint),
             "source": str(checkpoint), "weights": fmt, "dtype": dtype,

@@ -37,9 +37,20 @@ def _check(key: str, target: Any, source: str, top: bool) -> None:
     if not isinstance(target, str):
         raise ConfigError(key, target, f"in {source}: not a dotted import path")
     obj = locate(key, target)
+    owner = getattr(obj, "__self__", None) if inspect.ismethod(obj) else None
     is_module = inspect.isclass(obj) and issubclass(obj, nn.Module)
     is_config = inspect.isclass(obj) and any(base.__name__ in CONFIG_BASES for base in inspect.getmro(obj))
-    if is_module or (is_config and not top):
+    # transformers' own constructors: AutoModel*.from_config (a model from a config), and
+    # AutoConfig.from_pretrained (a folder's config.json: JSON only, no code without trust_remote_code).
+    is_auto = (
+        inspect.isclass(owner)
+        and owner.__module__.startswith("transformers.")
+        and (
+            obj.__name__ == "from_config"
+            or (obj.__name__ == "from_pretrained" and owner.__name__ == "AutoConfig")
+        )
+    )
+    if is_module or (is_config and not top) or is_auto:
         return
     what = "a class" if inspect.isclass(obj) else f"a {type(obj).__name__}"
     raise ConfigError(
