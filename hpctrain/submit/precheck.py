@@ -15,11 +15,18 @@ from hpctrain.models.spec import model_spec
 
 
 def precheck(
-    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
+    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None, said: list[str] | None = None
 ) -> tuple[Config, DictConfig]:
     """Compose and validate every run the command would start; raise ConfigError for the first bad one.
     Returns the first run's config, typed and as composed (with Hydra's node). ``config_dirs``: the
-    user's ``--config-dir``."""
+    user's ``--config-dir``. What was chosen for the user (the data of a model) is said once all passed:
+    a refused command prints its one line and nothing else."""
+    if said is None:
+        said = []
+        checked = precheck(overrides, multirun, config_dirs, said)
+        for line in said:
+            print(line)
+        return checked
     from hpctrain.config.compose import compose, plain_parameters, shadowed_choices, to_typed
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run, data_for_model
@@ -34,20 +41,20 @@ def precheck(
     for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
         cfg = compose(member, config_dirs or [])
         typed = to_typed(cfg)
-        if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
-            _check_slurm_here(typed)  # first: nothing else matters on a machine that cannot submit
         named = named_run_overrides(typed.run, overrides, multirun) if i == 0 else []
         if named:  # run=NAME: its stable directory, for this check and for Hydra's own run alike
             overrides.extend(named)
-            return precheck(overrides, multirun, config_dirs)
+            return precheck(overrides, multirun, config_dirs, said)
         choice = data_for_model(typed, member) if i == 0 else None
         if choice is not None:  # the data follows the model the user chose: say so, then check with it
             spec = model_spec(typed.model)
             taken = f"model {spec.name} takes {spec.input_kind}"
-            print(f"hpctrain: {choice} ({taken}; choose another with data=...)")
+            said.append(f"hpctrain: {choice} ({taken}; choose another with data=...)")
             overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
-            return precheck(overrides, multirun, config_dirs)
+            return precheck(overrides, multirun, config_dirs, said)
         check_run(typed)
+        if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
+            _check_slurm_here(typed)  # before the probe and the snapshot: nothing to do where none submits
         _probe_once(typed, probed)
         if typed.model.init_from is not None and not multirun:
             _check_init_from(typed, resolved_dir(cfg, "hydra.run.dir"), probed)
