@@ -89,6 +89,82 @@ def field_names(schema: type) -> list[str]:
     return [f.name for f in dataclasses.fields(schema)]
 
 
+SCRIPT_ARGS = "task.args"
+
+
+def literal_script_args(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``task.args=[...]`` elements quoted, so the script gets them as typed: Hydra
+    would read ``[--lr,1e-3,--tag,1.10]`` as numbers and hand the script ``0.001`` and ``1.1``."""
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        lists = _top_level(value) if key.lstrip("+") == SCRIPT_ARGS and sep else None
+        if not lists or not all(v.startswith("[") and v.endswith("]") for v in lists):
+            out.append(text)  # not a list, nor a sweep over lists (-m task.args='[a]','[b]')
+            continue
+        split = [_split_list(v[1:-1]) for v in lists]
+        if any(items is None for items in split):
+            out.append(text)
+            continue
+        out.append(f"{key}=" + ",".join(f"[{','.join(_quoted(i) for i in items or [])}]" for items in split))
+    return out
+
+
+def _top_level(value: str) -> list[str] | None:
+    """``value`` split at the commas outside brackets and quotes (None when unbalanced)."""
+    parts, current, depth, quote = [], "", 0, None
+    for ch in value:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    if quote or depth:
+        return None
+    return [*parts, current]
+
+
+def _split_list(body: str) -> list[str] | None:
+    """The elements of a flat list's text, split at top-level commas (quotes kept as written); None for a
+    nested or unbalanced one (Hydra's own parser reports it)."""
+    items, current, quote = [], "", None
+    for ch in body:
+        if quote:
+            current += ch
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            current += ch
+            quote = ch
+        elif ch in "[]{}":
+            return None
+        elif ch == ",":
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if quote:
+        return None
+    if current.strip() or items:
+        items.append(current.strip())
+    return items
+
+
+def _quoted(item: str) -> str:
+    if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"":
+        return item  # quoted already: Hydra reads it as a string
+    if "'" not in item:
+        return f"'{item}'"
+    return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def plain_parameters(overrides: list[str], config_dirs: Sequence[Path] = ()) -> list[str]:
     """``overrides`` with a ``+`` added to each ``model.KEY=V`` / ``data.KEY=V`` / ``loss.KEY=V`` whose KEY
     the chosen option's YAML does not list but its ``_target_``'s signature takes: any parameter of the
@@ -162,7 +238,7 @@ def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfi
     A parameter of a ``_target_``'s signature needs no ``+`` (:func:`plain_parameters`)."""
     from hydra import compose as hydra_compose
 
-    overrides = plain_parameters(overrides, config_dirs)
+    overrides = plain_parameters(literal_script_args(overrides), config_dirs)
     parsed = _parse_overrides(overrides)
     dirs = [*config_dirs, *searchpath_dirs(parsed)]
     register_configs()

@@ -27,14 +27,20 @@ def precheck(
         for line in said:
             print(line)
         return checked
-    from hpctrain.config.compose import compose, plain_parameters, shadowed_choices, to_typed
+    from hpctrain.config.compose import (
+        compose,
+        literal_script_args,
+        plain_parameters,
+        shadowed_choices,
+        to_typed,
+    )
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run, data_for_model
     from hpctrain.submit.existing import check_existing, named_run_overrides
     from hpctrain.submit.sweep import sweep_members
 
     # A parameter of a user's factory needs no +: the caller's list (Hydra's own run and sweeps use it too).
-    overrides[:] = plain_parameters(overrides, config_dirs or [])
+    overrides[:] = plain_parameters(literal_script_args(overrides), config_dirs or [])
     checked = []
     probed: set[str] = set()
     warned: set[str] = set()
