@@ -5,7 +5,8 @@ Starts one busy process per core (``--load``), then, ``--rounds`` times each:
 - ``prepare``: ``hpctrain prepare --workers 2`` (a BPE on a few MB of text) gets SIGINT or SIGTERM to its
   process group at a random moment between its start and a few seconds later (covering the workers'
   start, their encoding and the commit). A stop sent while the command ran must end it with 130 and
-  leave no output; exit 0 is a lost stop.
+  leave no output (or, in the first ~0.5 s, before the interpreter installed any handler, kill it by the
+  signal's default action: nothing written either); exit 0 or an output left is a lost stop.
 - ``train``: ``python -m hpctrain`` (2 processes, ``data.num_workers=1``) gets SIGINT (Ctrl-C: the
   command alone, its workers lead their own sessions) at a random moment in its first seconds. It must
   end with 130 and say how to continue; exit 0 or a failure (1) is a lost or mishandled stop.
@@ -66,6 +67,10 @@ def prepare_round(folder: Path, big: Path, tokenizer: Path, sig: int, delay: flo
     proc.communicate(timeout=120)
     if proc.returncode == 130 and not out.exists():
         return "stopped"
+    if (
+        proc.returncode == -sig and not out.exists()
+    ):  # before Python installed any handler: its default action
+        return "stopped by the signal's default action (nothing written)"
     return f"LOST: exit {proc.returncode}, output {'left' if out.exists() else 'none'}"
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpctrain.config.redact import redact_config
+from hpctrain.config.redact import declare_secret, env_references, redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, Config
 from hpctrain.config.typed import to_config
 from hpctrain.rundir import RunDir
@@ -16,6 +16,7 @@ def run_config_text(cfg: DictConfig) -> str:
     """``cfg`` as config.yaml holds it: resolved, without Hydra's own node, secret ``cluster.env`` values as
     ``***``."""
     keys = [k for k in cfg if k != "hydra"]
+    declare_secret(env_references(OmegaConf.select(cfg, "cluster.env")))  # taken from the environment
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
     return OmegaConf.to_yaml(OmegaConf.create(redact_config(plain)))
 

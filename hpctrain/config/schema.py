@@ -191,6 +191,9 @@ class ClusterConfig:
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
     env: dict[str, str] = field(default_factory=dict)  # exported in the job (values quoted)
+    # Names of env whose values are secret (never written anywhere): besides these, a value taken from the
+    # environment (${oc.env:NAME}) is secret, and the usual names of secrets (*_KEY, *_TOKEN, ...).
+    secret_env: list[str] = field(default_factory=list)
     # Shell lines run in the job script before the tasks start, each verbatim on its own line ($HOME, &&, ~
     # and pipes work as typed), e.g. "module load cuda/12.4" or "source $HOME/venv/bin/activate && cd ~/proj".
     setup: list[str] = field(default_factory=list)

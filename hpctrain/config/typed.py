@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from hpctrain.config.redact import declare_secret, env_references
 from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, Config, DataConfig, LossConfig, ModelConfig
 from hpctrain.errors import ConfigError
 
@@ -30,11 +31,15 @@ WHAT_TARGET_IS = {
 def to_config(run_keys: dict[str, Any] | DictConfig) -> Config:
     """Typed ``Config`` from the run's keys (``hydra`` excluded), or a ConfigError naming the bad key."""
     plain = run_keys if isinstance(run_keys, dict) else {k: run_keys[k] for k in run_keys}
+    cluster = plain.get("cluster")
+    if isinstance(cluster, DictConfig):  # a secret by its source: a value taken from the environment
+        declare_secret(env_references(cluster.get("env")))
     groups = {"model": _model(plain.get("model")), "data": _data(plain.get("data")), "loss": _loss(plain)}
     rest = {k: v for k, v in plain.items() if k not in groups}
     rest.update(dict.fromkeys(groups))  # filled in below, once typed
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), rest))
     assert isinstance(typed, Config), type(typed)
+    declare_secret(typed.cluster.secret_env)
     for name, value in groups.items():
         setattr(typed, name, value)
     return typed
