@@ -165,6 +165,35 @@ def _quoted(item: str) -> str:
     return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+SWEEPER_PARAMS = "hydra.sweeper.params"
+
+
+def sweeper_params(overrides: list[str]) -> list[str]:
+    """``hydra.sweeper.params={optim.lr: "interval(1e-4,1e-2)", ...}`` (the Optuna sweeper's documented form
+    of a search space) as the overrides ``optim.lr=interval(1e-4,1e-2)`` the sweeper reads the same way:
+    Hydra cannot merge a mapping into the sweeper's empty ``params`` from the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out: list[str] = []
+    parser = OverridesParser.create()
+    for text in overrides:
+        if text.lstrip("+").split("=", 1)[0] != SWEEPER_PARAMS:
+            out.append(text)
+            continue
+        try:
+            value = parser.parse_override(text.lstrip("+")).value()
+        except Exception as err:
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
+        if not isinstance(value, dict) or not value:
+            raise ConfigError(
+                SWEEPER_PARAMS, value, "not a mapping of keys to search spaces",
+                valid="{optim.lr: 'interval(1e-4,1e-2)', trainer.seed: 'choice(1,2)'}",
+            )  # fmt: skip
+        out += [f"{key}={space}" for key, space in value.items()]
+    return out
+
+
 def plain_parameters(overrides: list[str], config_dirs: Sequence[Path] = ()) -> list[str]:
     """``overrides`` with a ``+`` added to each ``model.KEY=V`` / ``data.KEY=V`` / ``loss.KEY=V`` whose KEY
     the chosen option's YAML does not list but its ``_target_``'s signature takes: any parameter of the
@@ -238,7 +267,7 @@ def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfi
     A parameter of a ``_target_``'s signature needs no ``+`` (:func:`plain_parameters`)."""
     from hydra import compose as hydra_compose
 
-    overrides = plain_parameters(literal_script_args(overrides), config_dirs)
+    overrides = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs)
     parsed = _parse_overrides(overrides)
     dirs = [*config_dirs, *searchpath_dirs(parsed)]
     register_configs()

@@ -32,6 +32,7 @@ def precheck(
         literal_script_args,
         plain_parameters,
         shadowed_choices,
+        sweeper_params,
         to_typed,
     )
     from hpctrain.config.validate import check_writable_dir
@@ -40,7 +41,7 @@ def precheck(
     from hpctrain.submit.sweep import sweep_members
 
     # A parameter of a user's factory needs no +: the caller's list (Hydra's own run and sweeps use it too).
-    overrides[:] = plain_parameters(literal_script_args(overrides), config_dirs or [])
+    overrides[:] = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs or [])
     checked = []
     probed: set[str] = set()
     warned: set[str] = set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hpctrain.errors import ConfigError
 
@@ -57,3 +58,31 @@ def interval_sweep(overrides: list[str]) -> bool:
 
     parser = OverridesParser.create()
     return any(parser.parse_override(o).is_interval_sweep() for o in overrides)
+
+
+def chosen_sweeper(composed: Any) -> str:
+    """The sweeper a command chose (Hydra's ``basic`` grid unless ``hydra/sweeper=...``)."""
+    return str(composed.hydra.runtime.choices.get("hydra/sweeper") or "basic")
+
+
+def sampler_sweep(overrides: list[str], composed: Any) -> bool:
+    """Whether a sweeper chooses the members from results as it goes (Optuna and the like): they cannot be
+    listed ahead."""
+    return interval_sweep(overrides) or chosen_sweeper(composed) != "basic"
+
+
+def describe_sampler_sweep(overrides: list[str], composed: Any, where: str) -> list[str]:
+    """What a dry run of a sampler-driven sweep says: the sweeper, how many trials, the search space."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    space = [o for o in overrides if parser.parse_override(o).is_sweep_override()]
+    params = composed.hydra.sweeper.get("params") or {}
+    space += [f"{key}={value}" for key, value in params.items()]
+    trials = composed.hydra.sweeper.get("n_trials")
+    count = f"{trials} trials" if trials is not None else "its trials"
+    return [
+        f"Dry run: nothing started. hydra/sweeper={chosen_sweeper(composed)} would run {count} ({where}), "
+        f"each chosen from the results before it, in {composed.hydra.sweep.dir}",
+        f"  search space: {' '.join(space) or '(none given)'}",
+    ]
