@@ -61,7 +61,8 @@ def test_control_characters_and_unusable_run_dirs(tmp_path: Path, overrides, env
 # --- cluster.setup lines are shell by design: verbatim in the job script, each on its own line
 def printed_script(stdout: str) -> str:
     """The job script a dry run of the sbatch launcher prints (it writes none)."""
-    return stdout.split("sbatch script:\n", 1)[1].split("\nWithout dry_run", 1)[0]
+    script = stdout.split("sbatch script (as submission would write it):\n", 1)[1]
+    return script.split("\nWithout dry_run", 1)[0]
 
 
 @pytest.mark.parametrize("template", ["srun", "torchrun"])

@@ -33,7 +33,7 @@ def train(argv: list[str]) -> int:
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.launch.project import record_project_dir
     from hpctrain.submit.hydra_app import dry_run, print_composed, run_hydra, run_single
-    from hpctrain.submit.precheck import precheck
+    from hpctrain.submit.precheck import example_note, precheck
     from hpctrain.submit.sweep import describe_sampler_sweep, interval_sweep, sampler_sweep, sweep_members
 
     args = get_args_parser().parse_intermixed_args(argv)
@@ -77,6 +77,9 @@ def train(argv: list[str]) -> int:
                     print(f"hpctrain: {err}", file=sys.stderr)
                     return EXIT_BAD_CONFIG
                 print(summary(first, est), flush=True)  # the memory and time plan, one line
+                note = example_note(first)
+                if note is not None:  # a submission would be refused: said before the plan of it
+                    print(f"note: {note}; without dry_run it is refused until they are yours")
                 return dry_run(first, composed)
             return run_single(composed, config_dirs)
         if args.multirun and first.dry_run and not args.cfg:

@@ -191,6 +191,9 @@ class ClusterConfig:
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
     env: dict[str, str] = field(default_factory=dict)  # exported in the job (values quoted)
+    # An example profile (a100x32, h100x64): its partition, account and setup are placeholders, so it is not
+    # submitted as it is: copy it into your --config-dir, set your site's values and example: false.
+    example: bool = False
     # Names of env whose values are secret (never written anywhere): besides these, a value taken from the
     # environment (${oc.env:NAME}) is secret, and the usual names of secrets (*_KEY, *_TOKEN, ...).
     secret_env: list[str] = field(default_factory=list)
@@ -247,7 +250,9 @@ class TrainerConfig:
     global_batch_size: int | None = None  # None: micro_batch_size × data-parallel size (no accumulation)
     micro_batch_size: int = 16
     precision: str = "fp32"  # fp32 | bf16 | fp16
-    log_every: int = 25
+    # Steps between logged points; null: 25, or often enough for 10 points on a shorter run (a 20-step run
+    # logs every 2 steps): log_interval().
+    log_every: int | None = None
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4
     ckpt_every: int = 100  # 0: only at the end
@@ -266,6 +271,13 @@ class TrainerConfig:
     straggler_every: int = 50
     # "FIRST:LAST": record a torch.profiler trace of these steps (inclusive) into RUN_DIR/profile/, per rank.
     profile: str | None = None
+
+    def log_interval(self) -> int:
+        """Steps between logged points: ``log_every`` when set, else 25, or fewer on a run too short for 10
+        points at 25 (a 20-step sweep member logs every 2 steps: its report's loss panel has a curve)."""
+        if self.log_every is not None:
+            return int(self.log_every)
+        return max(1, min(25, self.max_steps // 10))
 
 
 @dataclass

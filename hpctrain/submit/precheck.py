@@ -62,6 +62,7 @@ def precheck(
         check_run(typed)
         if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
             _check_slurm_here(typed)  # before the probe and the snapshot: nothing to do where none submits
+            _check_not_example(typed)
         _probe_once(typed, probed)
         if typed.model.init_from is not None and not multirun:
             _check_init_from(typed, resolved_dir(cfg, "hydra.run.dir"), probed)
@@ -163,6 +164,32 @@ def _check_init_from(cfg: Config, run_dir: Path, probed: set[str]) -> None:
 
     check_init_from(cfg)
     probed.add(key)
+
+
+def example_note(cfg: Config) -> str | None:
+    """What an example profile's placeholders are, in words (None for a profile of the user's)."""
+    c = cfg.cluster
+    if c.kind != "slurm" or not c.example:
+        return None
+    setup = "; ".join(c.setup) or "none"
+    return (
+        f"cluster={c.name} is an example profile: its partition ({c.partition or 'default'}), account "
+        f"({c.account or 'unset'}), qos ({c.qos or 'unset'}) and setup ({setup}) are placeholders"
+    )
+
+
+def _check_not_example(cfg: Config) -> None:
+    """An example profile is not submitted with its placeholders: one line saying which and what to do."""
+    from hpctrain.errors import ConfigError
+
+    note = example_note(cfg)
+    if note is not None:
+        raise ConfigError(
+            "cluster", cfg.cluster.name, "is an example profile: " + note.split(": ", 1)[1],
+            valid=f"a profile of your own (conf/cluster/{cfg.cluster.name}.yaml copied into your "
+            "--config-dir's cluster/ under a new name, your site's values, example: false), or "
+            "cluster.example=false",
+        )  # fmt: skip
 
 
 def _check_unlocked(run_dir: Path) -> None:

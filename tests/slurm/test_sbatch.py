@@ -151,7 +151,7 @@ def test_env_values_are_never_executed_and_setup_lines_are_shell(tmp_path: Path)
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    script = result.stdout.split("sbatch script:\n", 1)[1]
+    script = result.stdout.split("sbatch script (as submission would write it):\n", 1)[1]
     # The part of the job that runs before srun: the exports and the setup commands.
     setup = script[script.index("set -euo pipefail") : script.index("\nexec srun")]
     ran = subprocess.run(

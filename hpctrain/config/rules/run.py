@@ -90,11 +90,12 @@ def check_trainer(cfg: Config) -> None:
     for key in (
         "max_steps",
         "micro_batch_size",
-        "log_every",
         "keep_last",
         "eval_batches",
     ):
         at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.log_every is not None:
+        at_least("trainer.log_every", t.log_every, 1)
     for key in ("ckpt_every", "eval_every"):
         at_least(f"trainer.{key}", getattr(t, key), 0)
     one_of("trainer.precision", t.precision, PRECISIONS)

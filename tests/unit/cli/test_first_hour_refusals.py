@@ -75,7 +75,8 @@ def test_a_job_sbatch_refuses_is_one_line_and_leaves_nothing(
     conf.write_text("")  # sbatch: "Unable to process configuration file"
     monkeypatch.setenv("SLURM_CONF", str(conf))
     # capfd: Hydra's run configures logging onto the real stdout, which capsys replaces
-    _refused(capfd, ["model=gpt2_124m", "cluster=a100x32", "plan_check=false"], "sbatch refused the job", 1)
+    argv = ["model=gpt2_124m", "cluster=a100x32", "cluster.example=false", "plan_check=false"]
+    _refused(capfd, argv, "sbatch refused the job", 1)
     assert list(here.iterdir()) == []
 
 
@@ -195,6 +196,15 @@ def test_init_from_of_another_shape_is_found_before_start(here, capsys):
     )
     assert "of another shape" in line
     assert not (here / "outputs").exists()
+
+
+def test_an_example_profile_is_not_submitted_with_its_placeholders(here, capfd, monkeypatch):
+    conf = here.parent / "slurm.conf"
+    conf.write_text("")  # a Slurm "configuration" here: the example check is what refuses
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    line = _refused(capfd, ["model=gpt2_124m", "cluster=a100x32"], "is an example profile")
+    assert "partition (gpu)" in line and "account (unset)" in line and "example: false" in line
+    assert list(here.iterdir()) == []
 
 
 @pytest.mark.parametrize(
