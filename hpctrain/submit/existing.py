@@ -78,6 +78,7 @@ def check_existing(run_dir: Path, cfg: Config, composed: DictConfig) -> None:
         )  # fmt: skip
     if resume == "auto" and checkpoints:
         check_resumable(checkpoints[0], composed)
+        check_kept_batch(checkpoints[0], cfg)
     elif resume not in ("auto", "never"):
         check_resumable(Path(resume), composed)
 
@@ -103,6 +104,29 @@ def check_resumable(checkpoint: Path, composed: DictConfig) -> None:
             key, new, f"checkpoint {checkpoint} was trained with {key}={_show(old)}, which a resumed run "
             f"cannot change; {START_FRESH}",
         )  # fmt: skip
+
+
+def check_kept_batch(checkpoint: Path, cfg: Config) -> None:
+    """A resume with ``trainer.global_batch_size`` unset keeps the checkpoint's global batch: it must split
+    over this run's data-parallel ranks and micro-batches (a one-process run's 16 does not split into 2 ranks
+    × 16), refused now in one line rather than in every worker."""
+    import dataclasses
+
+    from hpctrain.config.rules.run import check_batch
+
+    saved = layout.read_manifest(checkpoint).get("global_batch_size")
+    if cfg.trainer.global_batch_size is not None or not isinstance(saved, int):
+        return
+    kept = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, global_batch_size=saved))
+    try:
+        check_batch(kept)
+    except ConfigError as err:
+        raise ConfigError(
+            "trainer.global_batch_size", None,
+            f"unset, so the resume keeps {checkpoint.name}'s global batch of {saved}, which {err.reason}",
+            valid="a trainer.micro_batch_size that splits it over the data-parallel ranks, or a "
+            "trainer.global_batch_size of this run's",
+        ) from None  # fmt: skip
 
 
 def _is_hpctrain_run(run: RunDir) -> bool:

@@ -60,7 +60,10 @@ def probe(cfg: Config) -> None:
         from hpctrain.parallel.blocks import find_blocks
 
         find_blocks(model, cfg.parallel.block_classes)
-    batch, scanned = first_batches(cfg, [2, LABEL_SCAN])
+    train_set = training_set(cfg)
+    if cfg.data.target is not None:
+        check_enough_items(cfg, len(train_set))
+    batch, scanned = first_batches(cfg, [2, LABEL_SCAN], train_set)
     objective = build_objective(cfg.loss, cfg.data)
     batch = to_device(batch, torch.device("meta"))
     try:
@@ -169,9 +172,8 @@ def build_model(cfg: Config, device: str) -> Any:
     return model
 
 
-def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
-    """For each of ``sizes``, that many first items of the training set, collated as the trainer collates
-    them (on the CPU; the dataset is built once)."""
+def training_set(cfg: Config) -> Any:
+    """The run's training set, built here (a user's dataset through :func:`user_call`)."""
     from hpctrain.data import build_datasets
     from hpctrain.data.user import build_user_datasets
     from hpctrain.models.spec import model_spec
@@ -183,6 +185,27 @@ def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
         )  # fmt: skip
     else:
         train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
+    return train_set
+
+
+def check_enough_items(cfg: Config, items: int) -> None:
+    """A training split smaller than one global batch would repeat items within every step: refused."""
+    from hpctrain.config.shape import run_shape
+
+    batch = run_shape(cfg).global_batch_size
+    if items < batch:
+        raise ConfigError(
+            "data._target_", cfg.data.target,
+            f"its train split has {items} items, fewer than one global batch of {batch}",
+            valid=f"more items, or a global batch of at most {items} (trainer.micro_batch_size, processes)",
+        )  # fmt: skip
+
+
+def first_batches(cfg: Config, sizes: list[int], train_set: Any = None) -> list[Any]:
+    """For each of ``sizes``, that many first items of the training set, collated as the trainer collates
+    them (on the CPU; the dataset is built once, or given)."""
+    if train_set is None:
+        train_set = training_set(cfg)
     key = "data._target_" if cfg.data.target is not None else "data"
     name = cfg.data.target or cfg.data.name or ""
     return [

@@ -68,11 +68,14 @@ def check_data(data: DataConfig) -> None:
         )
 
 
+MAX_LR = 10.0  # SGD on a normalised model may use lr 1-5; nothing trains at 100
+
+
 def check_optim(cfg: Config) -> None:
     optim = cfg.optim
     one_of("optim", optim.name, OPTIMIZERS)
-    if optim.lr <= 0:
-        raise ConfigError("optim.lr", optim.lr, "must be > 0")
+    if not 0 < optim.lr <= MAX_LR:  # 1e30 is a typo, not a learning rate: it would train to NaN at once
+        raise ConfigError("optim.lr", optim.lr, f"must be > 0 and at most {MAX_LR:g}", valid="e.g. 3e-4")
     at_least("optim.weight_decay", optim.weight_decay, 0.0)
     at_least("optim.warmup_steps", optim.warmup_steps, 0)
     at_least("optim.grad_clip", optim.grad_clip, 0.0)

@@ -207,9 +207,17 @@ def test_an_example_profile_is_not_submitted_with_its_placeholders(here, capfd, 
     assert list(here.iterdir()) == []
 
 
+def test_a_dataset_smaller_than_one_global_batch_is_refused(project, capsys):
+    argv = [*project("return self.x[i], self.y[i]"), "data.n=8"]
+    line = _refused(capsys, argv, "its train split has 8 items, fewer than one global batch of 16")
+    assert "data._target_=" in line
+
+
 @pytest.mark.parametrize(
     ("override", "words"),
     [
+        ("optim.lr=1e30", "optim.lr=1e+30: must be > 0 and at most 10"),
+        ("cluster.kill_grace_s=-1", "cluster.kill_grace_s=-1.0: must be ≥ 0"),
         ("hydra.run.dir=${oc.env:HPCTRAIN_NO_SUCH_VARIABLE}", "cannot be resolved"),
         ("hydra.run.dir=", "empty"),
         ("cluster.master_addr=10.255.255.1", "not an address of this machine"),
