@@ -197,6 +197,8 @@ def test_a_failed_run_is_failed_with_its_line_and_the_users_frames(tmp_path: Pat
     got = fields(status.stdout)
     assert got["state"] == "FAILED" and "AttributeError" in got["error"], status.stdout
     assert got["continue"] == "hpctrain resume outputs/bad"
+    follow = cli("logs", "outputs/bad", "-f", "-n", "3", cwd=project, timeout=60)  # a finished run: returns
+    assert follow.returncode == 0 and "AttributeError" in follow.stdout, follow.stderr
 
 
 def test_a_stop_only_the_workers_got_is_not_exit_0_and_a_skipped_checkpoint_is_never_overwritten(
