@@ -303,3 +303,46 @@ def test_export_to_a_place_it_cannot_write_is_one_line(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     _refused(capsys, ["export", str(run), "--to", str(blocker / "out")], "--to=")
+
+
+# ---------------------------------------------------------------------------------------------- new keys
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("a/b", "run=a/b: not a run name"),
+        ("..", "run=..: not a run name"),
+        ("'a\x1bb'", "not a run name"),
+        ("x" * 101, "not a run name"),
+        ("''", "run=: not a run name"),
+    ],
+    ids=["slash", "dotdot", "control", "long", "empty"],
+)
+def test_a_bad_run_name_is_one_line(here, capsys, name: str, words: str):
+    _refused(capsys, [f"run={name}", *FAST, "dry_run=true"], words)
+    assert list(here.iterdir()) == []
+
+
+def test_a_run_name_and_a_run_directory_together_are_one_line(here, capsys):
+    _refused(capsys, ["run=x", "hydra.run.dir=y", *FAST, "dry_run=true"], "both name the run's directory")
+
+
+def test_resume_of_what_is_not_a_run_is_one_line(here, capsys):
+    (here / "plain").mkdir()
+    (here / "afile").write_text("")
+    garbled = here / "outputs" / "garbled"
+    (garbled / ".hydra").mkdir(parents=True)
+    (garbled / "config.yaml").write_text("trainer: {}\n")
+    (garbled / ".hydra" / "overrides.yaml").write_text("[]\n")
+    (garbled / ".hydra" / "hydra.yaml").write_text("{{{ not yaml")
+    cases = [
+        ([str(here / "nowhere")], "no such directory"),
+        ([str(here / "plain")], "is not a run hpctrain started"),
+        ([str(here / "afile")], "no such directory"),
+        ([str(garbled)], "cannot be read"),
+        ([], "hydra.yaml cannot be read"),  # the latest run is the garbled one
+    ]
+    for argv, words in cases:
+        _refused(capsys, ["resume", *argv], words)
+    assert sorted(p.name for p in here.iterdir()) == ["afile", "outputs", "plain"]
