@@ -1,5 +1,5 @@
 """Issue 29, item 7: a transformers causal LM trains on hpctrain's own data (``data=text``, ``data=tokens``:
-windows of its config's ``n_positions``, or ``data.seq_len``); ``model=hf model.init_from=FOLDER`` builds it
+windows of its config's ``n_positions``, or ``data.seq_len``); ``model=hf_lm model.init_from=FOLDER`` builds it
 from a save_pretrained folder alone; ``hpctrain export --format hf`` writes a tokenizer transformers loads."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_save_pretrained_folder_alone_trains_on_data_text_and_exports_for_transformers(folder: Path):
     run = folder / "outputs" / "pre"
     trained = cli(
-        "model=hf", f"model.init_from={folder / 'pretrained'}", "data=text", "run=pre", *SHORT, cwd=folder
+        "model=hf_lm", f"model.init_from={folder / 'pretrained'}", "data=text", "run=pre", *SHORT, cwd=folder
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert f"Initialised the model from {folder / 'pretrained'}" in trained.stdout + trained.stderr
