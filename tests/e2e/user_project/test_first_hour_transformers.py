@@ -1,6 +1,7 @@
-"""Issue 29, item 7: a transformers causal LM trains on hpctrain's own data (``data=text``, ``data=tokens``:
-windows of its config's ``n_positions``, or ``data.seq_len``); ``model=hf_lm model.init_from=FOLDER`` builds it
-from a save_pretrained folder alone; ``hpctrain export --format hf`` writes a tokenizer transformers loads."""
+"""Issue 29, item 7: a transformers causal LM trains on hpctrain's own data (``data=text``,
+``data=tokens``: windows of its config's ``n_positions``, or ``data.seq_len``); ``model=hf_lm
+model.init_from=FOLDER`` builds it from a save_pretrained folder alone; ``hpctrain export --format hf`` writes
+a tokenizer transformers loads."""
 
 from __future__ import annotations
 
