@@ -165,8 +165,11 @@ def test_launchers_pass_secrets_through_the_environment(monkeypatch: pytest.Monk
     export_secrets({"HPCTRAIN_TEST_TOKEN": "t0k", "PLAIN": "x"})
     assert os.environ["HPCTRAIN_TEST_TOKEN"] == "t0k" and "PLAIN" not in os.environ
     plain = {"cluster": {"env": {"WANDB_API_KEY": "k", "A_SECRET": "s", "HOME2": "h"}}, "x": 1}
-    assert redact_config(plain) == {
-        "cluster": {"env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"}},
+    assert redact_config(plain) == {  # and the file names which values are secret (issue 29)
+        "cluster": {
+            "env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"},
+            "secret_env": ["A_SECRET", "WANDB_API_KEY"],
+        },
         "x": 1,
     }
 

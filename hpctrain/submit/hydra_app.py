@@ -20,6 +20,21 @@ EXIT_BAD_CONFIG = 2
 _MADE: dict[Path, Path | None] = {}
 
 
+def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
+    """Take away a run that never started (:func:`hpctrain.rundir.remove_unstarted`), and first the log
+    file Hydra opened in it: nothing may write there again (a later line would reopen a deleted path)."""
+    import logging
+
+    from hpctrain.rundir import remove_unstarted
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+            root.removeHandler(handler)
+            handler.close()
+    remove_unstarted(run_dir, made, submission)
+
+
 def _launch(typed: Config, run_dir: Path) -> int:
     """The launcher's status. A Slurm submission's stderr is held back until it is known to have worked:
     when sbatch refuses the job, submitit prints sbatch's lines before raising, and the one line that
@@ -123,7 +138,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
     from hpctrain.config.redact import redact_files
     from hpctrain.launch import write_run_config
     from hpctrain.plan.check import check_run
-    from hpctrain.rundir import RunDir, RunLock, remove_unstarted
+    from hpctrain.rundir import RunDir, RunLock
     from hpctrain.slurm.commands import SlurmUnavailable
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
@@ -148,17 +163,17 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
         # Refused before anything started (a sweep trial the precheck could not enumerate, a run directory
         # that cannot be written): one line, and no run directory left behind.
         print(f"hpctrain: {_one_line(err)}", file=sys.stderr)
-        remove_unstarted(run_dir, made)
+        _remove(run_dir, made)
         raise SystemExit(EXIT_BAD_CONFIG if isinstance(err, ConfigError) else 1) from None
     except Exception as err:
         if typed is None or typed.cluster.kind != "slurm" or RunDir(run_dir).job.is_file():
             raise  # not a refused submission: a fault of hpctrain's, with its traceback
         # sbatch refused the job (submitit's FailedJobError, a client error): Slurm's words in one line.
         print(f"hpctrain: sbatch refused the job: {_one_line(err)}", file=sys.stderr)
-        remove_unstarted(run_dir, made, submission=True)
+        _remove(run_dir, made, submission=True)
         raise SystemExit(1) from None
     if status:
-        remove_unstarted(run_dir, made, submission=typed.cluster.kind == "slurm")  # refused before starting
+        _remove(run_dir, made, submission=typed.cluster.kind == "slurm")  # refused before starting
         raise SystemExit(status)
     assert typed is not None
     if typed.cluster.kind == "local":  # a sweeper that chooses trials from results (Optuna) reads it
