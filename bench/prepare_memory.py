@@ -7,8 +7,11 @@ then runs ``hpctrain prepare`` on it as a subprocess with ``--tokenizer bytes`` 
 (vocab 4096, trained beforehand on a 4 MB sample and given as a file) with 1 and 2 ``--workers``;
 ``--train`` adds ``--tokenizer train:4096`` on the whole file (training, then encoding). For each run it
 prints the peak RSS (the largest single process, from ``wait4``, and the whole process tree, sampled every
-20 ms) and the throughput in MB/s of input, against two references timed in the same run on the same
-(cached) file: ``cat FILE > /dev/null`` and ``wc -w FILE``. Target: peak RSS under 300 MB.
+20 ms) and the throughput in MB/s of input, against references timed in the same run on the same
+(cached) file: ``cat FILE > /dev/null``, ``wc -w FILE``, and the tokenizers library's own
+``encode_batch`` of the same BPE over the same text (64 KiB pieces cut at line starts, as prepare reads
+them, 64 pieces a call) on as many threads as prepare has workers (``RAYON_NUM_THREADS``). Targets: peak RSS
+under 300 MB; each BPE run at ≥ 0.5 × tokenizers' own on the same threads (the ``vs tok`` column).
 """
 
 from __future__ import annotations
@@ -84,6 +87,25 @@ def measure(cmd: list[str]) -> tuple[float, int, int]:
     return seconds, usage.ru_maxrss * 1024, peak_tree[0]
 
 
+# tokenizers' own encode_batch over the corpus, in 64 KiB pieces cut at line starts (as prepare cuts them).
+TOKENIZERS_REFERENCE = """
+import sys, tokenizers
+tok = tokenizers.Tokenizer.from_file(sys.argv[1])
+pieces, rest = [], b""
+with open(sys.argv[2], "rb") as f:
+    while block := f.read(1 << 16):
+        block = rest + block
+        cut = block.rfind(b"\\n") + 1 or len(block)
+        pieces.append(block[:cut].decode("utf-8", errors="replace"))
+        rest = block[cut:]
+        if len(pieces) == 64:
+            tok.encode_batch_fast(pieces, add_special_tokens=False)
+            pieces = []
+pieces.append(rest.decode("utf-8", errors="replace"))
+tok.encode_batch_fast(pieces, add_special_tokens=False)
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,6 +133,10 @@ def main() -> None:
         out = ["--out", str(tmp / "out.bin")]
         runs["prepare bytes"] = [*prepare, str(corpus), *out]  # bytes: no workers (nothing to tokenize)
         for workers in opts.workers:
+            runs[f"tokenizers encode_batch, {workers} thr"] = [
+                "env", "TOKENIZERS_PARALLELISM=true", f"RAYON_NUM_THREADS={workers}",
+                sys.executable, "-c", TOKENIZERS_REFERENCE, bpe, str(corpus),
+            ]  # fmt: skip
             runs[f"prepare bpe file, {workers} worker(s)"] = [
                 *prepare, str(corpus), *out, "--tokenizer", bpe, "--workers", str(workers)
             ]  # fmt: skip
@@ -122,16 +148,20 @@ def main() -> None:
         measure(runs["cat (reference)"])  # warm the page cache for every run alike
         print(f"corpus: {size / MB:.0f} MB of text; {os.cpu_count()} CPU cores\n")
         print(
-            f"{'run':34} {'seconds':>8} {'MB/s':>8} {'vs cat':>8} {'vs wc':>8} {'peak MB':>8} {'tree MB':>8}"
+            f"{'run':34} {'seconds':>8} {'MB/s':>8} {'vs cat':>8} {'vs wc':>8} {'vs tok':>8} {'peak MB':>8} "
+            f"{'tree MB':>8}"
         )
         rate: dict[str, float] = {}
         for name, cmd in runs.items():
             seconds, peak, tree = measure(cmd)
             rate[name] = size / MB / seconds
             cat, wc = rate.get("cat (reference)", rate[name]), rate.get("wc -w (reference)", rate[name])
+            threads = name.split(", ")[-1].split()[0] if name.startswith("prepare bpe") else None
+            tok = rate.get(f"tokenizers encode_batch, {threads} thr") if threads else None
+            versus = f"{rate[name] / tok:8.3f}" if tok else f"{'':8}"
             print(
                 f"{name:34} {seconds:8.2f} {rate[name]:8.1f} {rate[name] / cat:8.3f} {rate[name] / wc:8.3f} "
-                f"{peak / MB:8.0f} {tree / MB:8.0f}"
+                f"{versus} {peak / MB:8.0f} {tree / MB:8.0f}"
             )
 
 

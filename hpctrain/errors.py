@@ -37,6 +37,55 @@ def _escape(text: str) -> str:
     return "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text)
 
 
+class UserCodeError(ConfigError):
+    """The user's own code raised: the one line, plus their traceback (their frames only: hpctrain's,
+    Python's and installed packages' left out) for the caller to show above it."""
+
+    def __init__(self, key: str, value: Any, err: BaseException) -> None:
+        self.user_traceback = user_traceback(err)
+        super().__init__(key, value, f"raised {type(err).__name__}: {first_line(err)}")
+
+
+# Optional packages and the extra of hpctrain that installs each (pyproject.toml's optional-dependencies).
+EXTRAS = {
+    "transformers": "hf",
+    "safetensors": "hf",
+    "tokenizers": "hf",
+    "datasets": "hf",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "optuna": "sweep",
+    "hydra_plugins.hydra_optuna_sweeper": "sweep",
+}
+
+
+def pip_line(package: str) -> str:
+    """How to install an optional package: hpctrain's extra when one has it, else the package itself."""
+    extra = EXTRAS.get(package) or EXTRAS.get(package.split(".")[0])
+    return f"pip install 'hpctrain[{extra}]'" if extra else f"pip install {package.split('.')[0]}"
+
+
+class MissingPackage(ConfigError):
+    """An optional package the run needs is not installed: one line naming it and its pip line."""
+
+    def __init__(self, key: str, value: Any, package: str) -> None:
+        self.package = package
+        super().__init__(key, value, f"needs the package {package.split('.')[0]!r}, not installed here",
+                         valid=pip_line(package))  # fmt: skip
+
+
+def require_package(key: str, value: Any, package: str) -> None:
+    """Raise MissingPackage unless ``package`` can be imported here (found without importing it)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        found = False
+    if not found:
+        raise MissingPackage(key, value, package)
+
+
 class CheckpointMismatch(RuntimeError):
     """A committed, intact checkpoint that does not fit this run (another model shape, another config that
     cannot be honoured on resume). ``str()`` is one line: what differs and how to start fresh instead."""
@@ -45,4 +94,49 @@ class CheckpointMismatch(RuntimeError):
         super().__init__(" ".join(message.split()))
 
 
-START_FRESH = "to start fresh, use a new hydra.run.dir or trainer.resume=never"
+START_FRESH = "to start fresh, use another run=NAME (or a new hydra.run.dir)"
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Where code that is not the user's lives: hpctrain itself, the interpreter's standard library and
+    every installed package (site-packages sits under one of the prefixes)."""
+    import os
+    import sys
+    import sysconfig
+
+    roots = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
+    for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix):
+        roots.add(os.path.join(os.path.abspath(prefix), ""))
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(name)
+        if path:
+            roots.add(os.path.join(os.path.abspath(path), ""))
+    return tuple(roots)
+
+
+def is_user_file(filename: str) -> bool:
+    """Whether a traceback frame's file is the user's own code (not hpctrain, not Python, no package)."""
+    import os
+
+    if not filename or filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    return not path.startswith(_library_roots())
+
+
+def user_traceback(err: BaseException) -> str | None:
+    """The frames of ``err``'s traceback that are the user's own code, as Python prints a traceback, with
+    the exception's last line; None when no frame is the user's (the error is not theirs)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(err.__traceback__) if is_user_file(f.filename)]
+    if not frames and not (isinstance(err, SyntaxError) and is_user_file(err.filename or "")):
+        return None
+    lines = ["Traceback of your code (most recent call last):\n", *traceback.format_list(frames)]
+    return "".join([*lines, *traceback.format_exception_only(err)])
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """An exception's message in one line (its type when it has none)."""
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:limit]

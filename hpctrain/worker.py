@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hpctrain.observe.logs import setup_logging
 from hpctrain.rundir import RunDir, RunLock
+from hpctrain.rundir.records import EXIT_STOPPED
 
 PR_SET_PDEATHSIG = 1
 LOCK_WAIT_S = 15.0
@@ -30,11 +31,12 @@ LOCK_WAIT_S = 15.0
 log = logging.getLogger("hpctrain.worker")
 
 
-def run(run_dir: Path) -> None:
-    """Train this process's rank of the run in ``run_dir``; raise (after recording it) on failure."""
+def run(run_dir: Path) -> bool:
+    """Train this process's rank of the run in ``run_dir``; raise (after recording it) on failure. Whether
+    the run reached its end (False: a stop signal ended it early, with a checkpoint)."""
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     try:
-        _train(run_dir)
+        return _train(run_dir)
     except BaseException as err:
         _record_error(run_dir, rank, err)
         raise
@@ -43,13 +45,13 @@ def run(run_dir: Path) -> None:
 def main(argv: list[str]) -> None:
     _die_with_launcher()
     try:
-        run(Path(argv[0]))
+        finished = run(Path(argv[0]))
     except BaseException:
         _finish(1)
-    _finish(0)
+    _finish(0 if finished else EXIT_STOPPED)  # a stopped run is not a finished one, nor a failed one
 
 
-def _train(run_dir: Path) -> None:
+def _train(run_dir: Path) -> bool:
     from hpctrain.resilience.signals import StopSignals
 
     # First of all: a pre-emption signal that arrives while torch is still importing must not be lost (nor,
@@ -75,10 +77,10 @@ def _train(run_dir: Path) -> None:
 
             setup_logging(run_dir, env.rank, console_handler=None)
             run_script(run_dir, env, job_id, signals, cfg)
-        else:
-            from hpctrain.task.train import run_training
+            return True
+        from hpctrain.task.train import run_training
 
-            run_training(run_dir, env, job_id, signals)
+        return run_training(run_dir, env, job_id, signals)
     finally:
         if lock is not None:
             lock.release()
@@ -96,13 +98,15 @@ def _die_with_launcher() -> None:
 
 
 def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
+    from hpctrain.errors import user_traceback
     from hpctrain.rundir.records import write_error_record
 
     text = "".join(traceback.format_exception(err))
     print(text, file=sys.stderr, flush=True)
     message = str(err).strip().splitlines()
+    kind, first = type(err).__name__, message[0] if message else ""
     try:
-        write_error_record(run_dir, rank, type(err).__name__, message[0] if message else "", text)
+        write_error_record(run_dir, rank, kind, first, text, user_traceback(err))
     except OSError as io_err:
         print(f"could not record the error in {RunDir(run_dir).logs}: {io_err}", file=sys.stderr)
 

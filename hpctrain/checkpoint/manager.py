@@ -30,9 +30,9 @@ written or pruned. With the fast tier on, a copy in node-local memory newer than
 checkpoint is loaded first (a restart inside the same job: ``hpctrain.checkpoint.fast``).
 
 Lineage: each manager starts a fresh lineage id, and continues the lineage of the checkpoint it resumed from.
-Only checkpoints of its own lineage are pruned; a committed ``step_N`` of another lineage that a save would
-replace is moved aside (``rundir.checkpoints.aside_name``). So a run that loaded none of a directory's
-checkpoints (``trainer.resume=never``, or all of them damaged) deletes none of them.
+Only checkpoints of its own lineage are pruned; a committed ``step_N`` that a save would replace and that this
+manager did not write itself (another lineage's, or one it skipped as damaged or did not load) is moved aside
+(``rundir.checkpoints.aside_name``). So a run never deletes or overwrites a checkpoint it did not load.
 
 Resume on another world size: model and optimizer reshard through DCP (keys are parameter names), the
 sampler counts global samples. Per-rank RNG streams (``rng_rank{r}``) are matched by rank: a rank the
@@ -128,6 +128,7 @@ class CheckpointManager:
         self._deleting: list[threading.Thread] = []  # pruned checkpoints being deleted
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
+        self._written: set[str] = set()  # names of the checkpoints this manager committed itself
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
         # Called on rank 0 with the step of each checkpoint just committed (trainer.eval_job submits then).
         self.on_commit: Callable[[int], None] | None = None
@@ -337,15 +338,21 @@ class CheckpointManager:
             shutil.copy2(self.config_file, tmp / self.config_file.name)
         layout.write_manifest(tmp, step, lineage=self.lineage, **self.manifest_info)
         if final.exists():
-            if layout.lineage_of(final) in self._own_lineages:  # re-saving a step after resuming an older one
+            if final.name in self._written:  # saved twice at one step (a periodic save, then a stop's)
                 shutil.rmtree(final)
-            else:  # another run's history: never overwritten
+            else:  # never overwritten: another lineage's, or one this run skipped (damaged) or did not load
                 aside = self.root / layout.aside_name(final)
+                why = (
+                    "another run's lineage"
+                    if layout.lineage_of(final) not in self._own_lineages
+                    else "no load"
+                )
                 log.warning(
-                    "Moving %s aside to %s: it belongs to another run's lineage", final.name, aside.name
+                    "Moving %s aside to %s: this run did not write it (%s)", final.name, aside.name, why
                 )
                 final.rename(aside)
         tmp.rename(final)
+        self._written.add(final.name)
         fsync_dir(self.root)
         self._prune()
         if self.on_commit is not None:

@@ -24,8 +24,9 @@ class Subcommand(NamedTuple):
 _PREPARE = "INPUT... --out PATH.bin [--tokenizer T] [--workers N]"
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
+    "resume": Subcommand("[RUN_DIR] [OVERRIDES...]", "continue a run (default: the latest)", "resume"),
     "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
-    "status": Subcommand("TARGET", "Slurm state and training progress of a run, a sweep or a job id", "jobs"),
+    "status": Subcommand("[TARGET]", "state and progress of a run (the latest), a sweep or a job", "jobs"),
     "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "logs"),
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
@@ -72,4 +73,35 @@ def main(argv: list[str] | None = None) -> int:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else "train"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     module = importlib.import_module(f"hpctrain.cli.{SUBCOMMANDS[name].module}")
-    return int(module.run(name, rest))
+    try:
+        return int(module.run(name, rest))
+    except SystemExit as exit_:  # Hydra's run and the task it runs end with one (its line already printed)
+        code = exit_.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except KeyboardInterrupt:
+        print(f"hpctrain {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        line = _expected_failure(err)
+        if line is None:
+            raise  # a fault of hpctrain's own: its traceback is what a bug report needs
+        print(f"hpctrain {name}: {line}", file=sys.stderr)
+        return 1
+
+
+def _expected_failure(err: Exception) -> str | None:
+    """The one line for a failure that is not hpctrain's fault, None for one that is (a bug).
+
+    The user's own code raised (a model class of theirs under export, generate or plan): their frames go
+    to stderr first. The file system refused (a read-only run directory, a full disk, no permission): the
+    path and the system's words."""
+    from hpctrain.errors import first_line, user_traceback
+
+    if isinstance(err, OSError) and (err.filename is not None or err.strerror):
+        where = f"{err.filename}: " if err.filename is not None else ""
+        return f"{where}{err.strerror or first_line(err)}"
+    frames = user_traceback(err)
+    if frames is not None:
+        print(frames, file=sys.stderr, end="")
+        return f"your code raised {type(err).__name__}: {first_line(err)}"
+    return None

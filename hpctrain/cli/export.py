@@ -18,6 +18,11 @@ from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError
 from hpctrain.weights.export import DTYPES, FORMATS
 
+TRUST_HELP = (
+    "build the model even when the folder names something other than a model class (a factory function): "
+    "only for folders you trust, as it runs code they choose"
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpctrain export", description=__doc__.split("\n\n")[1].strip())
@@ -29,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="safetensors", help="safetensors (default), hf or pt")
     p.add_argument("--dtype", default="fp32", help="fp32 (default), bf16 or fp16")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors file (default 5)")
+    p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     return p
 
 
@@ -49,7 +55,13 @@ def run(name: str, argv: list[str]) -> int:
         from hpctrain.weights.export import export
 
         written = export(
-            Path(args.run_dir), Path(args.to), args.step, args.format, args.dtype, args.max_shard_gb
+            Path(args.run_dir),
+            Path(args.to),
+            args.step,
+            args.format,
+            args.dtype,
+            args.max_shard_gb,
+            args.trust_code,
         )
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)

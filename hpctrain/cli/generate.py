@@ -16,6 +16,11 @@ from pathlib import Path
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError
 
+TRUST_HELP = (
+    "build the model even when the folder names something other than a model class (a factory function): "
+    "only for folders you trust, as it runs code they choose"
+)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpctrain generate", description=__doc__.split("\n\n")[1].strip())
@@ -28,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--step", type=int, default=None, help="a run directory's checkpoint (default: the latest)"
     )
+    p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
     return p
 
 
@@ -50,7 +56,7 @@ def run(name: str, argv: list[str]) -> int:
         from hpctrain.weights.generate import generate
 
         text = generate(Path(args.source), args.prompt, args.max_new_tokens, args.temperature, args.top_k,
-                        args.seed, args.step)  # fmt: skip
+                        args.seed, args.step, args.trust_code)  # fmt: skip
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)
         return 2

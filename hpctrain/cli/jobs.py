@@ -89,6 +89,10 @@ def _parser(command: str) -> Parser:
         parser.add_argument(
             "--csv", type=Path, metavar="PATH", help="where to write the CSV (SWEEP_DIR/summary.csv)"
         )
+    elif command == "status":
+        parser.add_argument(
+            "target", metavar="TARGET", nargs="?", help=f"{TARGET_HELP} (default: the latest run)"
+        )
     else:
         parser.add_argument("target", metavar="TARGET", help=TARGET_HELP)
     return parser

@@ -31,15 +31,16 @@ def run(name: str, argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
     args = parser.parse_args(argv)
-    from hpctrain.config.compose import compose, to_typed, user_config_dirs
+    from hpctrain.config.compose import user_config_dirs
     from hpctrain.plan.check import check_run
     from hpctrain.plan.estimate import estimate
     from hpctrain.plan.search import alternatives
     from hpctrain.plan.text import report
     from hpctrain.submit.measure import measured_for
+    from hpctrain.submit.precheck import composed_run
 
     try:
-        cfg = to_typed(compose(args.overrides, user_config_dirs(args.config_dir)))
+        cfg = composed_run(args.overrides, user_config_dirs(args.config_dir))  # as train composes it
         check_run(cfg)
         measured = measured_for(cfg)
         est = estimate(cfg, measured)

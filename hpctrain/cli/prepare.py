@@ -56,9 +56,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _stop(signum: int, frame: FrameType | None) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough: the unwinding is not interrupted
-    raise KeyboardInterrupt  # SIGTERM (scancel, kill) unwinds like Ctrl-C: the temporary file is removed
+class _Stop:
+    """Ctrl-C and SIGTERM (scancel, kill) recorded, not raised: prepare asks after every batch and before
+    its commit (:func:`hpctrain.data.prepare.prepare_tokens`), so a stop is never lost in a destructor."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+    def requested(self) -> bool:
+        return self.signum is not None
 
 
 def run(name: str, argv: list[str]) -> int:
@@ -72,7 +81,8 @@ def run(name: str, argv: list[str]) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0)
     out = Path(args.out)
-    previous = signal.signal(signal.SIGTERM, _stop)
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         header = prepare_tokens(
             [Path(p) for p in args.inputs],
@@ -82,6 +92,7 @@ def run(name: str, argv: list[str]) -> int:
             tokenizer=args.tokenizer,
             workers=args.workers,
             text_column=args.text_column,
+            stop=stop.requested,
         )
     except (ValueError, OSError) as e:
         print(f"hpctrain: {' '.join(str(e).split())}", file=sys.stderr)
@@ -90,7 +101,8 @@ def run(name: str, argv: list[str]) -> int:
         print("hpctrain: prepare interrupted; nothing was written", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     tok = header["tokenizer"]
     saved = f", tokenizer {tokenizer_path(out)}" if tok and tok["kind"] == "tokenizers" else ""
     print(

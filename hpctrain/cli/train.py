@@ -44,8 +44,8 @@ def _train(argv: list[str]) -> int:
     from hpctrain.launch import forked
     from hpctrain.launch.project import record_project_dir
     from hpctrain.submit.hydra_app import dry_run, print_composed, run_hydra, run_single
-    from hpctrain.submit.precheck import precheck
-    from hpctrain.submit.sweep import interval_sweep, sweep_members
+    from hpctrain.submit.precheck import example_note, precheck
+    from hpctrain.submit.sweep import describe_sampler_sweep, interval_sweep, sampler_sweep, sweep_members
 
     args = get_args_parser().parse_intermixed_args(argv)
     informational = args.help or args.hydra_help or args.info or args.shell_completion
@@ -90,14 +90,21 @@ def _train(argv: list[str]) -> int:
                     print(f"hpctrain: {err}", file=sys.stderr)
                     return EXIT_BAD_CONFIG
                 print(summary(first, est), flush=True)  # the memory and time plan, one line
+                note = example_note(first)
+                if note is not None:  # a submission would be refused: said before the plan of it
+                    print(f"note: {note}; without dry_run it is refused until they are yours")
                 return dry_run(first, composed)
             return run_single(composed, config_dirs)
         if args.multirun and first.dry_run and not args.cfg:
             from hpctrain.config.redact import secret_env
 
             members = sweep_members(overrides)
+            where = "a job array" if first.cluster.kind == "slurm" else "one after another here"
+            if sampler_sweep(overrides, composed):  # chosen as results come: nothing to list, nothing to run
+                for line in describe_sampler_sweep(overrides, composed, where):
+                    print(line)
+                return 0
             if len(members) > 0 and not interval_sweep(overrides):  # a grid: listed without Hydra's run
-                where = "a job array" if first.cluster.kind == "slurm" else "one after another here"
                 sweep_dir = Path(composed.hydra.sweep.dir).absolute()
                 print(f"Dry run: nothing started. {len(members)} members would run ({where}) in {sweep_dir}:")
                 secrets = secret_env(first.cluster.env)

@@ -20,13 +20,28 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hpctrain.config.schema import DATA_KEYS, GROUP_SCHEMAS, TARGET_GROUPS, Config, register_configs
+from hpctrain.config.overrides import (
+    literal_script_args,
+    option_keys,
+    plain_parameters,
+    sweeper_params,
+    target_parameters,
+)
+from hpctrain.config.schema import (
+    DATA_KEYS,
+    GROUP_SCHEMAS,
+    MODEL_KEYS,
+    TARGET_GROUPS,
+    Config,
+    register_configs,
+)
 from hpctrain.config.typed import to_config
 from hpctrain.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's config_name)
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
+USER_DATA_KEYS = ("num_workers", "collate", "target_key")  # hpctrain's keys that a user's dataset takes too
 
 
 def user_config_dirs(given: str | None) -> list[Path]:
@@ -84,9 +99,11 @@ def field_names(schema: type) -> list[str]:
 def compose(overrides: list[str], config_dirs: Sequence[Path] = ()) -> DictConfig:
     """The composed config, ``hydra`` node included, or a ConfigError for the first bad override.
 
-    ``config_dirs`` are the user's ``--config-dir`` directories (absolute or relative to the current one)."""
+    ``config_dirs`` are the user's ``--config-dir`` directories (absolute or relative to the current one).
+    A parameter of a ``_target_``'s signature needs no ``+`` (:func:`plain_parameters`)."""
     from hydra import compose as hydra_compose
 
+    overrides = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs)
     parsed = _parse_overrides(overrides)
     dirs = [*config_dirs, *searchpath_dirs(parsed)]
     register_configs()
@@ -220,8 +237,7 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
             valid = ", ".join(field_names(schema)) if schema else None
             hint = nearest(rest, field_names(schema)) if schema else ""
             if group in TARGET_GROUPS:
-                own = ", ".join(k for k in DATA_KEYS if k != "_target_") if group == "data" else ""
-                valid = f"{own + '; ' if own else ''}the option's own keys, or add one with +{full_key}=VALUE"
+                hint, valid = _target_hint(group, rest, parsed, dirs)
             return ConfigError(full_key, parsed.get(full_key), f"unknown key of {group}{hint}", valid=valid)
         return ConfigError(
             full_key, parsed.get(full_key), "unknown config group or key", valid="groups " + ", ".join(GROUPS)
@@ -239,6 +255,30 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
         return ConfigError(full_key, value, reason, valid=", ".join(names) or None)
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return ConfigError("", None, first_line)
+
+
+def _target_hint(group: str, key: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> tuple[str, str]:
+    """("; did you mean X?", what is valid) for an unknown key of a ``_target_`` group: the parameters of
+    its ``_target_`` (read from its signature; else the keys its option lists) and hpctrain's own keys."""
+    listed, target = option_keys(group, parsed, dirs)
+    params = target_parameters(target) if target else None
+    if group == "model":
+        own = list(MODEL_KEYS)
+    elif group == "data":  # a dataset of the user's takes only these of hpctrain's keys
+        user_data = target is not None
+        own = [k for k in DATA_KEYS if k != "_target_" and (not user_data or k in USER_DATA_KEYS)]
+    else:
+        own = []
+    yaml_keys = sorted(k for k in listed if not k.startswith("_") and k not in own)
+    hint = nearest(key, sorted({*(params or []), *yaml_keys, *own}))
+    parts = []
+    if params is not None:
+        parts.append(f"{target}'s parameters: {', '.join(params) or 'none'}")
+    elif yaml_keys:
+        parts.append(f"{group}={_choice(group, parsed)}'s keys: {', '.join(yaml_keys)}")
+    if own:
+        parts.append(f"hpctrain's: {', '.join(own)}")
+    return hint, "; ".join(parts) or f"add one with +{group}.{key}=VALUE"
 
 
 def _choice(group: str, parsed: dict[str, Any]) -> str | None:

@@ -7,19 +7,24 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
-from hpctrain.config.redact import redact_config
+from hpctrain.config.redact import declare_secret, env_references, redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, Config
 from hpctrain.config.typed import to_config
 from hpctrain.rundir import RunDir
 
 
-def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
-    """Write ``cfg`` (resolved, without Hydra's own node, secret ``cluster.env`` values as ``***``) to
-    ``run_dir/config.yaml``."""
+def run_config_text(cfg: DictConfig) -> str:
+    """``cfg`` as config.yaml holds it: resolved, without Hydra's own node, secret ``cluster.env`` values as
+    ``***``."""
     keys = [k for k in cfg if k != "hydra"]
+    declare_secret(env_references(OmegaConf.select(cfg, "cluster.env")))  # taken from the environment
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
-    text = OmegaConf.to_yaml(OmegaConf.create(redact_config(plain)))
-    return RunDir(run_dir).write_config_text(text)
+    return OmegaConf.to_yaml(OmegaConf.create(redact_config(plain)))
+
+
+def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:
+    """Write ``cfg`` (:func:`run_config_text`) to ``run_dir/config.yaml``."""
+    return RunDir(run_dir).write_config_text(run_config_text(cfg))
 
 
 def load_run_config(path: Path, overrides: list[str] | None = None) -> Config:

@@ -85,13 +85,24 @@ def check_local_cluster(nproc: int, master_addr: str) -> None:
             valid=f"1..{cap} (max(16, 8 × cores))",
         )
     try:
-        socket.getaddrinfo(master_addr, None)
+        family = socket.getaddrinfo(master_addr, None)[0][0]
     except (OSError, UnicodeError) as err:
         reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
         raise ConfigError(
             "cluster.master_addr",
             master_addr,
             f"cannot be resolved: {reason}",
+            valid="an address or host name of this machine, e.g. 127.0.0.1",
+        ) from None
+    try:  # resolvable is not enough: rank 0 listens there, so it must be an address of this machine
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((master_addr, 0))
+    except (OSError, UnicodeError) as err:
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ConfigError(
+            "cluster.master_addr",
+            master_addr,
+            f"not an address of this machine: {reason}",
             valid="an address or host name of this machine, e.g. 127.0.0.1",
         ) from None
 

@@ -22,7 +22,7 @@ class ModelConfig:
     """The model: ``target`` (the group's ``_target_``: an importable callable returning an ``nn.Module``)
     called with ``args`` (the group's other keys; nested ``_target_``s are instantiated, as in Hydra's
     ``instantiate``). The built-ins are ``hpctrain.models.gpt.GPT`` and ``hpctrain.models.vit.ViT``; what the
-    core knows about a model comes from :func:`hpctrain.models.spec.model_spec`, never from its name."""
+    core knows about a model comes from :func:`hpctrain.models.builtin.model_spec`, never from its name."""
 
     target: str = MISSING
     args: dict[str, Any] = field(default_factory=dict)
@@ -52,6 +52,9 @@ class DataConfig:
     path: str | None = None  # the token file, for name=tokens
     num_samples: int = 8192  # synthetic only
     max_bytes: int = 4_000_000  # text only: how much of the corpus to read
+    # text, tokens: the windows' length for a model that declares none (a transformers LM whose config
+    # gives no n_positions, or a shorter window than it); a built-in model's windows are its model.seq_len.
+    seq_len: int | None = None
     val_fraction: float = 0.05  # built-ins: the last fraction of the samples is the validation set
     num_workers: int = 0  # DataLoader worker processes building batches ahead of the training loop
     # How a list of items becomes a batch: a node with ``_target_`` (called as fn(items)), or None for torch's
@@ -70,6 +73,7 @@ DATA_KEYS: dict[str, Any] = {
     "path": None,
     "num_samples": 8192,
     "max_bytes": 4_000_000,
+    "seq_len": None,
     "val_fraction": 0.05,
     "num_workers": 0,
     "collate": None,
@@ -196,6 +200,12 @@ class ClusterConfig:
     signal: str = "USR2"  # warning signal before the time limit; never USR1, which NCCL may take
     signal_lead_s: int = 120
     env: dict[str, str] = field(default_factory=dict)  # exported in the job (values quoted)
+    # An example profile (a100x32, h100x64): its partition, account and setup are placeholders, so it is not
+    # submitted as it is: copy it into your --config-dir, set your site's values and example: false.
+    example: bool = False
+    # Names of env whose values are secret (never written anywhere): besides these, a value taken from the
+    # environment (${oc.env:NAME}) is secret, and the usual names of secrets (*_KEY, *_TOKEN, ...).
+    secret_env: list[str] = field(default_factory=list)
     # Shell lines run in the job script before the tasks start, each verbatim on its own line ($HOME, &&, ~
     # and pipes work as typed), e.g. "module load cuda/12.4" or "source $HOME/venv/bin/activate && cd ~/proj".
     setup: list[str] = field(default_factory=list)
@@ -258,7 +268,9 @@ class TrainerConfig:
     global_batch_size: int | None = None  # None: micro_batch_size × data-parallel size (no accumulation)
     micro_batch_size: int = 16
     precision: str = "fp32"  # fp32 | bf16 | fp16 | fp8 (bf16 + float8 matmuls: hpctrain.precision)
-    log_every: int = 25
+    # Steps between logged points; null: 25, or often enough for 10 points on a shorter run (a 20-step run
+    # logs every 2 steps): log_interval().
+    log_every: int | None = None
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4
     ckpt_every: int = 100  # 0: only at the end
@@ -281,6 +293,13 @@ class TrainerConfig:
     # of that profile running ``hpctrain eval RUN_DIR --step N`` (--dependency=after:<this job>), in the
     # background: training never waits for it. Slurm runs only.
     eval_job: str | None = None
+
+    def log_interval(self) -> int:
+        """Steps between logged points: ``log_every`` when set, else 25, or fewer on a run too short for 10
+        points at 25 (a 20-step sweep member logs every 2 steps: its report's loss panel has a curve)."""
+        if self.log_every is not None:
+            return int(self.log_every)
+        return max(1, min(25, self.max_steps // 10))
 
 
 @dataclass
@@ -325,6 +344,9 @@ class Config:
     dry_run: bool = False  # print what would be started or submitted, start nothing
     # Refuse a GPU submission whose estimated memory (hpctrain.plan) exceeds the GPU's; false submits anyway.
     plan_check: bool = True
+    # A name for the run: its directory is outputs/NAME (a sweep's multirun/NAME), so the same command again
+    # continues it; unset, each run gets a new timestamped directory (hydra.run.dir).
+    run: str | None = None
     # model, data and loss are ``_target_`` + arguments of the user's choosing; hpctrain.config.compose turns
     # them into ModelConfig / DataConfig / LossConfig.
     model: Any = field(default_factory=lambda: dict(MODEL_KEYS))

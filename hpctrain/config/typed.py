@@ -8,16 +8,19 @@ the target (``ModelConfig`` / ``DataConfig`` / ``LossConfig``). The other groups
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from hpctrain.config.redact import declare_secret, env_references
 from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, Config, DataConfig, LossConfig, ModelConfig
 from hpctrain.errors import ConfigError
 
 T = TypeVar("T")
 TARGET = "_target_"
+HF_CONFIG = "config.json"  # a transformers save_pretrained folder's config
 WHAT_TARGET_IS = {
     "model": "an importable callable returning an nn.Module, e.g. mypkg.nets.build",
     "data": "an importable callable taking split='train'|'val' and returning a map-style dataset",
@@ -28,11 +31,15 @@ WHAT_TARGET_IS = {
 def to_config(run_keys: dict[str, Any] | DictConfig) -> Config:
     """Typed ``Config`` from the run's keys (``hydra`` excluded), or a ConfigError naming the bad key."""
     plain = run_keys if isinstance(run_keys, dict) else {k: run_keys[k] for k in run_keys}
+    cluster = plain.get("cluster")
+    if isinstance(cluster, DictConfig):  # a secret by its source: a value taken from the environment
+        declare_secret(env_references(cluster.get("env")))
     groups = {"model": _model(plain.get("model")), "data": _data(plain.get("data")), "loss": _loss(plain)}
     rest = {k: v for k, v in plain.items() if k not in groups}
     rest.update(dict.fromkeys(groups))  # filled in below, once typed
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), rest))
     assert isinstance(typed, Config), type(typed)
+    declare_secret(typed.cluster.secret_env)
     for name, value in groups.items():
         setattr(typed, name, value)
     return typed
@@ -66,6 +73,21 @@ def _model(node: Any) -> ModelConfig:
         raise ConfigError("model.init_from", own["init_from"], "not a path", valid="a file or directory")
     if not isinstance(own.get("init_strict", True), bool):
         raise ConfigError("model.init_strict", own["init_strict"], "expected true or false")
+    if target.startswith("transformers.") and "config" not in raw:
+        folder = own.get("init_from")
+        if folder is not None and (Path(folder) / HF_CONFIG).is_file():
+            # A save_pretrained folder alone: the model is built from its config.json (its weights follow).
+            raw["config"] = {
+                "_target_": "transformers.AutoConfig.from_pretrained",
+                "pretrained_model_name_or_path": str(folder),
+                "local_files_only": True,
+            }
+        elif target.endswith(".from_config"):
+            raise ConfigError(
+                "model.init_from", folder, f"{target} builds a model from a config, and none is given",
+                valid=f"a save_pretrained folder (holding {HF_CONFIG}), or model.config={{_target_: "
+                "transformers.GPT2Config, ...}",
+            )  # fmt: skip
     return ModelConfig(target=target, args=raw, **own)
 
 
@@ -132,10 +154,19 @@ def _plain_values(fields: dict[str, Any], values: dict[str, Any]) -> dict[str, A
     return out
 
 
+def _frames(err: BaseException) -> list[Any]:
+    import traceback
+
+    return list(traceback.extract_tb(err.__traceback__))
+
+
 def locate(key: str, target: str) -> Any:
     """The object ``target`` (``package.module.name``) names, or a ConfigError for ``key`` saying why it
-    cannot be imported. An exception raised while importing the user's module is theirs and propagates."""
+    cannot be imported: a missing optional package with its pip line, an exception the user's module raised
+    while importing as a UserCodeError (their frames, then one line)."""
     import importlib
+
+    from hpctrain.errors import EXTRAS, MissingPackage, UserCodeError, is_user_file
 
     parts = target.split(".")
     for cut in range(len(parts) - 1, 0, -1):
@@ -144,8 +175,16 @@ def locate(key: str, target: str) -> Any:
             obj: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name is not None and module_name.startswith(err.name):
+                if err.name in EXTRAS:  # an optional package hpctrain knows is missing: its pip line
+                    raise MissingPackage(key, target, err.name) from None
                 continue  # this prefix is not a module: try a shorter one (the rest are attributes)
-            raise
+            if err.name is not None and err.name.split(".")[0] in EXTRAS:
+                raise MissingPackage(key, target, err.name) from None
+            raise UserCodeError(key, target, err) from None
+        except Exception as err:  # the module itself raised while importing (SyntaxError, ImportError, ...)
+            if isinstance(err, SyntaxError) or any(is_user_file(frame.filename) for frame in _frames(err)):
+                raise UserCodeError(key, target, err) from None
+            raise ConfigError(key, target, f"cannot be imported: {type(err).__name__}: {err}") from None
         for i, attr in enumerate(parts[cut:], start=cut):
             if not hasattr(obj, attr):
                 raise ConfigError(

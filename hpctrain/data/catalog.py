@@ -74,6 +74,9 @@ def fixed_vocab(name: str) -> int | None:
     return found.vocab if found else None
 
 
+WINDOWED = ("text", "tokens")  # the built-ins that cut token windows (data.seq_len)
+
+
 def check_data(data: DataConfig) -> None:
     """The built-in dataset's own keys: a known name and its numbers (a user's dataset, ``data._target_``, is
     checked on a real item by :mod:`hpctrain.submit.probe`)."""
@@ -86,6 +89,12 @@ def check_data(data: DataConfig) -> None:
     for key, value, low in (("num_samples", data.num_samples, 2), ("max_bytes", data.max_bytes, 1024)):
         if value < low:
             raise ConfigError(f"data.{key}", value, f"must be ≥ {low}")
+    if data.seq_len is not None:
+        if data.seq_len < 1:
+            raise ConfigError("data.seq_len", data.seq_len, "must be ≥ 1")
+        if data.name not in WINDOWED:
+            raise ConfigError("data.seq_len", data.seq_len, f"data={data.name} cuts no token windows",
+                              valid=f"leave it unset, or data={' or data='.join(WINDOWED)}")  # fmt: skip
 
 
 def dataset_facts(data: DataConfig) -> tuple[str, tuple[int, int, int, int] | None, int | None]:
@@ -109,6 +118,18 @@ def check_feeds(data: DataConfig, model: Any) -> None:
             valid=", ".join(fitting) + ", or data._target_=...",
         )
     model.check_data(str(data.name), image_shape, vocab)
+    declared = model.context_length
+    if data.seq_len is not None and declared is not None and data.seq_len != declared:
+        if model.transformer:  # a built-in's positions are its model.seq_len
+            raise ConfigError(
+                "data.seq_len", data.seq_len, f"model {model.name} takes windows of model.seq_len={declared}",
+                valid=f"model.seq_len={data.seq_len}, or leave data.seq_len unset",
+            )  # fmt: skip
+        if data.seq_len > declared:
+            raise ConfigError(
+                "data.seq_len", data.seq_len, f"is longer than model {model.name}'s {declared} positions",
+                valid=f"1..{declared}",
+            )  # fmt: skip
 
 
 def default_for(model: Any) -> str | None:

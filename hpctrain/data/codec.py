@@ -48,3 +48,44 @@ def copy_tokenizer(data: dict[str, Any], folder: Path) -> str:
         return "bytes"
     shutil.copyfile(source, folder / EXPORT_TOKENIZER)
     return EXPORT_TOKENIZER
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's map of the 256 byte values to printable characters (its byte-level BPE's alphabet): the
+    printable Latin-1 bytes stand for themselves, the others for the characters from U+0100 on."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_hf_tokenizer(data: dict[str, Any], folder: Path) -> str:
+    """Write the run's tokenizer as transformers loads it (``AutoTokenizer.from_pretrained(folder)``:
+    tokenizer.json and tokenizer_config.json): a token file's own, or for bytes a byte-level tokenizer whose
+    id of every byte is the byte's value, as hpctrain's byte data counts them. Returns its file's name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = data.get("path")
+    source = None
+    if data.get("name") == "tokens" and path:
+        from hpctrain.data.tokenfile import tokenizer_path
+
+        source = tokenizer_path(path)
+    if source is not None and source.is_file():
+        tokenizer = Tokenizer.from_file(str(source))
+    else:
+        vocab = {char: b for b, char in byte_to_unicode().items()}
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tokenizer.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(str(folder))
+    return EXPORT_TOKENIZER

@@ -163,11 +163,12 @@ def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
         return spec.synthetic_dataset(data.num_samples, seed)  # type: ignore[no-any-return]
     if data.name == "digits":
         return Digits()
-    seq_len = spec.context_length  # token windows are cut at the model's declared length
+    # Token windows are cut at data.seq_len, else at the model's declared length (checked by check_feeds).
+    seq_len = data.seq_len or spec.context_length
     if seq_len is None:
         raise ConfigError(
             "data", data.name, f"cuts windows of the model's seq_len; model {spec.name} declares none",
-            valid="a dataset of your own: data._target_=...",
+            valid="data.seq_len=N, a model config with n_positions, or a dataset of your own: data._target_",
         )  # fmt: skip
     if data.name == "text":
         return TokenWindows(stdlib_text(data.max_bytes), seq_len)

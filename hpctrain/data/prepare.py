@@ -12,11 +12,12 @@ stays bounded whatever the corpus size. The tokenizer is saved as ``PATH.tokeniz
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -217,10 +218,13 @@ def _vocab(given: int | None, needed: int, what: str) -> int:
     return given
 
 
-def _from_npy(inputs: list[Path], out: Path, vocab_size: int | None) -> dict[str, Any]:
+def _from_npy(
+    inputs: list[Path], out: Path, vocab_size: int | None, stop: Callable[[], bool] | None = None
+) -> dict[str, Any]:
     arrays = corpus.npy_arrays(inputs)
     lo, hi = 0, -1
     for block in corpus.npy_blocks(arrays):
+        _stopped(stop)
         if block.size:
             lo, hi = min(lo, int(block.min())), max(hi, int(block.max()))
     if lo < 0:
@@ -231,8 +235,11 @@ def _from_npy(inputs: list[Path], out: Path, vocab_size: int | None) -> dict[str
     vocab = _vocab(vocab_size, hi + 1, f"the largest token id {hi}")
     with TokenWriter(out, vocab) as writer:
         for block in corpus.npy_blocks(arrays):
+            _stopped(stop)
             writer.write(block)
-        return writer.commit(None)
+        with _held():
+            _stopped(stop)
+            return writer.commit(None)
 
 
 def prepare_tokens(
@@ -243,9 +250,16 @@ def prepare_tokens(
     tokenizer: str = "bytes",
     workers: int = 1,
     text_column: str = "text",
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Write the token file ``out`` (with its header, and its tokenizer unless ``bytes``); return the
-    header. A bad input is a ValueError (or an OSError) with one line, raised before anything is written."""
+    header. A bad input is a ValueError (or an OSError) with one line, raised before anything is written.
+
+    ``stop()``: whether a stop signal came (its handler only records it). It is asked after every batch and
+    once more, with SIGINT and SIGTERM held back, right before the commit, and a stop raises
+    KeyboardInterrupt there, in this frame: never inside a destructor or a finaliser that a signal handler
+    raising at an arbitrary bytecode could hit, where Python prints the exception and goes on (a lost Ctrl-C,
+    the output written anyway). A stop held back during the commit arrives after it: the file is whole."""
     if workers < 1:
         raise ConfigError("--workers", workers, "must be at least 1", valid="1, 2, … processes")
     _check_outputs(out, inputs)
@@ -253,7 +267,7 @@ def prepare_tokens(
     if from_npy:
         if spec.kind != "bytes":
             raise ConfigError("--tokenizer", tokenizer, "does not apply to --from-npy (ids are given)")
-        return _from_npy(inputs, out, vocab_size)
+        return _from_npy(inputs, out, vocab_size, stop)
     sources = corpus.text_sources(inputs)
     for source in sources:
         if source.kind == "dataset":
@@ -269,11 +283,34 @@ def prepare_tokens(
         tok = _train(sources, spec.vocab, text_column)
     vocab = _vocab(vocab_size, tok.vocab_size, f"the tokenizer's {tok.vocab_size} ids")
     json_text = tok.json_text if isinstance(tok, tokenizers_.HFTokenizer) else None
+    _stopped(stop)
     with TokenWriter(out, vocab) as writer:
         parts = corpus.pieces(sources, text_column, cut=json_text is not None)
-        for ids in _encoded(corpus.batches(parts), json_text, workers):
-            writer.write(ids)
+        try:
+            for ids in _encoded(corpus.batches(parts), json_text, workers):
+                _stopped(stop)
+                writer.write(ids)
+        except OSError:
+            _stopped(stop)  # a stop to the process group ended the workers too: a stop, not a failure
+            raise
         if writer.num_tokens < 2:
             raise ValueError(f"inputs hold {writer.num_tokens} token(s); a training window needs at least 2")
         files = {} if json_text is None else {tokenizer_path(out): json_text.encode()}
-        return writer.commit(tokenizers_.header_entry(tok, tokenizer_path(out).name), files)
+        with _held():
+            _stopped(stop)  # the last word: from here the commit runs whole
+            return writer.commit(tokenizers_.header_entry(tok, tokenizer_path(out).name), files)
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered when it ends): a commit is not cut in two."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _stopped(stop: Callable[[], bool] | None) -> None:
+    if stop is not None and stop():
+        raise KeyboardInterrupt

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import signal
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -43,9 +45,18 @@ class _Batches:
         return len(self.dataset)
 
 
+# What stops a run (Ctrl-C, SIGTERM from the launcher or scancel, Slurm's warning): the trainer's to answer,
+# with a checkpoint. A DataLoader worker is in the trainer's process group and Slurm's job step, so it gets
+# them too: it ignores them, or it would die and fail the step the trainer is finishing before its save.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
 def _worker_init(worker_id: int) -> None:
     import torch
 
+    for sig in STOP_SIGNALS:  # ignored, then unblocked: one that came while the worker started is dropped
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     torch.set_num_threads(1)  # a worker builds one batch at a time; more threads only oversubscribe the cores
 
 
@@ -99,7 +110,15 @@ class BatchStream:
             generator=torch.Generator().manual_seed(self.seed),
             multiprocessing_context=context,
         )
-        self._batches = iter(self._loader)
+        # The workers (and the forkserver they fork from) start with the stop signals blocked and inherit
+        # that, so none lands between a worker starting and _worker_init ignoring it; the trainer's own are
+        # delivered to it when the mask is restored. The resource tracker first: starting it unblocks them.
+        resource_tracker.ensure_running()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            self._batches = iter(self._loader)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def next_step(self) -> list[Any]:
         """This rank's passes of the next step (a batch each), advancing the sampler by one global batch."""

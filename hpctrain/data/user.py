@@ -41,7 +41,20 @@ class ItemDataset:
                     valid="an (input, target) pair or a dict of tensors",
                 )
             batch.append(item)
-        out = self.collate(batch)
+        try:
+            out = self.collate(batch)
+        except Exception as err:
+            from hpctrain.errors import first_line, user_traceback
+
+            if user_traceback(err) is not None:  # the user's own collate raised: theirs, with its frames
+                raise
+            shown = ", ".join(str(int(i)) for i in indices[:4]) + (", ..." if len(indices) > 4 else "")
+            raise ConfigError(
+                "data._target_",
+                self.name,
+                f"items {shown} cannot be collated into a batch: {first_line(err)}",
+                valid="items of one shape, or a data.collate._target_ that pads them",
+            ) from None
         # default_collate turns tuples of items into a list; the trainer unpacks (input, target) as the
         # built-in datasets give it, so a pair leaves as a tuple whichever collate built it.
         return tuple(out) if isinstance(out, list) and len(out) == 2 else out

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from hpctrain.jobs.states import RUNNING, run_state
 from hpctrain.jobs.targets import JobsError, Target, state_of
 from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
@@ -64,11 +65,15 @@ def logs(target: Target, follow: bool, n: int, rank: int) -> Iterator[tuple[str,
     path = rank_log or slurm_out
     if path is None:
         raise JobsError(f"{target.text}: Slurm does not say where job {target.job_id} writes its output")
-    yield from _follow(path, n, target.slurm_id, fallback=slurm_out if path == rank_log else None)
+    fallback = slurm_out if path == rank_log else None
+    yield from _follow(path, n, target.slurm_id, fallback, target.run_dir)
 
 
-def _follow(path: Path, n: int, job_id: str | None, fallback: Path | None) -> Iterator[tuple[str, str]]:
-    """Print the tail of ``path`` and then its new lines until the job ends (until Ctrl-C for a local run)."""
+def _follow(
+    path: Path, n: int, job_id: str | None, fallback: Path | None, run_dir: Path | None = None
+) -> Iterator[tuple[str, str]]:
+    """Print the tail of ``path`` and then its new lines until the job ends (a run here: until it is no
+    longer RUNNING, its lock released; a finished run's tail at once)."""
     offset: int | None = None
     partial = b""
     next_check = 0.0
@@ -89,6 +94,11 @@ def _follow(path: Path, n: int, job_id: str | None, fallback: Path | None) -> It
             partial = data[cut:]
         if final:
             break
+        if job_id is None and run_dir is not None and time.monotonic() >= next_check:
+            next_check = time.monotonic() + FOLLOW_POLL_S
+            if run_state(run_dir).word != RUNNING:
+                final = True  # one more read, then done: a finished run has no new lines to wait for
+                continue
         if job_id is not None and time.monotonic() >= next_check:
             state, _ = state_of(job_id)
             next_check = time.monotonic() + STATE_POLL_S

@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.jobs.states import FAILED, RunState, run_state
 from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
 from hpctrain.observe.text import table
 from hpctrain.rundir import JOB_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
+from hpctrain.rundir.runs import continue_command
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JobState, SlurmUnavailable
 
@@ -62,6 +64,7 @@ def status(target: Target) -> Report:
     code = EXIT_OK
     job_id = target.slurm_id
     state: JobState | None = None
+    run_word: RunState | None = None
     if target.run_dir is not None:
         out.append(("run", str(target.run_dir)))
     if job_id is not None:
@@ -81,7 +84,8 @@ def status(target: Target) -> Report:
             out.append(("state", "UNKNOWN (not known to Slurm)" if code == EXIT_OK else "UNKNOWN"))
             code = EXIT_FAILED
         else:
-            word = state.state
+            run_word = run_state(target.run_dir, state)
+            word = str(run_word)
             if state.reason:
                 word += f" ({state.reason})"
             elif state.final and state.exit_code not in ("", "0:0"):
@@ -95,7 +99,10 @@ def status(target: Target) -> Report:
                 out.append(("nodes", state.nodes or "-"))
                 out.append(("elapsed", state.elapsed or "-"))
     else:
-        out.append(("state", "local"))
+        run_word = run_state(target.run_dir)
+        out.append(("state", str(run_word)))
+    if run_word is not None and run_word.word == FAILED:
+        code = EXIT_FAILED  # a script (or a person) can tell a failed run from the exit status
     if target.run_dir is not None:
         records = RunDir(target.run_dir).read_metrics(TAIL_BYTES)
         out.append(("step", progress(target.run_dir, records)))
@@ -112,7 +119,7 @@ def status(target: Target) -> Report:
             last = max(evals, key=lambda r: r["step"])
             shown = ", ".join(f"{k} {fmt(last[k])}" for k in ("val_loss", "val_acc") if k in last)
             out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
-        failed = state is not None and state.state == "FAILED"
+        failed = run_word is not None and run_word.word == FAILED
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)
             if error is not None:
@@ -122,6 +129,8 @@ def status(target: Target) -> Report:
                 out.append(("", f"log: {RunDir(target.run_dir).log(rank)}"))
             elif failed:
                 out.append(("error", "no rank recorded an error: see `hpctrain logs` and Slurm's output"))
+        if run_word is not None and run_word.can_continue:
+            out.append(("continue", continue_command(target.run_dir)))
     else:
         out.append(("run", "directory not found (from Slurm's output path)"))
     width = max(len(k) for k, _ in out)

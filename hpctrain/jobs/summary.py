@@ -4,6 +4,7 @@ the step reached, the last value of a metric, one row per member. No torch impor
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +19,31 @@ def last_with(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def progress(run_dir: Path, records: list[dict[str, Any]]) -> str:
+    from hpctrain.jobs.states import is_script
+
     last = records[-1]["step"] if records else "-"
-    total = RunDir(run_dir).max_steps()
+    total = None if is_script(run_dir) else RunDir(run_dir).max_steps()  # a script's steps are its own
     return f"{last}/{total}" if total is not None else str(last)
 
 
 def sweep_states(sweep: SweepRecord) -> dict[str, JobState]:
-    """Every member's state, by its run directory: Slurm's word for the job that runs it (a pack's member:
-    see :func:`pack_member_state`), or what a local sweep's run directories say."""
+    """Every member's state, by its run directory: the word of :mod:`hpctrain.jobs.states` (the same for an
+    array and a sweep run here) for the job that runs it (a pack's member: see :func:`pack_member_state`), or
+    what a local sweep's run directories say."""
     if sweep.array_job_id == LOCAL:  # a sweep run here (hpctrain.jobs.targets.local_sweep)
         local = local_states(sweep)
         return {m.run_dir: local[m.job_id] for m in sweep.members if m.job_id in local}
+    from hpctrain.jobs.states import run_state
+
     jobs = states_of([m.job_id for m in sweep.members])
     states = {}
     for member in sweep.members:
         job = jobs.get(member.job_id)
         if job is not None:
-            states[member.run_dir] = job if member.pack is None else pack_member_state(member, job)
+            if member.pack is None:
+                states[member.run_dir] = replace(job, state=run_state(Path(member.run_dir), job).word)
+            else:
+                states[member.run_dir] = pack_member_state(member, job)
     return states
 
 

@@ -43,7 +43,17 @@ class Target:
         return self.job.job_id if self.job is not None else self.job_id
 
 
-def resolve(text: str) -> Target:
+def resolve(text: str | None) -> Target:
+    """What TARGET names; without one, the run of ./outputs or ./multirun that changed last."""
+    if text is None:
+        from hpctrain.errors import ConfigError
+        from hpctrain.rundir.runs import latest_run
+
+        try:
+            latest = latest_run(Path.cwd())
+        except ConfigError as err:
+            raise JobsError(f"no TARGET given and {err.reason}: give a run directory") from None
+        return _resolve_dir(str(latest), latest)
     path = Path(text).expanduser()
     if path.is_file() and path.name in (JOB_RECORD, SWEEP_RECORD):
         path = path.parent
@@ -96,26 +106,12 @@ def local_sweep(path: Path) -> SweepRecord:
 
 
 def local_states(sweep: SweepRecord) -> dict[str, JobState]:
-    """What a local sweep's members are doing, from their run directories: RUNNING while a process holds the
-    directory's lock, FAILED when a rank left its error, COMPLETED at trainer.max_steps, else STOPPED."""
-    from omegaconf import OmegaConf
-
-    from hpctrain.rundir import RunLock
+    """What a local sweep's members are doing, from their run directories (:mod:`hpctrain.jobs.states`)."""
+    from hpctrain.jobs.states import run_state
 
     states = {}
     for member in sweep.members:
-        run = RunDir(Path(member.run_dir))
-        records = run.read_metrics(64 * 1024)
-        step = records[-1].get("step", 0) if records else 0
-        max_steps = OmegaConf.load(run.config).trainer.max_steps if run.config.is_file() else None
-        if RunLock(run.path).is_held():
-            word = "RUNNING"
-        elif run.error_files():
-            word = "FAILED"
-        elif max_steps is not None and step >= max_steps:
-            word = "COMPLETED"
-        else:
-            word = "STOPPED"
+        word = run_state(Path(member.run_dir)).word
         states[member.job_id] = JobState(member.job_id, word, "", "localhost", "")
     return states
 

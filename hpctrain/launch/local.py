@@ -41,7 +41,8 @@ from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.checkpoints import JOB_ID_ENV, FastTierPaths, job_identity, run_key
-from hpctrain.rundir.records import is_peer_symptom, read_error_file
+from hpctrain.rundir.records import EXIT_STOPPED, is_peer_symptom, read_error_file, read_user_traceback
+from hpctrain.rundir.runs import continue_command
 
 log = logging.getLogger(__name__)
 
@@ -146,18 +147,31 @@ class LocalLauncher:
             if console_fd is not None:
                 os.close(console_fd)
         if self._stop_signal is not None:
-            log.error("hpctrain: stopped by %s", signal.Signals(self._stop_signal).name)
+            name = signal.Signals(self._stop_signal).name
+            log.error("hpctrain: stopped by %s; continue with: %s", name, continue_command(run_dir))
             return 128 + self._stop_signal
         if failures:
             first, *others = failures
             # Ranks that failed with the very same error (a refusal every rank reaches alike) add no line.
             alike = [o.rank for o in others if o.detail == first.detail]
             also = f" (rank{'s' * (len(alike) > 1)} {', '.join(map(str, alike))} alike)" if alike else ""
+            frames = read_user_traceback(run_dir, first.rank)  # the user's code raised: their frames first
+            if frames:
+                print(frames, file=sys.stderr, end="")
             print(f"hpctrain: {first.describe()}{also}", file=sys.stderr)
             for other in others:
                 if other.detail != first.detail:
                     print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
             return 1
+        if any(w.proc.returncode == EXIT_STOPPED for w in workers):
+            # A stop signal reached the workers but not this command (e.g. one kill of a rank): they saved,
+            # but the run did not reach its end, and the exit status must not say it did.
+            print(
+                "hpctrain: the workers stopped before the end (a stop signal reached them, not this "
+                f"command); continue with: {continue_command(run_dir)}",
+                file=sys.stderr,
+            )
+            return EXIT_STOPPED
         _print_outputs(run_dir)
         return 0
 
@@ -222,7 +236,7 @@ class LocalLauncher:
             for worker in workers:
                 if worker.exited_at is None and worker.proc.poll() is not None:
                     worker.exited_at = time.monotonic()
-                    if worker.proc.returncode != 0:
+                    if worker.proc.returncode not in (0, EXIT_STOPPED):
                         failures.append(_failure(worker, run_dir))
             if failures and settle_until is None:
                 settle_until = time.monotonic() + SETTLE_S

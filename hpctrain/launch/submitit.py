@@ -242,12 +242,12 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         c.time,
         c.partition or "(default)",
     )
-    log.info("Run directory: %s", run_dir)
+    log.info("Run directory (made on submission: a dry run writes nothing): %s", run_dir)
     from hpctrain.launch.queue import start_estimates
 
     for line in start_estimates(c):  # sbatch --test-only per partition: nothing is submitted
         log.info("%s", line)
     if isinstance(parameters, str):
-        log.info("sbatch script:\n%s", parameters)
+        log.info("sbatch script (as submission would write it):\n%s", parameters)
     else:
         log.info("submitit parameters:\n%s", json.dumps(parameters, indent=1))

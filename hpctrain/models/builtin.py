@@ -15,7 +15,7 @@ from hpctrain.config.schema import ModelConfig
 from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
 from hpctrain.models.facts import Ends
-from hpctrain.models.spec import ModelSpec, ParamSpec, TransformerSpec, at_least
+from hpctrain.models.spec import ConfiguredSpec, ModelSpec, ParamSpec, TransformerSpec, at_least, config_facts
 
 INT64 = 8  # bytes of a token id (torch.long)
 FP32 = 4
@@ -263,7 +263,10 @@ def model_spec(model: ModelConfig | ModelSpec) -> ModelSpec:
         return model
     spec_type = BUILTIN.get(model.target)
     if spec_type is None:
-        return ModelSpec(target=model.target)
+        context, vocab = config_facts(model.args)
+        if context is None and vocab is None:
+            return ModelSpec(target=model.target)
+        return ConfiguredSpec(target=model.target, context=context, vocab=vocab)
     fields = [f.name for f in dataclasses.fields(spec_type) if f.name != "target"]
     for key, value in model.args.items():
         if key not in fields:

@@ -277,6 +277,54 @@ class TransformerSpec(ModelSpec):
         )
 
 
+@dataclass
+class ConfiguredSpec(ModelSpec):
+    """A model of the user's that declares no facts but whose config says two (a transformers model: its
+    ``config`` node, or the ``config.json`` of the save_pretrained folder it is built from): the length of
+    the token windows it takes and its vocabulary. hpctrain's text and token data can feed it."""
+
+    context: int | None = None
+    vocab: int | None = None
+
+    @property
+    def context_length(self) -> int | None:
+        return self.context
+
+    def to_model_config(self) -> ModelConfig:
+        return ModelConfig(target=self.target, args={})
+
+    def check_data(self, name: str, image_shape: tuple[int, ...] | None, vocab: int | None) -> None:
+        if self.vocab is not None and vocab is not None and vocab > self.vocab:
+            raise ConfigError(
+                "data", name, f"gives token ids up to {vocab - 1} but model {self.name}'s vocabulary has "
+                f"{self.vocab}", valid=f"a tokenizer of at most {self.vocab} ids, or a larger vocab_size",
+            )  # fmt: skip
+
+
+CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "seq_length")  # transformers' names
+
+
+def config_facts(args: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(context length, vocabulary) of a model's ``config`` argument: a mapping of a transformers config
+    (``n_positions`` / ``max_position_embeddings``, ``vocab_size``), or a node reading a save_pretrained
+    folder (``pretrained_model_name_or_path``: its ``config.json``). (None, None) when it says neither."""
+    import json
+    from pathlib import Path
+
+    node = args.get("config")
+    if not isinstance(node, dict):
+        return None, None
+    folder = node.get("pretrained_model_name_or_path")
+    if isinstance(folder, str) and (Path(folder) / "config.json").is_file():
+        try:
+            node = {**json.loads((Path(folder) / "config.json").read_text()), **node}
+        except (OSError, ValueError):
+            return None, None
+    context = next((node[k] for k in CONTEXT_KEYS if isinstance(node.get(k), int) and node[k] > 0), None)
+    vocab = node.get("vocab_size") if isinstance(node.get("vocab_size"), int) else None
+    return context, vocab
+
+
 def at_least(key: str, value: float, low: float) -> None:
     if value < low:
         raise ConfigError(key, value, f"must be ≥ {low}")

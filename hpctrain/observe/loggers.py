@@ -54,6 +54,7 @@ class Observer:
         self.run_config = run_config
         self.metrics = RunDir(run_dir).metrics_writer()
         self._progress: Progress | None = None
+        self._last_loss: float | None = None
         self._task: Any = None
         self._wandb: Any = None
         self._tensorboard: Any = None
@@ -81,6 +82,8 @@ class Observer:
             self._tensorboard = SummaryWriter(
                 str(RunDir(self.run_dir).tensorboard), purge_step=start_step + 1, flush_secs=10
             )
+            if start_step == 0:  # the run's config as hparams (HParams tab), once, in this run's own events
+                _write_hparams(self._tensorboard, redact_config(self.run_config))
         if self.cfg.wandb and self.cfg.wandb_mode != "disabled":
             wandb_run_id = self._start_wandb(wandb_run_id)
         return wandb_run_id
@@ -105,6 +108,9 @@ class Observer:
         return run_id
 
     def advance(self, step: int, loss: float | None = None) -> None:
+        if loss is not None:
+            self._last_loss = loss
+        loss = self._last_loss  # between logged steps the bar keeps the latest loss
         if self._progress is not None:
             info = f"loss {loss:.4f}" if loss is not None else ""
             if self._val_loss is not None:
@@ -126,7 +132,7 @@ class Observer:
             self._wandb.log(numbers, step=record["step"])
         if self._tensorboard is not None:
             for key, value in numbers.items():
-                self._tensorboard.add_scalar(key, value, record["step"])
+                self._tensorboard.add_scalar(tensorboard_tag(key), value, record["step"])
         if self._progress is None:
             log.info(format_record(record))
         else:
@@ -162,3 +168,45 @@ def format_record(record: dict[str, Any]) -> str:
                 value if key in ("step_time_s", "tokens_per_s", "samples_per_s") else f"{key} {value}"
             )
     return " | ".join(parts)
+
+
+# TensorBoard's tags, grouped (one section per group in its Scalars tab): metric → group/name.
+TAG_GROUPS = {
+    "loss": "loss/train", "val_loss": "loss/val", "val_acc": "accuracy/val", "lr": "optim/lr",
+    "grad_norm": "optim/grad_norm", "step_time_s": "time/step_s", "data_wait_s": "time/data_wait_s",
+    "mfu": "throughput/mfu", "peak_mem_gib": "memory/peak_gib",
+}  # fmt: skip
+
+
+def tensorboard_tag(key: str) -> str:
+    """The grouped TensorBoard tag of a metrics.jsonl key (``loss`` → ``loss/train``; throughput under
+    ``throughput/``, straggler facts under ``stragglers/``)."""
+    if key in TAG_GROUPS:
+        return TAG_GROUPS[key]
+    if key.endswith(("_per_s", "_per_device")):
+        return f"throughput/{key}"
+    if key.startswith("straggler_"):
+        return f"stragglers/{key.removeprefix('straggler_')}"
+    return f"other/{key}"
+
+
+def _write_hparams(writer: Any, config: Any) -> None:
+    """The run's config, flattened (``optim.lr``, ``model.d_model``, ...), as TensorBoard hparams in the
+    run's own event files (``add_hparams`` would open a separate run for them)."""
+    from torch.utils.tensorboard.summary import hparams
+
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(node, (bool, int, float, str)):
+            flat[prefix[:-1]] = node
+        elif node is not None:
+            flat[prefix[:-1]] = str(node)
+
+    walk(config if isinstance(config, dict) else {}, "")
+    experiment, session_start, session_end = hparams(flat, {"loss/val": 0.0, "loss/train": 0.0})
+    for summary in (experiment, session_start, session_end):
+        writer.file_writer.add_summary(summary)

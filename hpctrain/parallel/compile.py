@@ -39,11 +39,11 @@ import torch._inductor.config
 import torch._inductor.utils
 from torch import nn
 
-import hpctrain
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.parallel.blocks import find_blocks
 from hpctrain.rundir import RunDir, write_compile_key
+from hpctrain.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def key_inputs(cfg: Config, shape: RunShape, device: str, torch_version: str) ->
     data = {"name": cfg.data.name, "target": cfg.data.target, "args": cfg.data.args}
     return {
         "torch": torch_version,
-        "hpctrain": hpctrain.__version__,
+        "hpctrain": __version__,
         "device": device,
         "model": model,
         "data": data,

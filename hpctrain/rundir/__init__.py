@@ -47,6 +47,8 @@ REPORT_DIR = "report"
 CODE_DIR = "code"
 PROJECT_SUBDIR = "project"  # the user's project, under CODE_DIR
 SLURM_DIR = "slurm"
+# Where runs go unless hydra.run.dir says otherwise (Hydra's own folders; run=NAME: RUNS_ROOT/NAME).
+RUNS_ROOT, SWEEPS_ROOT = "outputs", "multirun"
 SUBMIT_LOG = "hpctrain.log"  # the submitting process's log (conf/hydra/job_logging/hpctrain.yaml names it)
 
 # Every name of a run directory (a sweep directory has the sweep's rows), in README's order: name → what.
@@ -230,6 +232,11 @@ class RunDir:
     def hydra_overrides(self) -> Path:
         return self.hydra / HYDRA_OVERRIDES
 
+    @property
+    def hydra_record(self) -> Path:
+        """Hydra's record of the run's own settings (its cwd, config sources, output dir)."""
+        return self.hydra / "hydra.yaml"
+
     def hydra_records(self) -> list[Path]:
         """Hydra's YAML records of this run (config, hydra, overrides)."""
         return sorted(self.hydra.glob("*.yaml")) if self.hydra.is_dir() else []
@@ -257,6 +264,17 @@ class RunDir:
         with open(self.faults, "a") as out:
             out.write(json.dumps(record) + "\n")
 
+    def holds_only_records(self, submission: bool = False) -> bool:
+        """Whether the directory holds nothing a run made: only what Hydra writes before the task starts
+        (.hydra/, hpctrain.log), the run's config and lock (a run that never started leaves these), and
+        with ``submission`` what a Slurm submission that was never queued prepared (no job.json)."""
+        if not self.path.is_dir():
+            return False
+        allowed = {HYDRA_DIR, SUBMIT_LOG, RUN_CONFIG, LOCK_FILE}
+        if submission:
+            allowed |= {CODE_DIR, SLURM_DIR, SBATCH_SCRIPT}
+        return all(p.name in allowed for p in self.path.iterdir())
+
     def is_run(self) -> bool:
         """Whether this looks like a run directory (any of the files a run leaves)."""
         return any(p.is_file() for p in (self.config, self.metrics, self.job))
@@ -266,6 +284,20 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.config, text)
         return self.config
+
+    def restore_config(self) -> Path | None:
+        """Put back config.yaml as the run's newest checkpoint saved it (a resume that was refused must not
+        leave the refused command's config as the run's); the checkpoint it came from, or None."""
+        from hpctrain.rundir import checkpoints as layout
+
+        for checkpoint in layout.committed(self.checkpoints):
+            saved = layout.config_copy(checkpoint)
+            if saved.is_file():
+                text = saved.read_text()
+                if not self.config.is_file() or self.config.read_text() != text:
+                    atomic_write(self.config, text)
+                return checkpoint
+        return None
 
     def read_metrics(self, tail_bytes: int | None = None) -> list[dict[str, Any]]:
         """metrics.jsonl's step records (a torn or partly read line is skipped)."""
@@ -311,13 +343,17 @@ def write_compile_key(folder: Path, inputs: dict[str, Any]) -> None:
 
 __all__ = [
     "COMPILE_KEY_FILE",
+    "HYDRA_DIR",
     "JOB_RECORD",
     "LAYOUT",
     "LOCK_FILE",
     "METRICS_FILE",
     "MULTIRUN_RECORD",
     "RANKS_FILE",
+    "RUNS_ROOT",
     "RUN_CONFIG",
+    "SUBMIT_LOG",
+    "SWEEPS_ROOT",
     "SWEEP_RECORD",
     "RunDir",
     "RunLock",

@@ -67,6 +67,13 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
+def config_copy(directory: Path) -> Path:
+    """The run's config.yaml as it was when this checkpoint was saved (copied in before the commit)."""
+    from hpctrain.rundir import RUN_CONFIG
+
+    return directory / RUN_CONFIG
+
+
 def step_of(path: Path) -> int:
     return int(path.name[len(PREFIX) :])
 

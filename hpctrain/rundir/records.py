@@ -20,6 +20,9 @@ from typing import Any
 from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.files import atomic_json
 
+# A worker's exit status when a stop signal ended training before its end (saved): neither done nor failed.
+EXIT_STOPPED = 3
+
 # Messages of ranks that failed only because a peer went away (gloo / NCCL / the TCP store).
 PEER_ERROR_MARKERS = (
     "Connection reset by peer",
@@ -89,8 +92,11 @@ def error_file(run_dir: Path, rank: int) -> Path:
     return RunDir(run_dir).error_file(rank)
 
 
-def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace: str = "") -> None:
-    """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json."""
+def write_error_record(
+    run_dir: Path, rank: int, kind: str, message: str, trace: str = "", user_trace: str | None = None
+) -> None:
+    """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json.
+    ``user_trace``: the frames of the user's own code, when their code raised (shown above the one line)."""
     record = {
         "rank": rank,
         "host": socket.gethostname(),
@@ -99,6 +105,8 @@ def write_error_record(run_dir: Path, rank: int, kind: str, message: str, trace:
         "message": message,
         "traceback": trace,
     }
+    if user_trace:
+        record["user_traceback"] = user_trace
     path = error_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_json(path, record)
@@ -111,6 +119,13 @@ def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) and "type" in record else None
+
+
+def read_user_traceback(run_dir: Path, rank: int) -> str | None:
+    """The user's own frames a failed rank recorded (their code raised), else None."""
+    record = read_error_record(run_dir, rank)
+    text = record.get("user_traceback") if record is not None else None
+    return text if isinstance(text, str) and text else None
 
 
 def read_error_file(run_dir: Path, rank: int) -> str | None:

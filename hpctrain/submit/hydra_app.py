@@ -5,6 +5,7 @@ run executes (write the run's config, hand it to a launcher), a dry run that wri
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,48 @@ from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 
 EXIT_BAD_CONFIG = 2
+# run directory → the outermost folder creating it made (hpctrain.rundir.first_missing), for a single run.
+_MADE: dict[Path, Path | None] = {}
+
+
+def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
+    """Take away a run that never started (:func:`hpctrain.rundir.remove_unstarted`), and first the log
+    file Hydra opened in it: nothing may write there again (a later line would reopen a deleted path)."""
+    import logging
+
+    from hpctrain.rundir.runs import remove_unstarted
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == run_dir:
+            root.removeHandler(handler)
+            handler.close()
+    remove_unstarted(run_dir, made, submission)
+
+
+def _launch(typed: Config, run_dir: Path) -> int:
+    """The launcher's status. A Slurm submission's stderr is held back until it is known to have worked:
+    when sbatch refuses the job, submitit prints sbatch's lines before raising, and the one line that
+    reports the refusal says the same."""
+    import contextlib
+    import io
+
+    from hpctrain.launch import get_launcher
+
+    if typed.cluster.kind != "slurm" or typed.dry_run:
+        return int(get_launcher(typed).launch(typed, run_dir) or 0)
+    held = io.StringIO()
+    with contextlib.redirect_stderr(held):
+        status = int(get_launcher(typed).launch(typed, run_dir) or 0)
+    sys.stderr.write(held.getvalue())  # reached only when the launcher did not raise
+    return status
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"{err.filename}: {err.strerror or err}"
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return "; ".join(lines) or type(err).__name__
 
 
 def print_composed(overrides: list[str], config_dirs: list[Path], which: str) -> None:
@@ -47,8 +90,12 @@ def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
     except ImportError:  # Hydra moved it in 1.4
         from hydra.core.callbacks import Callbacks  # type: ignore[no-redef]
 
+    from hpctrain.rundir.runs import first_missing
+
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
+    run_dir = Path(os.path.abspath(cfg.hydra.run.dir))  # as Hydra's run_job makes runtime.output_dir
+    _MADE[run_dir] = first_missing(run_dir)  # what to take away again if the run never starts
     callbacks = Callbacks(cfg)
     with config_context(config_dirs):
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
@@ -89,30 +136,46 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.redact import redact_files
-    from hpctrain.launch import get_launcher, write_run_config
+    from hpctrain.launch import write_run_config
     from hpctrain.plan.check import check_run
     from hpctrain.rundir import RunDir, RunLock
+    from hpctrain.slurm.commands import SlurmUnavailable
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
+    made = _MADE.pop(run_dir, None)
+    lock, typed = None, None
     try:
-        typed = to_typed(cfg)
-        check_run(typed)
-        # A local run is one process tree: the launcher holds the run directory's lock for the run's life
-        # (a Slurm job's rank 0 takes it in hpctrain.worker).
-        lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None
-    except ConfigError as err:  # a sweep trial the precheck could not enumerate (interval sweeps)
-        print(f"hpctrain: {err}", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_CONFIG) from None
-    # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
-    redact_files([*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun], typed.cluster.env)
-    try:
-        write_run_config(run_dir, cfg)
-        status = get_launcher(typed).launch(typed, run_dir)
-    finally:
-        if lock is not None:
-            lock.release()
+        try:
+            typed = to_typed(cfg)
+            check_run(typed)
+            # A local run is one process tree: the launcher holds the run directory's lock for the run's
+            # life (a Slurm job's rank 0 takes it in hpctrain.worker).
+            lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None
+            # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
+            records = [*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun]
+            redact_files(records, typed.cluster.env)
+            write_run_config(run_dir, cfg)
+            status = _launch(typed, run_dir)
+        finally:
+            if lock is not None:
+                lock.release()
+    except (ConfigError, SlurmUnavailable, OSError) as err:
+        # Refused before anything started (a sweep trial the precheck could not enumerate, a run directory
+        # that cannot be written): one line, and no run directory left behind.
+        print(f"hpctrain: {_one_line(err)}", file=sys.stderr)
+        _remove(run_dir, made)
+        raise SystemExit(EXIT_BAD_CONFIG if isinstance(err, ConfigError) else 1) from None
+    except Exception as err:
+        if typed is None or typed.cluster.kind != "slurm" or RunDir(run_dir).job.is_file():
+            raise  # not a refused submission: a fault of hpctrain's, with its traceback
+        # sbatch refused the job (submitit's FailedJobError, a client error): Slurm's words in one line.
+        print(f"hpctrain: sbatch refused the job: {_one_line(err)}", file=sys.stderr)
+        _remove(run_dir, made, submission=True)
+        raise SystemExit(1) from None
     if status:
+        _remove(run_dir, made, submission=typed.cluster.kind == "slurm")  # refused before starting
         raise SystemExit(status)
+    assert typed is not None
     if typed.cluster.kind == "local":  # a sweeper that chooses trials from results (Optuna) reads it
         from hpctrain.launch.array import final_objective
 

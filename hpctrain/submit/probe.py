@@ -16,11 +16,15 @@ from typing import Any
 
 from hpctrain.config.schema import Config
 from hpctrain.config.typed import locate
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, UserCodeError
 from hpctrain.models.builtin import BUILTIN
 
 log = logging.getLogger(__name__)
+# Libraries a user's model imports (torchao through transformers) register enums in a way torch now calls
+# deprecated, one log line each on the console of a user who can do nothing about it: not shown here.
+logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
+LABEL_SCAN = 64  # items whose labels are checked against the model's output width before anything starts
 
 
 def needs_probe(cfg: Config) -> bool:
@@ -56,7 +60,10 @@ def probe(cfg: Config) -> None:
         from hpctrain.parallel.blocks import find_blocks
 
         find_blocks(model, cfg.parallel.block_classes)
-    batch = first_batches(cfg, [2])[0]
+    train_set = training_set(cfg)
+    if cfg.data.target is not None:
+        check_enough_items(cfg, len(train_set))
+    batch, scanned = first_batches(cfg, [2, LABEL_SCAN], train_set)
     objective = build_objective(cfg.loss, cfg.data)
     batch = to_device(batch, torch.device("meta"))
     try:
@@ -70,6 +77,8 @@ def probe(cfg: Config) -> None:
             "data", cfg.data.target or cfg.data.name,
             f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",
         ) from None  # fmt: skip
+    if cfg.loss.target == DEFAULT_LOSS and not objective.with_targets:
+        check_labels(cfg, outputs, scanned, objective.target_key)
     if split is not None:
         from hpctrain.parallel.stages import check_split_runs
         from hpctrain.train.loss import pipeline_pair
@@ -91,6 +100,50 @@ def probe(cfg: Config) -> None:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
+
+
+def check_init_from(cfg: Config) -> None:
+    """``model.init_from``'s names and shapes against the model built on the meta device, read from the
+    weights' headers: a mismatch is one line before anything starts, not a failure on every rank."""
+    from pathlib import Path
+
+    from hpctrain.weights.load import check_fits
+
+    if cfg.model.init_from is None:
+        return
+    model = build_model(cfg, "meta")
+    check_fits(model, Path(cfg.model.init_from), cfg.model.init_strict)
+
+
+def check_labels(cfg: Config, outputs: Any, batch: Any, target_key: str) -> None:
+    """Class labels (integer targets) of the first items within the width of the model's output (logits on
+    the meta device: only the shape is read), ``-100`` ignored as cross-entropy ignores it: a label out of
+    range is one line now, not an index error on every rank after the workers started."""
+    import torch
+
+    from hpctrain.models.outputs import logits_of
+    from hpctrain.train.loss import IGNORE_INDEX, targets_of
+
+    try:
+        width = int(logits_of(outputs).shape[-1])
+        targets = targets_of(batch, target_key)
+    except (TypeError, KeyError, IndexError):
+        return  # the loss check below says what does not fit
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.numel() == 0:
+        return
+    counted = targets[targets != IGNORE_INDEX]
+    if counted.numel() == 0:
+        return
+    low, high = int(counted.min()), int(counted.max())
+    if low < 0 or high >= width:
+        bad = low if low < 0 else high
+        raise ConfigError(
+            "data._target_" if cfg.data.target is not None else "data", cfg.data.target or cfg.data.name,
+            f"label {bad} among its first {LABEL_SCAN} items is outside model {cfg.model.target}'s "
+            f"{width} outputs (classes 0..{width - 1})",
+            valid=f"labels 0..{width - 1} ({IGNORE_INDEX} is ignored), or a model with more outputs "
+            "(e.g. its num_classes)",
+        )  # fmt: skip
 
 
 def build_model(cfg: Config, device: str) -> Any:
@@ -119,9 +172,8 @@ def build_model(cfg: Config, device: str) -> Any:
     return model
 
 
-def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
-    """For each of ``sizes``, that many first items of the training set, collated as the trainer collates
-    them (on the CPU; the dataset is built once)."""
+def training_set(cfg: Config) -> Any:
+    """The run's training set, built here (a user's dataset through :func:`user_call`)."""
     from hpctrain.data import build_datasets
     from hpctrain.data.user import build_user_datasets
     from hpctrain.models.builtin import model_spec
@@ -133,7 +185,33 @@ def first_batches(cfg: Config, sizes: list[int]) -> list[Any]:
         )  # fmt: skip
     else:
         train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
-    return [train_set.get_batch([i % len(train_set) for i in range(n)]) for n in sizes]
+    return train_set
+
+
+def check_enough_items(cfg: Config, items: int) -> None:
+    """A training split smaller than one global batch would repeat items within every step: refused."""
+    from hpctrain.config.shape import run_shape
+
+    batch = run_shape(cfg).global_batch_size
+    if items < batch:
+        raise ConfigError(
+            "data._target_", cfg.data.target,
+            f"its train split has {items} items, fewer than one global batch of {batch}",
+            valid=f"more items, or a global batch of at most {items} (trainer.micro_batch_size, processes)",
+        )  # fmt: skip
+
+
+def first_batches(cfg: Config, sizes: list[int], train_set: Any = None) -> list[Any]:
+    """For each of ``sizes``, that many first items of the training set, collated as the trainer collates
+    them (on the CPU; the dataset is built once, or given)."""
+    if train_set is None:
+        train_set = training_set(cfg)
+    key = "data._target_" if cfg.data.target is not None else "data"
+    name = cfg.data.target or cfg.data.name or ""
+    return [
+        user_call(key, name, lambda n=n: train_set.get_batch([i % len(train_set) for i in range(n)]))
+        for n in sizes
+    ]
 
 
 def check_splits(cfg: Config, model: Any) -> Any:
@@ -151,22 +229,6 @@ def check_splits(cfg: Config, model: Any) -> Any:
 
         return require_split(model, dict(cfg.parallel.pp_split), shape.n_stages)
     return None
-
-
-class UserCodeError(ConfigError):
-    """The user's own code raised: the one line, plus their traceback (hpctrain's and Hydra's frames left
-    out) for the caller to show above it."""
-
-    def __init__(self, key: str, value: Any, err: BaseException) -> None:
-        import traceback
-
-        frames = [
-            f for f in traceback.extract_tb(err.__traceback__)
-            if not any(part in f.filename for part in ("/hpctrain/", "/hydra/", "/omegaconf/"))
-        ]  # fmt: skip
-        lines = ["Traceback of your code (most recent call last):\n", *traceback.format_list(frames)]
-        self.user_traceback = "".join([*lines, *traceback.format_exception_only(err)])
-        super().__init__(key, value, f"raised {type(err).__name__}: {_first_line(err)}")
 
 
 def user_call(key: str, target: str, fn: Any) -> Any:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hpctrain.errors import ConfigError
+
+MAX_MEMBERS = 10_000  # a sweep larger than this is a typo (Slurm's own MaxArraySize defaults to 1001)
 
 
 def sweep_members(overrides: list[str]) -> list[list[str]]:
@@ -24,9 +27,28 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
         if override.is_interval_sweep():
             continue
         if override.is_sweep_override():
-            axes.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+            try:  # a range is expanded lazily: a step of 0 or a huge range is found here, not later
+                values = list(itertools.islice(override.sweep_string_iterator(), MAX_MEMBERS + 1))
+            except Exception as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ConfigError(key, text.split("=", 1)[-1], f"not a valid sweep: {reason}") from None
+            if not values:
+                raise ConfigError(
+                    key, text.split("=", 1)[-1], "sweeps over no value",
+                    valid="e.g. 1,2,3 or range(0,10,2) (from below to above the stop)",
+                )  # fmt: skip
+            axes.append([f"{key}={value}" for value in values])
         else:
             axes.append([override.input_line])
+    total = 1
+    for axis in axes:
+        total *= len(axis)
+    if total > MAX_MEMBERS:
+        count = total if all(len(a) <= MAX_MEMBERS for a in axes) else f"more than {MAX_MEMBERS}"
+        raise ConfigError(
+            "-m", " ".join(overrides), f"would start {count} runs",
+            valid=f"at most {MAX_MEMBERS} members in one sweep",
+        )  # fmt: skip
     return [list(combo) for combo in itertools.product(*axes)]
 
 
@@ -36,3 +58,31 @@ def interval_sweep(overrides: list[str]) -> bool:
 
     parser = OverridesParser.create()
     return any(parser.parse_override(o).is_interval_sweep() for o in overrides)
+
+
+def chosen_sweeper(composed: Any) -> str:
+    """The sweeper a command chose (Hydra's ``basic`` grid unless ``hydra/sweeper=...``)."""
+    return str(composed.hydra.runtime.choices.get("hydra/sweeper") or "basic")
+
+
+def sampler_sweep(overrides: list[str], composed: Any) -> bool:
+    """Whether a sweeper chooses the members from results as it goes (Optuna and the like): they cannot be
+    listed ahead."""
+    return interval_sweep(overrides) or chosen_sweeper(composed) != "basic"
+
+
+def describe_sampler_sweep(overrides: list[str], composed: Any, where: str) -> list[str]:
+    """What a dry run of a sampler-driven sweep says: the sweeper, how many trials, the search space."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    space = [o for o in overrides if parser.parse_override(o).is_sweep_override()]
+    params = composed.hydra.sweeper.get("params") or {}
+    space += [f"{key}={value}" for key, value in params.items()]
+    trials = composed.hydra.sweeper.get("n_trials")
+    count = f"{trials} trials" if trials is not None else "its trials"
+    return [
+        f"Dry run: nothing started. hydra/sweeper={chosen_sweeper(composed)} would run {count} ({where}), "
+        f"each chosen from the results before it, in {composed.hydra.sweep.dir}",
+        f"  search space: {' '.join(space) or '(none given)'}",
+    ]

@@ -16,11 +16,13 @@ script that fails fails the run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.resilience import requeue
 from hpctrain.resilience.signals import StopSignals, describe
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.runs import continue_command
 
 if TYPE_CHECKING:
     from hpctrain.rendezvous.env import DistEnv
@@ -65,6 +68,16 @@ def child_environment(env: DistEnv, run_dir: Path) -> dict[str, str]:
     }
 
 
+def _tee(source: Any, console_fd: int) -> None:
+    """Copy the script's output, as it comes, to this worker's stdout (the rank's log) and the console."""
+    out = sys.stdout.buffer
+    for chunk in iter(lambda: source.read1(65536), b""):
+        out.write(chunk)
+        out.flush()
+        with contextlib.suppress(OSError):  # a console gone (a closed terminal): the log has everything
+            os.write(console_fd, chunk)
+
+
 def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals, cfg: Any) -> None:
     """Run this rank's copy of the script to its end; forward the warning; requeue after a stop."""
     warning = getattr(signal, f"SIG{cfg.cluster.signal}")
@@ -83,11 +96,18 @@ def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSig
 
     # Under Slurm the worker's stdout is the job's output: the script writes to this rank's log instead.
     to_log = None if "HPCTRAIN_LAUNCHER_PID" in os.environ else open(RunDir(run_dir).log(env.rank), "a")  # noqa: SIM115
+    # Here, rank 0's output also goes to the console the command was typed in (as torchrun shows it).
+    console = os.environ.get("HPCTRAIN_CONSOLE_FD") if env.is_main and to_log is None else None
+    tee = None
     try:
         child = subprocess.Popen(
             command, env=child_environment(env, run_dir), cwd=os.getcwd(), preexec_fn=ignore_warning,
-            stdout=to_log, stderr=subprocess.STDOUT if to_log else None,
+            stdout=subprocess.PIPE if console else to_log,
+            stderr=subprocess.STDOUT if to_log or console else None,
         )  # fmt: skip
+        if console is not None:
+            tee = threading.Thread(target=_tee, args=(child.stdout, int(console)), daemon=True)
+            tee.start()
         forwarded_at: float | None = None
         grace = max(cfg.cluster.signal_lead_s - MARGIN_S, 5.0)
         while child.poll() is None:
@@ -102,11 +122,15 @@ def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSig
                 child.kill()
             time.sleep(0.2)
     finally:
+        if tee is not None:
+            tee.join(timeout=5)  # the script's last lines, written when it exited
         if to_log is not None:
             to_log.close()
     if signals.received:
         if job_id is None:
-            log.info("Stopped by %s; run the same command to continue", describe(signals.received))
+            log.info(
+                "Stopped by %s; continue with: %s", describe(signals.received), continue_command(run_dir)
+            )
             return
         requeue.requeue_or_fail(job_id, describe(signals.received), -1, cfg.cluster.max_requeues, env.is_main)
         return

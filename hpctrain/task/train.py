@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.observe.logs import setup_logging
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.runs import continue_command
 
 if TYPE_CHECKING:
     from hpctrain.rendezvous.env import DistEnv
@@ -25,12 +26,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("hpctrain.worker")
 
 
-def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> None:
-    """hpctrain's trainer on this rank: join the process group, train, and answer a stop or a fault."""
+def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> bool:
+    """hpctrain's trainer on this rank: join the process group, train, and answer a stop or a fault.
+    Whether training reached ``trainer.max_steps`` (False: stopped early, saved)."""
     from omegaconf import OmegaConf
 
     from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
+    from hpctrain.errors import CheckpointMismatch
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
@@ -71,6 +74,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit)
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
+    except CheckpointMismatch:
+        if env.is_main:  # refused: the run's config.yaml is again the one its checkpoints were trained with
+            RunDir(run_dir).restore_config()
+        raise
     except Exception as err:
         if job_id is not None and is_peer_symptom(str(err)):
             # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
@@ -88,13 +95,14 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if observer is not None:
             observer.close()
     if result.stopped_by is None:
-        return
+        return True
     if job_id is None:
-        log.info("Stopped at step %d; continue with trainer.resume=auto", result.state.step)
-        return
+        log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir))
+        return False
     requeue.requeue_or_fail(
         job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
     )
+    return True  # requeued: Slurm runs the job again; its exit status stays what Slurm expects
 
 
 def eval_jobs(run_dir: Path, job_id: str) -> Callable[[int], None]:

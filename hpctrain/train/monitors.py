@@ -87,7 +87,7 @@ class StepMonitors:
         t = self.cfg.trainer
         evaluate_now = step == t.max_steps or (t.eval_every > 0 and step % t.eval_every == 0)
         straggler = self.stragglers.report() if self.stragglers.due(step) else None
-        if not (step % t.log_every == 0 or evaluate_now or straggler):
+        if not (step % t.log_interval() == 0 or evaluate_now or straggler):
             return None
         record: dict[str, Any] = {
             "step": step,

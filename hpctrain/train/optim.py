@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,8 +39,41 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> LambdaLR:
-    def factor(step: int) -> float:
-        return lr_factor(step, optim.warmup_steps, total_steps, optim.min_lr_ratio)
+@dataclass
+class Schedule:
+    """The multiplier of the peak lr per step: :func:`lr_factor`, or, from ``anchor_step`` on, a cosine from
+    ``anchor_factor`` down to ``min_ratio`` at ``total_steps``. The anchor is where a resumed run changed
+    the schedule's length (or warmup, or floor) past its warmup: the lr goes on from where it was, never
+    jumping (the checkpoint's manifest keeps the anchor for later resumes)."""
 
+    warmup_steps: int
+    total_steps: int
+    min_ratio: float
+    anchor_step: int | None = None
+    anchor_factor: float = 1.0
+
+    def __call__(self, step: int) -> float:
+        if self.anchor_step is None or step < self.anchor_step:
+            return lr_factor(step, self.warmup_steps, self.total_steps, self.min_ratio)
+        span = max(1, self.total_steps - self.anchor_step)
+        progress = min(1.0, (step - self.anchor_step) / span)
+        return self.min_ratio + (self.anchor_factor - self.min_ratio) * 0.5 * (
+            1.0 + math.cos(math.pi * progress)
+        )
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, total_steps: int) -> LambdaLR:
+    schedule = Schedule(optim.warmup_steps, total_steps, optim.min_lr_ratio)
+
+    # A plain function (not the Schedule itself): LambdaLR saves a callable object's __dict__ in its state,
+    # which would change what a checkpoint holds; the anchor travels in the manifest instead.
+    def factor(step: int) -> float:
+        return schedule(step)
+
+    factor.schedule = schedule  # type: ignore[attr-defined]
     return LambdaLR(optimizer, factor)
+
+
+def schedule_of(scheduler: LambdaLR) -> Schedule:
+    """The Schedule behind a scheduler made by :func:`build_scheduler` (every parameter group shares it)."""
+    return scheduler.lr_lambdas[0].schedule  # type: ignore[attr-defined,no-any-return]

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from hpctrain.config.resume import HONOURED, changes_between, first_refused
 from hpctrain.config.schema import Config
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.rundir import RunDir
@@ -31,58 +32,81 @@ from hpctrain.rundir import checkpoints as layout
 
 log = logging.getLogger(__name__)
 
-HONOURED = (
-    "optim.lr",
-    "optim.weight_decay",
-    "optim.beta1",
-    "optim.beta2",
-    "optim.eps",
-    "optim.momentum",
-    "optim.nesterov",
-    "optim.warmup_steps",
-    "optim.min_lr_ratio",
-    "trainer.max_steps",
-)
-REFUSED = ("model._target_", "trainer.seed", "optim.name")
-# Every key of the data group is refused (the built-ins' name, sizes and split, a user dataset's _target_
-# and arguments: they decide which sample an index is) except these, which only decide how batches are made.
-DATA_FREE = ("num_workers", "collate")
-
 
 def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any]]:
     """{key: (checkpoint's value, this run's value)} for the keys of HONOURED and REFUSED that differ."""
-    saved_file = checkpoint / cfg_file.name
+    saved_file = layout.config_copy(checkpoint)
     if not saved_file.is_file():
         return {}
-    saved, current = OmegaConf.load(saved_file), OmegaConf.load(cfg_file)
-    changes = {}
-    data_keys = {*OmegaConf.select(saved, "data", default={}), *OmegaConf.select(current, "data", default={})}
-    refused = (*REFUSED, *(f"data.{k}" for k in sorted(data_keys, key=str) if k not in DATA_FREE))
-    for key in (*HONOURED, *refused):
-        old, new = OmegaConf.select(saved, key), OmegaConf.select(current, key)
-        if old is not None and new is not None and old != new:
-            changes[key] = (old, new)
-    return changes
+    return changes_between(OmegaConf.load(saved_file), OmegaConf.load(cfg_file))
 
 
 def check_changes(checkpoint: Path, changes: dict[str, tuple[Any, Any]]) -> None:
     """Refuse (one line) a change that a resumed run cannot honour; log the ones it does."""
-    for key, (old, new) in changes.items():
-        if key not in HONOURED:
-            raise CheckpointMismatch(
-                f"{key}={new}: checkpoint {checkpoint} was trained with {key}={old}, which a resumed run "
-                f"cannot change; {START_FRESH}"
-            )
+    refused = first_refused(changes)
+    if refused is not None:
+        key, old, new = refused
+        raise CheckpointMismatch(
+            f"{key}={new}: checkpoint {checkpoint} was trained with {key}={old}, which a resumed run "
+            f"cannot change; {START_FRESH}"
+        )
     honoured = [f"{key} {old} -> {new}" for key, (old, new) in changes.items() if key in HONOURED]
     if honoured:
         log.info("Resume honours the changed config: %s", ", ".join(honoured))
 
 
+def continue_schedule(
+    scheduler: torch.optim.lr_scheduler.LambdaLR, checkpoint: Path
+) -> tuple[int, float] | None:
+    """Make the schedule go on from the loaded step without a jump; the anchor to record in later
+    checkpoints' manifests (None: the schedule is as configured).
+
+    The checkpoint's manifest holds the anchor of an earlier change, its config.yaml the schedule it was
+    trained with. When this run's schedule (max_steps, warmup, floor) gives another factor at the loaded
+    step, past the warmup, the lr decays from the factor it had there to the floor at the new max_steps
+    (:class:`hpctrain.train.optim.Schedule`); within the warmup, the new warmup applies as written."""
+    from hpctrain.train.optim import Schedule, schedule_of
+
+    schedule = schedule_of(scheduler)
+    saved_anchor = layout.read_manifest(checkpoint).get("lr_anchor")
+    if isinstance(saved_anchor, list) and len(saved_anchor) == 2:
+        schedule.anchor_step, schedule.anchor_factor = int(saved_anchor[0]), float(saved_anchor[1])
+    step = scheduler.last_epoch
+    saved_file = layout.config_copy(checkpoint)
+    if not saved_file.is_file() or step < schedule.warmup_steps:
+        return _anchor(schedule)
+    saved = OmegaConf.load(saved_file)
+    before = Schedule(
+        int(OmegaConf.select(saved, "optim.warmup_steps", default=schedule.warmup_steps)),
+        int(OmegaConf.select(saved, "trainer.max_steps", default=schedule.total_steps)),
+        float(OmegaConf.select(saved, "optim.min_lr_ratio", default=schedule.min_ratio)),
+        schedule.anchor_step,
+        schedule.anchor_factor,
+    )
+    was, now = before(step), schedule(step)
+    if abs(was - now) > 1e-12 * max(1.0, abs(was)):
+        schedule.anchor_step, schedule.anchor_factor = step, was
+        log.info(
+            "The schedule changed at step %d: the lr goes on from %.4g × optim.lr there, down to %.4g × at "
+            "step %d (it would have jumped to %.4g ×)",
+            step, was, schedule.min_ratio, schedule.total_steps, now,
+        )  # fmt: skip
+    return _anchor(schedule)
+
+
+def _anchor(schedule: Any) -> tuple[int, float] | None:
+    return None if schedule.anchor_step is None else (schedule.anchor_step, schedule.anchor_factor)
+
+
 def set_hyperparameters(
-    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: Config
-) -> None:
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: Config,
+    checkpoint: Path | None = None,
+) -> tuple[int, float] | None:  # fmt: skip
     """Overwrite what a loaded optimizer and scheduler state says with this run's config (group 0 decays,
-    group 1 does not: ``build_optimizer``), and recompute the current lr from the loaded step."""
+    group 1 does not: ``build_optimizer``), continue the schedule from the loaded step
+    (:func:`continue_schedule`, when the ``checkpoint`` is given: its anchor is returned), and recompute
+    the current lr from the loaded step."""
+    anchor = continue_schedule(scheduler, checkpoint) if checkpoint is not None else None
     optim = cfg.optim
     for i, group in enumerate(optimizer.param_groups):
         group["initial_lr"] = optim.lr
@@ -100,6 +124,7 @@ def set_hyperparameters(
     for group, lr in zip(optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
     scheduler._last_lr = lrs  # what get_last_lr() reports until the next step
+    return anchor
 
 
 def keep_global_batch(cfg: Config, run_dir: Path) -> Config:

@@ -166,7 +166,9 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         return build_run(dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")), shape,
                          env, device, run_dir)  # fmt: skip
     if resumed is not None:
-        set_hyperparameters(optimizer, scheduler, cfg)
+        anchor = set_hyperparameters(optimizer, scheduler, cfg, resumed)
+        if anchor is not None:  # the schedule changed on a resume: later resumes go on from the same anchor
+            checkpoints.manifest_info["lr_anchor"] = list(anchor)
     if t.async_checkpoint or fast_tier is not None:
         checkpoints.start_writer()  # its process boots beside the first steps
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.

@@ -43,21 +43,53 @@ def checkpoint_of(run_dir: Path, step: int | None, key: str = "RUN_DIR") -> Path
     return committed[0]
 
 
-def export(
-    run_dir: Path, to: Path, step: int | None, fmt: str, dtype: str, max_shard_gb: float = 5.0
-) -> dict[str, Any]:
-    import torch
-
+def run_config(run_dir: Path, key: str = "RUN_DIR") -> Any:
+    """The typed config of a run directory's config.yaml, or a one-line ConfigError naming the run when
+    it is garbled, from another version or holds keys this hpctrain does not know."""
     from hpctrain.config.io import load_run_config
-    from hpctrain.models import build_model
+    from hpctrain.errors import first_line
     from hpctrain.rundir import RunDir
-    from hpctrain.rundir import checkpoints as layout
-    from hpctrain.weights.load import read_checkpoint_model, wanted_names
 
+    path = RunDir(run_dir).config
+    try:
+        return load_run_config(path)
+    except ConfigError as err:
+        raise ConfigError(key, str(run_dir), f"its config.yaml is not a valid run config: {err}") from None
+    except Exception as err:  # YAML or OmegaConf's own errors: the file is damaged or not hpctrain's
+        raise ConfigError(key, str(run_dir), f"its config.yaml cannot be read: {first_line(err)}") from None
+
+
+def check_destination(to: Path) -> None:
+    """``--to`` must be a new or empty folder in a place this process can write."""
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise ConfigError("--to", str(to), "exists and is not an empty folder", valid="a new folder")
+    parent = next((p for p in [to, *to.absolute().parents] if p.exists()), Path("/"))
+    if not parent.is_dir():
+        raise ConfigError(
+            "--to", str(to), f"cannot be created: {parent} is not a folder", valid="a new folder"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(
+            "--to", str(to), f"cannot be written: {parent} is not writable", valid="a new folder"
+        )
+
+
+def export(
+    run_dir: Path, to: Path, step: int | None, fmt: str, dtype: str, max_shard_gb: float = 5.0,
+    trust_code: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    import torch
+
+    from hpctrain.models import build_model
+    from hpctrain.rundir import checkpoints as layout
+    from hpctrain.weights.load import read_checkpoint_model, wanted_names
+    from hpctrain.weights.trust import check_trusted
+
+    check_destination(to)
     checkpoint = checkpoint_of(run_dir, step)
-    cfg = load_run_config(RunDir(run_dir).config)
+    cfg = run_config(run_dir)
+    if not trust_code:
+        check_trusted(cfg.model.target, cfg.model.args, f"{run_dir}/config.yaml", "RUN_DIR")
     with torch.device("meta"):
         model = build_model(cfg.model)
     is_hf = hasattr(model, "save_pretrained") and hasattr(model, "config")
@@ -75,6 +107,18 @@ def export(
         raise ConfigError(
             "RUN_DIR", str(run_dir), f"the checkpoint lacks {len(missing)} of the model's tensors: "
             + ", ".join(missing[:3]),
+        )  # fmt: skip
+    own = model.state_dict()
+    wrong = [
+        f"{n} {tuple(weights[n].shape)} ≠ {tuple(own[n].shape)}"
+        for n in names
+        if weights[n].shape != own[n].shape
+    ]
+    if wrong:  # the metadata written beside the weights must describe them
+        raise ConfigError(
+            "RUN_DIR", str(run_dir),
+            f"the checkpoint's tensors do not fit the model its config.yaml builds: {len(wrong)} of another "
+            f"shape ({', '.join(wrong[:3])})",
         )  # fmt: skip
     cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     weights = {
@@ -95,10 +139,11 @@ def export(
             torch.save(weights, partial / "model.pt")
         else:
             _save_safetensors(weights, partial, int(max_shard_gb * 2**30))
-        from hpctrain.data.codec import copy_tokenizer
+        from hpctrain.data.codec import copy_tokenizer, save_hf_tokenizer
 
         data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
-        tokenizer = copy_tokenizer(data, partial)  # generate and people find it with the weights
+        # Beside the weights: generate and people find it there; an hf folder's, AutoTokenizer loads.
+        tokenizer = save_hf_tokenizer(data, partial) if fmt == "hf" else copy_tokenizer(data, partial)
         meta = {
             "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": layout.step_of(checkpoint),
             "source": str(checkpoint), "weights": fmt, "dtype": dtype,

@@ -11,28 +11,59 @@ from typing import Any
 from hpctrain.errors import ConfigError
 
 
-def load_model(source: Path, step: int | None) -> tuple[Any, Any, dict[str, Any]]:
-    """(model with its weights, its ModelConfig, the run's data facts) of a run directory or an export."""
-    from hpctrain.config.io import load_run_config
+def read_export(source: Path) -> tuple[Any, dict[str, Any]]:
+    """(ModelConfig, data facts) of an export's hpctrain.json, or a one-line ConfigError when it is
+    garbled, of another format or version, or lacks the model."""
     from hpctrain.config.schema import ModelConfig
+    from hpctrain.errors import first_line
+    from hpctrain.weights.export import EXPORT_FORMAT, EXPORT_META, EXPORT_VERSION
+
+    path = source / EXPORT_META
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError("SOURCE", str(source), f"{EXPORT_META} cannot be read: {first_line(err)}") from None
+    if (
+        not isinstance(meta, dict)
+        or meta.get("format") != EXPORT_FORMAT
+        or meta.get("version") != EXPORT_VERSION
+    ):
+        raise ConfigError("SOURCE", str(source), f"{EXPORT_META} is not an hpctrain export of version 1")
+    model, data = meta.get("model"), meta.get("data") or {}
+    if (
+        not isinstance(model, dict)
+        or not isinstance(model.get("_target_"), str)
+        or not isinstance(data, dict)
+    ):
+        raise ConfigError(
+            "SOURCE", str(source), f"{EXPORT_META} is incomplete: no model _target_",
+            valid="a folder written by hpctrain export",
+        )  # fmt: skip
+    args = dict(model)
+    return ModelConfig(target=args.pop("_target_"), args=args), data
+
+
+def load_model(source: Path, step: int | None, trust_code: bool = False) -> tuple[Any, Any, dict[str, Any]]:
+    """(model with its weights, its ModelConfig, the run's data facts) of a run directory or an export.
+    Only model classes are built from what the folder names, unless ``trust_code``
+    (:mod:`hpctrain.weights.trust`)."""
     from hpctrain.models import build_model
-    from hpctrain.rundir import RunDir
-    from hpctrain.weights.export import EXPORT_META, checkpoint_of
+    from hpctrain.weights.export import EXPORT_META, checkpoint_of, run_config
     from hpctrain.weights.load import load_into
+    from hpctrain.weights.trust import check_trusted
 
     if (source / EXPORT_META).is_file():
-        meta = json.loads((source / EXPORT_META).read_text())
-        if meta.get("format") != "hpctrain-export" or meta.get("version") != 1:
-            raise ConfigError("SOURCE", str(source), f"{EXPORT_META} is not an hpctrain export of version 1")
-        args = dict(meta["model"])
-        model_cfg = ModelConfig(target=args.pop("_target_"), args=args)
-        data = meta.get("data") or {}
+        model_cfg, data = read_export(source)
         weights: Path = source
+        named_in = str(source / EXPORT_META)
     else:
         weights = checkpoint_of(source, step, "SOURCE")
-        cfg = load_run_config(RunDir(source).config)
+        cfg = run_config(source, "SOURCE")
         model_cfg = cfg.model
         data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
+        named_in = f"{source}/config.yaml"
+    if not trust_code:
+        check_trusted(model_cfg.target, model_cfg.args, named_in)
     model = build_model(model_cfg)
     load_into(model, weights, strict=True, key="SOURCE")
     return model.eval(), model_cfg, data
@@ -40,7 +71,7 @@ def load_model(source: Path, step: int | None) -> tuple[Any, Any, dict[str, Any]
 
 def generate(
     source: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int,
-    step: int | None = None,
+    step: int | None = None, trust_code: bool = False,
 ) -> str:  # fmt: skip
     import torch
 
@@ -50,7 +81,7 @@ def generate(
 
     if not source.exists():
         raise ConfigError("SOURCE", str(source), "no such file or directory")
-    model, model_cfg, data = load_model(source, step)
+    model, model_cfg, data = load_model(source, step, trust_code)
     tokenizer = tokenizer_for_data(data, source if (source / EXPORT_META).is_file() else None)
     ids = tokenizer.encode(prompt)
     if not ids:

@@ -88,8 +88,13 @@ def _read_dir(path: Path, key: str) -> dict[str, torch.Tensor]:
     )
 
 
-def _torch_state_dict(path: Path, key: str) -> dict[str, torch.Tensor]:
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
+def _torch_state_dict(path: Path, key: str, mmap: bool = False) -> dict[str, torch.Tensor]:
+    try:  # mmap: the tensors' bytes stay on disk (only their shapes are wanted)
+        loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except RuntimeError:
+        if not mmap:
+            raise
+        loaded = torch.load(path, map_location="cpu", weights_only=True)  # the legacy format cannot mmap
     for wrapper in ("state_dict", "model"):
         if isinstance(loaded, dict) and isinstance(loaded.get(wrapper), dict):
             loaded = loaded[wrapper]
@@ -155,7 +160,119 @@ def wanted_names(model: nn.Module) -> list[str]:
     return [name for name in model.state_dict() if name not in aliases]
 
 
-def match_names(wanted: list[str], given: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def weight_shapes(path: Path, key: str = "model.init_from") -> dict[str, tuple[int, ...]]:
+    """The name and shape of every tensor at ``path`` (any form :func:`read_weights` reads), from headers
+    and metadata only: no tensor data is read, so the pre-flight check costs nothing for large weights."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(key, str(path), "no such file or directory")
+    try:
+        return _shapes(path, key)
+    except ConfigError:
+        raise
+    except Exception as err:  # a damaged or foreign file: its reader's own words, in one line
+        text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise ConfigError(key, str(path), f"cannot be read as weights: {text}") from None
+
+
+def _shapes(path: Path, key: str) -> dict[str, tuple[int, ...]]:
+    if path.is_dir():
+        if layout.is_checkpoint(path) or layout.checkpoints_of(path) is not None:
+            directory = path
+            if not layout.is_checkpoint(path):
+                committed = layout.checkpoints_of(path) or []
+                if not committed:
+                    raise ConfigError(key, str(path), "holds no committed checkpoint")
+                directory = committed[0]
+            return _checkpoint_shapes(directory, key)
+        files = _weight_files(path)
+        if not files:
+            raise ConfigError(
+                key, str(path), "holds no weights",
+                valid="a checkpoint, a run directory, *.safetensors or a .pt/.bin file",
+            )  # fmt: skip
+        shapes: dict[str, tuple[int, ...]] = {}
+        for file in files:
+            shapes.update(_shapes(file, key))
+        return shapes
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+    loaded = _torch_state_dict(path, key, mmap=True)
+    return {name: tuple(t.shape) for name, t in loaded.items()}
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The weight files of a folder: safetensors shards (by transformers' index when there is one), else
+    the first torch state dict of the usual names."""
+    index = path / SAFETENSORS_INDEX
+    if index.is_file():
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    shards = sorted(path.glob("*.safetensors"))
+    if shards:
+        return shards
+    return [
+        path / name for name in ("pytorch_model.bin", "model.pt", "weights.pt") if (path / name).is_file()
+    ][:1]
+
+
+def _checkpoint_shapes(directory: Path, key: str) -> dict[str, tuple[int, ...]]:
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from hpctrain.checkpoint.safe import SafeFileSystemReader
+
+    problem = layout.problem_with(directory)
+    if problem:
+        raise ConfigError(key, str(directory), problem)
+    metadata = SafeFileSystemReader(directory).read_metadata()
+    return {
+        name.removeprefix(CHECKPOINT_MODEL): tuple(meta.size)
+        for name, meta in metadata.state_dict_metadata.items()
+        if name.startswith(CHECKPOINT_MODEL) and isinstance(meta, TensorStorageMetadata)
+    }
+
+
+def fit_problems(
+    wanted: list[str], own: dict[str, tuple[int, ...]], given: dict[str, tuple[int, ...]]
+) -> list[str]:
+    """What keeps weights of shapes ``given`` (renamed to the model's) from filling a model whose state has
+    shapes ``own``, of which ``wanted`` are saved: missing, unexpected and reshaped names, each a phrase."""
+    missing = [name for name in wanted if name not in given]
+    unexpected = [name for name in given if name not in own]
+    wrong = [
+        f"{name} {tuple(given[name])} ≠ {tuple(own[name])}"
+        for name in wanted
+        if name in given and tuple(given[name]) != tuple(own[name])
+    ]
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} missing ({_few(missing)})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
+    if wrong:
+        problems.append(f"{len(wrong)} of another shape ({_few(wrong)})")
+    return problems
+
+
+def check_fits(model: nn.Module, path: Path, strict: bool = True, key: str = "model.init_from") -> None:
+    """Before anything starts: the weights at ``path`` fit ``model`` (built on the meta device), by names
+    and shapes read from headers; a one-line ConfigError otherwise (when ``strict``)."""
+    if not strict:
+        return
+    wanted = wanted_names(model)
+    given = match_names(wanted, weight_shapes(path, key))
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    problems = fit_problems(wanted, own, given)
+    if problems:
+        raise ConfigError(
+            key, str(path), "does not fit the model: " + "; ".join(problems),
+            valid="weights of this model, or model.init_strict=false to load what fits",
+        )  # fmt: skip
+
+
+def match_names(wanted: list[str], given: dict[str, Any]) -> dict[str, Any]:
     """``given`` renamed to the model's names where a wrapper prefix differs: the mapping (strip or add one of
     :data:`WRAPPER_PREFIXES`) under which the most names match; names nothing maps stay as they are."""
     want = set(wanted)
@@ -176,26 +293,20 @@ def load_into(model: nn.Module, path: Path, strict: bool = True, key: str = "mod
     wanted = wanted_names(model)
     weights = match_names(wanted, read_weights(path, key))
     own = model.state_dict()
-    missing = [name for name in wanted if name not in weights]
-    unexpected = [name for name in weights if name not in own]
-    wrong = [
-        f"{name} {tuple(weights[name].shape)} ≠ {tuple(own[name].shape)}"
-        for name in wanted
-        if name in weights and weights[name].shape != own[name].shape
-    ]
-    problems = []
-    if missing:
-        problems.append(f"{len(missing)} missing ({_few(missing)})")
-    if unexpected:
-        problems.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
-    if wrong:
-        problems.append(f"{len(wrong)} of another shape ({_few(wrong)})")
+    shapes = {name: tuple(t.shape) for name, t in weights.items()}
+    problems = fit_problems(wanted, {name: tuple(t.shape) for name, t in own.items()}, shapes)
     if problems and strict:
         raise ConfigError(
             key, str(path), "does not fit the model: " + "; ".join(problems),
             valid="weights of this model, or model.init_strict=false to load what fits",
         )  # fmt: skip
     usable = {n: t for n, t in weights.items() if n in own and t.shape == own[n].shape}
+    for name, tensor in usable.items():  # weights full of NaN would train to the end with a NaN loss
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ConfigError(
+                key, str(path), f"holds non-finite values (NaN or inf) in {name}",
+                valid="weights of a run that did not diverge",
+            )  # fmt: skip
     with torch.no_grad():
         for name, tensor in usable.items():
             own[name].copy_(tensor.to(own[name].dtype))

@@ -216,10 +216,10 @@ def test_summary_of_a_sweep(slurm_cluster: object, tmp_path: Path) -> None:
         assert table[i]["step"] == "5" and table[i]["overrides"].endswith(f"optim.lr={lrs[i]}")
     assert table[2]["loss"] == table[2]["step"] == table[2]["best_val_loss"] == ""
 
-    # A local run's own status: its progress, state "local".
+    # A local run's own status: its progress, and the state its directory says (it reached max_steps).
     local = jobs_cli("status", sweep_dir / "0")
     assert local.returncode == 0, local.stderr
-    assert fields(local.stdout)["state"] == "local" and fields(local.stdout)["step"] == "5/5"
+    assert fields(local.stdout)["state"] == "COMPLETED" and fields(local.stdout)["step"] == "5/5"
     member_logs = jobs_cli("logs", sweep_dir, "--member", "1", "-n", "1")
     assert member_logs.returncode == 0 and member_logs.stdout.count("\n") == 1
     no_member = jobs_cli("logs", sweep_dir)

@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.config.sanity import at_least, one_of
 from hpctrain.config.schema import Config, DataConfig
 from hpctrain.config.shape import degrees, samples_per_pass
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 from hpctrain.precision import PRECISIONS
 from hpctrain.rundir import checkpoints as checkpoint_layout
 
@@ -68,11 +68,14 @@ def check_data(data: DataConfig) -> None:
         )
 
 
+MAX_LR = 10.0  # SGD on a normalised model may use lr 1-5; nothing trains at 100
+
+
 def check_optim(cfg: Config) -> None:
     optim = cfg.optim
     one_of("optim", optim.name, OPTIMIZERS)
-    if optim.lr <= 0:
-        raise ConfigError("optim.lr", optim.lr, "must be > 0")
+    if not 0 < optim.lr <= MAX_LR:  # 1e30 is a typo, not a learning rate: it would train to NaN at once
+        raise ConfigError("optim.lr", optim.lr, f"must be > 0 and at most {MAX_LR:g}", valid="e.g. 3e-4")
     at_least("optim.weight_decay", optim.weight_decay, 0.0)
     at_least("optim.warmup_steps", optim.warmup_steps, 0)
     at_least("optim.grad_clip", optim.grad_clip, 0.0)
@@ -95,11 +98,12 @@ def check_trainer(cfg: Config) -> None:
     for key in (
         "max_steps",
         "micro_batch_size",
-        "log_every",
         "keep_last",
         "eval_batches",
     ):
         at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.log_every is not None:
+        at_least("trainer.log_every", t.log_every, 1)
     for key in ("ckpt_every", "eval_every"):
         at_least(f"trainer.{key}", getattr(t, key), 0)
     one_of("trainer.precision", t.precision, PRECISIONS)
@@ -129,6 +133,11 @@ def check_trainer(cfg: Config) -> None:
 
 def check_logger(cfg: Config) -> None:
     one_of("logger.wandb_mode", cfg.logger.wandb_mode, WANDB_MODES)
+    # Found before anything starts, not by every rank after the workers joined (find_spec imports nothing).
+    if cfg.logger.tensorboard:
+        require_package("logger", "tensorboard", "tensorboard")
+    if cfg.logger.wandb and cfg.logger.wandb_mode != "disabled":
+        require_package("logger", "wandb", "wandb")
 
 
 def check_batch(cfg: Config) -> None:

@@ -73,32 +73,24 @@ def test_changed_model_shape_refuses_in_one_line_and_touches_nothing(first_run: 
     line = lines[0]
     assert "CheckpointMismatch" in line and "in the checkpoint" in line and "in the model" in line, line
     assert "64" in line and "128" in line, line
-    assert "trainer.resume=never" in line and "hydra.run.dir" in line, line
+    assert "run=NAME" in line and "hydra.run.dir" in line, line
     assert "alike" in line, line
     assert tree_hashes(run / "checkpoints") == before
 
 
-def test_fresh_run_over_old_checkpoints_neither_prunes_nor_overwrites_them(first_run: Path, tmp_path: Path):
+def test_fresh_run_over_old_checkpoints_is_refused_and_changes_nothing(first_run: Path, tmp_path: Path):
+    """trainer.resume=never over a run would write over its checkpoints and metrics: refused in one line,
+    before anything is written (issue 29)."""
     run = copy_of(first_run, tmp_path)  # its first run kept 2 checkpoints (keep_last=2)
-    root = run / "checkpoints"
-    before = {c.name: tree_hashes(c) for c in layout.committed(root)}
-    assert sorted(before) == ["step_00000005", "step_00000010"]
+    before = {k: v for k, v in tree_hashes(run).items() if k != ".lock"}  # the lock records who probed it
 
     fresh = hpctrain(
         *BASE, "trainer.keep_last=1", "trainer.max_steps=15", "trainer.resume=never", f"hydra.run.dir={run}"
     )
-    assert fresh.returncode == 0, fresh.stderr
-    assert "Resumed from" not in fresh.stdout
-    steps = [r["step"] for r in metrics(run)]
-    assert steps[-15:] == list(range(1, 16)), "the fresh run trained from step 0"
-    # The old lineage's checkpoints are all still there, byte for byte (the same-named ones moved aside).
-    now = [tree_hashes(p) for p in root.iterdir() if p.is_dir()]
-    for name, hashes in before.items():
-        assert hashes in now, f"{name} of the first run was deleted or changed"
-    # The fresh run pruned its own: only its newest survives.
-    new_lineage = layout.lineage_of(root / "step_00000015")
-    mine = [c.name for c in layout.committed(root) if layout.lineage_of(c) == new_lineage]
-    assert mine == ["step_00000015"]
+    assert fresh.returncode == 2, fresh.stderr
+    lines = [line for line in fresh.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "trainer.resume=never" in lines[0] and "step 10" in lines[0], fresh.stderr
+    assert {k: v for k, v in tree_hashes(run).items() if k != ".lock"} == before
 
 
 def test_a_change_resume_cannot_honour_is_refused_in_one_line(first_run: Path, tmp_path: Path):
@@ -108,8 +100,8 @@ def test_a_change_resume_cannot_honour_is_refused_in_one_line(first_run: Path, t
     seed = hpctrain(*BASE, "trainer.max_steps=12", "trainer.seed=7", f"hydra.run.dir={run}")
     assert seed.returncode != 0
     lines = [line for line in seed.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "CheckpointMismatch: trainer.seed=7" in lines[0], seed.stderr
-    assert "trainer.resume=never" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: trainer.seed=7: checkpoint"), seed.stderr
+    assert "run=NAME" in lines[0]  # how to start fresh instead
     assert tree_hashes(run / "checkpoints") == before
 
 

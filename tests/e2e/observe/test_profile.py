@@ -15,6 +15,8 @@ def test_a_profiler_window_writes_a_trace_per_rank_beside_tensorboards_scalars(r
     plugin looks (issue 17, item 2)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from hpctrain.observe.loggers import tensorboard_tag
+
     result = hpctrain(
         *FAST, "cluster.nproc=2", "trainer.max_steps=4", "trainer.profile=2:3", "trainer.log_every=1",
         "trainer.eval_every=2", "logger=[console,tensorboard,jsonl]", f"hydra.run.dir={run_dir}",
@@ -26,9 +28,11 @@ def test_a_profiler_window_writes_a_trace_per_rank_beside_tensorboards_scalars(r
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     for key in ("loss", "val_loss", "lr", "grad_norm"):
         logged = {r["step"]: r[key] for r in records if key in r}
-        scalars = {e.step: e.value for e in events.Scalars(key)}
+        scalars = {e.step: e.value for e in events.Scalars(tensorboard_tag(key))}  # grouped: loss/train, ...
         assert scalars.keys() == logged.keys(), key
         assert all(abs(scalars[s] - v) <= 1e-6 * abs(v) for s, v in logged.items()), key  # float32 events
+    assert {"loss/train", "loss/val", "optim/lr", "optim/grad_norm"} <= set(events.Tags()["scalars"])
+    assert events.PluginTagToContent("hparams"), "the run's config as TensorBoard hparams"
     traces = sorted((run_dir / "tensorboard" / "plugins" / "profile" / "steps_2-3").glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["rank0", "rank1"]
     for trace in traces:

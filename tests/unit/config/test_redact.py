@@ -38,7 +38,10 @@ def test_launchers_pass_secrets_through_the_environment(monkeypatch: pytest.Monk
     assert os.environ["HPCTRAIN_TEST_TOKEN"] == "t0k" and "PLAIN" not in os.environ
     plain = {"cluster": {"env": {"WANDB_API_KEY": "k", "A_SECRET": "s", "HOME2": "h"}}, "x": 1}
     assert redact_config(plain) == {
-        "cluster": {"env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"}},
+        "cluster": {
+            "env": {"WANDB_API_KEY": "***", "A_SECRET": "***", "HOME2": "h"},
+            "secret_env": ["A_SECRET", "WANDB_API_KEY"],
+        },
         "x": 1,
     }
 

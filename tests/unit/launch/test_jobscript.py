@@ -18,7 +18,9 @@ SLURM = "cluster=slurm_test"
 # --- cluster.setup lines are shell by design: verbatim in the job script, each on its own line
 def printed_script(stdout: str) -> str:
     """The job script a dry run of the sbatch launcher prints (it writes none)."""
-    return stdout.split("sbatch script:\n", 1)[1].split("\nWithout dry_run", 1)[0]
+    return stdout.split("sbatch script (as submission would write it):\n", 1)[1].split(
+        "\nWithout dry_run", 1
+    )[0]
 
 
 @pytest.mark.parametrize("template", ["srun", "torchrun"])
@@ -63,7 +65,7 @@ def test_env_values_are_never_executed_and_setup_lines_are_shell(cli, tmp_path: 
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    script = result.stdout.split("sbatch script:\n", 1)[1]
+    script = result.stdout.split("sbatch script (as submission would write it):\n", 1)[1]
     # The part of the job that runs before srun: the exports and the setup commands.
     setup = script[script.index("set -euo pipefail") : script.index("\nexec srun")]
     ran = subprocess.run(

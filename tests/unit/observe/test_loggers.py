@@ -13,7 +13,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hpctrain.config.compose import compose, to_typed
-from hpctrain.observe.loggers import Observer, format_record
+from hpctrain.observe.loggers import Observer, format_record, tensorboard_tag
 from hpctrain.observe.logs import setup_logging
 from hpctrain.rundir import RunDir
 
@@ -49,7 +49,7 @@ def test_jsonl_and_tensorboard_hold_the_same_numbers_and_a_resume_drops_later_re
     ]
     events = EventAccumulator(str(RunDir(tmp_path).tensorboard))
     events.Reload()
-    assert [(e.step, round(e.value, 6)) for e in events.Scalars("loss")] == [
+    assert [(e.step, round(e.value, 6)) for e in events.Scalars(tensorboard_tag("loss"))] == [
         (s, round(1.0 / s, 6)) for s in (1, 2, 3)
     ]
     assert "straggler_host" not in events.Tags()["scalars"]  # names stay in metrics.jsonl

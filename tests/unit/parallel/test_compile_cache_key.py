@@ -8,6 +8,7 @@ from pathlib import Path
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.config.shape import run_shape
 from hpctrain.parallel.compile import cache_key, cache_root, key_inputs
+from hpctrain.version import __version__
 
 BASE = ["parallel.compile=true", "model.d_model=64"]
 
@@ -51,3 +52,10 @@ def test_the_cache_lives_in_the_run_directory_a_shared_path_or_torchs_default(tm
     assert cache_root(cfg, tmp_path) == Path("/shared/hpctrain-cache")
     cfg.parallel.compile_cache = "off"
     assert cache_root(cfg, tmp_path) is None
+
+
+def test_another_hpctrain_version_never_shares_a_cache() -> None:
+    cfg = to_typed(compose([]))
+    inputs = key_inputs(cfg, run_shape(cfg), "cpu", "2.13.0")
+    assert inputs["hpctrain"] == __version__
+    assert cache_key({**inputs, "hpctrain": __version__ + ".post1"}) != cache_key(inputs)

@@ -1,0 +1,214 @@
+"""What a command line means before Hydra reads it: overrides rewritten to the form Hydra takes, so that
+what a user types works as typed. Torch-free (a user's ``_target_`` is imported only to read its signature).
+
+- A parameter of a ``model`` / ``data`` / ``loss`` ``_target_``'s signature is a plain override, no ``+``
+  (:func:`plain_parameters`), as is hpctrain's ``data.collate._target_``.
+- ``task.args=[--lr,1e-3]`` reaches the script as typed, not as Hydra's numbers (:func:`literal_script_args`).
+- The Optuna sweeper's documented ``hydra.sweeper.params={...}`` becomes the overrides it reads the same way
+  (:func:`sweeper_params`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, TARGET_GROUPS
+from hpctrain.errors import ConfigError
+
+SCRIPT_ARGS = "task.args"
+
+
+def literal_script_args(overrides: list[str]) -> list[str]:
+    """``overrides`` with ``task.args=[...]`` elements quoted, so the script gets them as typed: Hydra
+    would read ``[--lr,1e-3,--tag,1.10]`` as numbers and hand the script ``0.001`` and ``1.1``."""
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        lists = _top_level(value) if key.lstrip("+") == SCRIPT_ARGS and sep else None
+        if not lists or not all(v.startswith("[") and v.endswith("]") for v in lists):
+            out.append(text)  # not a list, nor a sweep over lists (-m task.args='[a]','[b]')
+            continue
+        split = [_split_list(v[1:-1]) for v in lists]
+        if any(items is None for items in split):
+            out.append(text)
+            continue
+        out.append(f"{key}=" + ",".join(f"[{','.join(_quoted(i) for i in items or [])}]" for items in split))
+    return out
+
+
+def _top_level(value: str) -> list[str] | None:
+    """``value`` split at the commas outside brackets and quotes (None when unbalanced)."""
+    parts, current, depth, quote = [], "", 0, None
+    for ch in value:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    if quote or depth:
+        return None
+    return [*parts, current]
+
+
+def _split_list(body: str) -> list[str] | None:
+    """The elements of a flat list's text, split at top-level commas (quotes kept as written); None for a
+    nested or unbalanced one (Hydra's own parser reports it)."""
+    items, current, quote = [], "", None
+    for ch in body:
+        if quote:
+            current += ch
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            current += ch
+            quote = ch
+        elif ch in "[]{}":
+            return None
+        elif ch == ",":
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if quote:
+        return None
+    if current.strip() or items:
+        items.append(current.strip())
+    return items
+
+
+def _quoted(item: str) -> str:
+    if len(item) >= 2 and item[0] == item[-1] and item[0] in "'\"":
+        return item  # quoted already: Hydra reads it as a string
+    if "'" not in item:
+        return f"'{item}'"
+    return '"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+SWEEPER_PARAMS = "hydra.sweeper.params"
+
+
+def sweeper_params(overrides: list[str]) -> list[str]:
+    """``hydra.sweeper.params={optim.lr: "interval(1e-4,1e-2)", ...}`` (the Optuna sweeper's documented form
+    of a search space) as the overrides ``optim.lr=interval(1e-4,1e-2)`` the sweeper reads the same way:
+    Hydra cannot merge a mapping into the sweeper's empty ``params`` from the command line."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out: list[str] = []
+    parser = OverridesParser.create()
+    for text in overrides:
+        if text.lstrip("+").split("=", 1)[0] != SWEEPER_PARAMS:
+            out.append(text)
+            continue
+        try:
+            value = parser.parse_override(text.lstrip("+")).value()
+        except Exception as err:
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
+        if not isinstance(value, dict) or not value:
+            raise ConfigError(
+                SWEEPER_PARAMS, value, "not a mapping of keys to search spaces",
+                valid="{optim.lr: 'interval(1e-4,1e-2)', trainer.seed: 'choice(1,2)'}",
+            )  # fmt: skip
+        out += [f"{key}={space}" for key, space in value.items()]
+    return out
+
+
+def plain_parameters(overrides: list[str], config_dirs: Sequence[Path] = ()) -> list[str]:
+    """``overrides`` with a ``+`` added to each ``model.KEY=V`` / ``data.KEY=V`` / ``loss.KEY=V`` whose KEY
+    the chosen option's YAML does not list but its ``_target_``'s signature takes: any parameter of the
+    user's factory is a plain override, as any key of a YAML is. Nothing else changes."""
+    out = list(overrides)
+    parsed: dict[str, Any] | None = None
+    for i, text in enumerate(overrides):
+        key = text.split("=", 1)[0]
+        if key.startswith("data.collate."):  # hpctrain's own node: given whole or key by key, never with +
+            key = "data.collate"
+        group, _, name = key.partition(".")
+        if (
+            text.startswith(("+", "~"))
+            or "=" not in text
+            or group not in TARGET_GROUPS
+            or not name.isidentifier()
+        ):
+            continue
+        parsed = parsed if parsed is not None else parse_overrides(overrides)
+        dirs = [*config_dirs, *searchpath_dirs(parsed)]
+        listed, target = option_keys(group, parsed, dirs)
+        if name in listed and not (name == "collate" and "collate" not in yaml_keys(group, parsed, dirs)):
+            continue
+        if name == "collate" or (target is not None and name in (target_parameters(target) or ())):
+            out[i] = f"+{text}"
+    return out
+
+
+def yaml_keys(group: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> set[str]:
+    path = option_file(group, choice(group, parsed), dirs)
+    node = OmegaConf.load(path) if path is not None else None
+    return {str(k) for k in node} if isinstance(node, DictConfig) else set()
+
+
+def option_keys(group: str, parsed: dict[str, Any], dirs: Sequence[Path]) -> tuple[set[str], str | None]:
+    """The keys the chosen option of ``group`` lists (with hpctrain's own), and its ``_target_`` (an
+    override of it wins)."""
+    own = set(DATA_KEYS) | {"collate"} if group == "data" else set(MODEL_KEYS) if group == "model" else set()
+    path = option_file(group, choice(group, parsed), dirs)
+    node = OmegaConf.load(path) if path is not None else OmegaConf.create({})
+    listed = {str(k) for k in node} | own if isinstance(node, DictConfig) else own
+    target = parsed.get(f"{group}._target_") or (
+        node.get("_target_") if isinstance(node, DictConfig) else None
+    )
+    return listed, str(target) if target else None
+
+
+def target_parameters(target: str) -> list[str] | None:
+    """The keyword parameters a ``_target_`` takes (``split`` left out: hpctrain passes it), from its
+    signature; None when it cannot be imported, has none to read, or takes any keyword (``**kwargs``)."""
+    import inspect
+
+    from hpctrain.config.typed import locate
+
+    try:
+        fn = locate("_target_", target)
+        signature = inspect.signature(fn)
+    except Exception:  # not importable here, or a builtin: the usual errors say more, later
+        return None
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.name not in ("self", "split")]
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    from hpctrain.config.compose import _parse_overrides
+
+    return _parse_overrides(overrides)
+
+
+def option_file(group: str, option: str | None, dirs: Sequence[Path]) -> Path | None:
+    from hpctrain.config.compose import option_file as find
+
+    return find(group, option, dirs)
+
+
+def choice(group: str, parsed: dict[str, Any]) -> str | None:
+    from hpctrain.config.compose import _choice
+
+    return _choice(group, parsed)
+
+
+def searchpath_dirs(parsed: dict[str, Any]) -> list[Path]:
+    from hpctrain.config.compose import searchpath_dirs as dirs
+
+    return dirs(parsed)
