@@ -234,12 +234,12 @@ def bpe_sources(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def bpe_corpus(bpe_sources: Path) -> Path:
     """``hpctrain prepare SOURCES --tokenizer train:512`` (in this process): the token file of a BPE of at
     most 512 ids trained on the sources, its header and tokenizer beside it."""
-    from hpctrain.cli.prepare import run as run_prepare
+    from hpctrain.cli import main
 
     out = bpe_sources.parent / "out" / "corpus.bin"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = run_prepare("prepare", [str(bpe_sources), "--out", str(out), "--tokenizer", "train:512"])
+        code = main(["prepare", str(bpe_sources), "--out", str(out), "--tokenizer", "train:512"])
     assert code == 0
     assert "tokenizer" in printed.getvalue() and str(out) in printed.getvalue()
     return out

@@ -3,7 +3,9 @@
 A module is *named* by a test of the fast tier (tests/unit/) when a test file imports it (``import`` or
 ``from ... import``, a package's submodule included) or holds its dotted name as a string of code: a whole
 string such as ``"hpctrain.models.gpt.GPT"`` (a ``_target_``, a module run by name), or Python source that
-imports it (what a test hands ``python -c``). Docstrings and prose do not count. A package's ``__init__``
+imports it (what a test hands ``python -c``), or, for a module of ``hpctrain/cli``, a call of the
+CLI with its subcommand (``main([...])``, the ``cli`` fixture, a test's ``X_main(NAME, ARGV)`` wrapper of
+``main``). Docstrings and prose do not count. A package's ``__init__``
 counts as a module where it defines something (a function, a class, a constant). Modules that only processes
 or Slurm can exercise are listed, with the test that covers them, in the "Covered end-to-end only" table of
 tests/README.md; the table may list nothing that a fast test names, so that it shrinks as fast tests grow.
@@ -60,12 +62,35 @@ def _docstrings(tree: ast.AST) -> set[int]:
     }
 
 
+def _subcommands_called(tree: ast.AST) -> set[str]:
+    """``hpctrain.cli.<module>`` of every subcommand a test runs: ``main(["status", ...])`` or
+    ``cli("status", ...)`` (a call whose first word is no subcommand runs ``train``, the bare form)."""
+    from hpctrain.cli import SUBCOMMANDS
+
+    called = set()
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        first, name = node.args[0], node.func.id
+        if name == "main" and isinstance(first, ast.List) and first.elts:
+            first = first.elts[0]
+        elif name not in ("cli", "run", "run_prepare") and not name.endswith("_main"):
+            continue
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            continue
+        if first.value in SUBCOMMANDS:
+            called.add(f"hpctrain.cli.{SUBCOMMANDS[first.value].module}")
+        elif name in ("main", "cli"):  # overrides: the bare form runs train
+            called.add(f"hpctrain.cli.{SUBCOMMANDS['train'].module}")
+    return called
+
+
 def named_by(paths: list[Path]) -> set[str]:
     """Every dotted name the files import or hold as code, and its prefixes (hpctrain.a.b → hpctrain.a)."""
     names: set[str] = set()
     for path in paths:
         tree = ast.parse(path.read_text())
-        names |= _imports(tree)
+        names |= _imports(tree) | _subcommands_called(tree)
         docs = _docstrings(tree)
         for node in ast.walk(tree):
             if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docs:

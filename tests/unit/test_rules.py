@@ -7,8 +7,8 @@
   shape quantities;
 - the core never compares a model input kind (what a spec's ``input_kind`` names) or a built-in model's
   name: what a model needs is a method of its spec (``models/``);
-- tests import nothing from ``hpctrain/cli`` but its entry points (``main``, a subcommand's ``run``) and
-  exit statuses: the CLI only parses, calls and prints.
+- tests import nothing from ``hpctrain/cli`` but its entry point (``main``) and exit statuses: the CLI only
+  parses, calls and prints.
 
 Each guard reads the package's sources with :mod:`ast`; ``test_guards_catch_a_broken_rule`` breaks each rule
 once in a copy of a module and checks that its guard names it.
@@ -212,14 +212,14 @@ ENTRY_POINTS = ("main", "SUBCOMMANDS", "readme_table")
 
 def test_tests_import_only_the_clis_entry_point() -> None:
     """cli/ modules parse, call and print; what a test needs lives in the room that does the work. A test
-    may call the CLI (``main``, or a subcommand's ``run``) and compare exit statuses (``EXIT_*``), no more."""
+    may call the CLI (``main``) and compare exit statuses (a subcommand's ``EXIT_*``), no more."""
     offenders = []
     for path in sorted((ROOT / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             from_cli = isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hpctrain.cli")
             if not from_cli:
                 continue
-            allowed = ENTRY_POINTS if node.module == "hpctrain.cli" else ("run",)  # a subcommand's own
+            allowed = ENTRY_POINTS if node.module == "hpctrain.cli" else ()
             if any(a.name not in allowed and not a.name.startswith("EXIT_") for a in node.names):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders

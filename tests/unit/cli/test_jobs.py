@@ -8,10 +8,15 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from hpctrain.cli.jobs import run as jobs_main
+from hpctrain.cli import main
 from hpctrain.rundir.records import write_error_record
 from tests.support import CLI
 from tests.support.runs import local_run, steps
+
+
+def jobs_main(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def fields(output: str) -> dict[str, str]:

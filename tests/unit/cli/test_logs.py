@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.cli.logs import run as logs_main
+from hpctrain.cli import main
 from hpctrain.rundir import RunDir
 from tests.support import CLI
 from tests.support.runs import local_run, steps
+
+
+def logs_main(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_the_tail_of_a_ranks_log(cli: CLI, tmp_path: Path) -> None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.cli.plan import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT, run
+from hpctrain.cli import main
+from hpctrain.cli.plan import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
 from tests.support.configs import SEVEN_B
+
+
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_the_exit_status_is_the_verdict(capsys: pytest.CaptureFixture[str]) -> None:

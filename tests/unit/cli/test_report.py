@@ -9,13 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.report import run as report_main
+from hpctrain.cli import main
 from hpctrain.observe.report import run_pictures
 from hpctrain.observe.results import steady_throughput, throughput_key, world_size
 from hpctrain.rundir.records import write_error_record
 from tests.support import CLI
 from tests.support.png import check_png
 from tests.support.runs import local_run, local_sweep, steps
+
+
+def report_main(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_a_runs_pictures_hold_its_metrics(tmp_path: Path) -> None:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.resume import EXIT_BAD_CONFIG, run
+from hpctrain.cli import main
+from hpctrain.cli.resume import EXIT_BAD_CONFIG
+
+
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_resume_of_what_is_not_a_run_is_one_line(

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.cli.train import EXIT_BAD_CONFIG, run
+from hpctrain.cli import main
+from hpctrain.cli.train import EXIT_BAD_CONFIG
+
+
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_what_is_refused_before_composing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]

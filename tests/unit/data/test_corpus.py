@@ -9,11 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.cli import main
 from hpctrain.data import corpus
 from hpctrain.data.prepare import prepare_tokens
 from hpctrain.data.tokenfile import read_token_file
 from hpctrain.data.tokenizer import tokenizer_for
+
+
+def run_prepare(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_streaming_cuts_pieces_at_newlines_and_characters(tmp_path: Path) -> None:

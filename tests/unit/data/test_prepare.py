@@ -9,12 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.cli import main
 from hpctrain.config.schema import DataConfig
 from hpctrain.data import build_datasets, corpus
 from hpctrain.data.prepare import prepare_tokens
 from hpctrain.data.tokenfile import read_header, read_token_file
 from hpctrain.models.builtin import GPTSpec as GPTConfig
+
+
+def run_prepare(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def prepare_main(argv: list[str]) -> int:

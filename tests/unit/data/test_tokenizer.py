@@ -10,9 +10,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hpctrain.cli.prepare import run as run_prepare
+from hpctrain.cli import main
 from hpctrain.data.tokenfile import read_token_file
 from hpctrain.data.tokenizer import ByteTokenizer, tokenizer_for
+
+
+def run_prepare(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
+
 
 TEXT = "def f(x):\n\treturn x  # ünïcödé, 日本語, emoji 🚀\r\n\n  spaces   and\ttabs\n"
 

@@ -11,13 +11,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hpctrain.cli.export import run as export_main
+from hpctrain.cli import main
 from hpctrain.config.io import load_run_config
 from hpctrain.errors import ConfigError
 from hpctrain.models import build_model
 from hpctrain.rundir import RunDir
 from hpctrain.weights.export import EXPORT_META, checkpoint_of, export
 from hpctrain.weights.load import load_into, read_checkpoint_model
+
+
+def export_main(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_safetensors_and_pt_hold_the_weights_and_load_back(saved_run: Path, tmp_path: Path) -> None:

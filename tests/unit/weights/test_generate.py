@@ -9,11 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.cli.generate import run as generate_main
+from hpctrain.cli import main
 from hpctrain.data.codec import EXPORT_TOKENIZER, copy_tokenizer, tokenizer_for_data
 from hpctrain.data.tokenizer import ByteTokenizer
 from hpctrain.weights.export import export
 from hpctrain.weights.generate import generate, load_model
+
+
+def generate_main(name: str, argv: list[str]) -> int:
+    """``hpctrain NAME ARGV`` in this process, through the CLI's entry point."""
+    return main([name, *argv])
 
 
 def test_a_seed_gives_the_same_text_from_the_run_and_its_export(saved_run: Path, tmp_path: Path) -> None:
