@@ -64,6 +64,7 @@ def test_changed_model_shape_refuses_in_one_line_and_touches_nothing(first_run: 
         "trainer.max_steps=20",
         "model.d_model=128",
         "cluster.nproc=2",
+        "trainer.micro_batch_size=8",  # the kept global batch of 16 splits over 2 ranks: the shape refuses
         "parallel=ddp",
         f"hydra.run.dir={run}",
     )

@@ -20,9 +20,12 @@ from hpctrain.rundir import RunDir
 
 @pytest.fixture
 def root_logger() -> Iterator[logging.Logger]:
-    """The root logger, its handlers and level put back afterwards (setup_logging is a worker's, for life)."""
+    """The root logger without handlers (as in a fresh worker: one an earlier test of this process left may
+    write to a stream pytest has closed since), its handlers and level put back afterwards (setup_logging is
+    a worker's, for life)."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
+    root.handlers = []
     try:
         yield root
     finally:
@@ -69,12 +72,12 @@ def test_every_rank_logs_to_its_file_and_rank_0_to_the_console(
 ) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("HPCTRAIN_LAUNCHER_PID", raising=False)
     setup_logging(tmp_path, 2, console_handler=None)
-    logging.getLogger("hpctrain.observe.logs.check").info("hello from rank 2")
+    logging.getLogger("logs_check").info("hello from rank 2")
     assert capsys.readouterr().out == ""  # not rank 0: the file only
     setup_logging(tmp_path, 0, console_handler=None)
-    logging.getLogger("hpctrain.observe.logs.check").info("hello from rank 0")
+    logging.getLogger("logs_check").info("hello from rank 0")
     assert capsys.readouterr().out.endswith("hello from rank 0\n")
     for handler in root_logger.handlers:
         handler.flush()
-    assert "rank2 INFO hpctrain.observe.logs.check: hello from rank 2" in RunDir(tmp_path).log(2).read_text()
-    assert "rank0 INFO hpctrain.observe.logs.check: hello from rank 0" in RunDir(tmp_path).log(0).read_text()
+    assert "rank2 INFO logs_check: hello from rank 2" in RunDir(tmp_path).log(2).read_text()
+    assert "rank0 INFO logs_check: hello from rank 0" in RunDir(tmp_path).log(0).read_text()

@@ -58,7 +58,7 @@ def test_plan_check_false_submits_anyway(cli: CLI, tmp_path: Path):
 def test_precheck_raises_for_every_sweep_member_that_does_not_fit():
     precheck([*SEVEN_B, "parallel=3d", "model.tie_embeddings=false", "dry_run=true"], multirun=False)
     with pytest.raises(ConfigError, match=r"^plan: 6\.4B-parameter GPT needs"):
-        precheck([*SEVEN_B, "parallel=3d,ddp", "model.tie_embeddings=false"], multirun=True)
+        precheck([*SEVEN_B, "parallel=3d,ddp", "model.tie_embeddings=false", "dry_run=true"], multirun=True)
     with pytest.raises(ConfigError) as caught:
         check_fits(typed(*SEVEN_B, "parallel=ddp"))
     assert "\n" not in str(caught.value)
