@@ -211,6 +211,14 @@ class ClusterConfig:
     sbatch_template: str = "srun"  # for launcher=sbatch: srun (one task per GPU) | torchrun (one per node)
     max_requeues: int = 3
     # --- both
+    # Restarts inside the allocation (hpctrain.launch.agent): when a rank exits abnormally or hangs, every
+    # rank's worker is started again (forked: no new torch import) from the newest valid checkpoint, in the
+    # same job. A separate cap from max_requeues (new jobs): once these are used up, a fault requeues as
+    # before. 0: no restart inside the allocation.
+    max_restarts: int = 0
+    # A crash loop ends: this many restarts in a row without a single new training step stop the run
+    # (FAILED, its cause in one line in `hpctrain status`) instead of burning every restart and requeue.
+    max_no_progress: int = 3
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
     # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are
@@ -272,6 +280,12 @@ class TrainerConfig:
     # requeues. 0 disables it.
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 300.0
+    # A step whose loss or gradient norm is not finite on any rank (all ranks agree, one all-reduce):
+    # skip: no optimizer or scheduler step (weights, optimizer state and schedule bitwise as before), logged;
+    # more than max_nonfinite_skips in a row stop the run. rollback: reload the newest checkpoint and go on
+    # past the batches that went bad. stop: end the run at once, naming the step, saving nothing of it.
+    nonfinite: str = "skip"
+    max_nonfinite_skips: int = 10
     # Every straggler_every steps the ranks' phase times are gathered and the slowest rank is named in the
     # metrics (0: never).
     straggler_every: int = 50

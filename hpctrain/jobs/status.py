@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
+from hpctrain.launch.agent import summary as restart_summary
 from hpctrain.observe.text import table
 from hpctrain.rundir import JOB_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
@@ -112,6 +113,8 @@ def status(target: Target) -> Report:
             last = max(evals, key=lambda r: r["step"])
             shown = ", ".join(f"{k} {fmt(last[k])}" for k in ("val_loss", "val_acc") if k in last)
             out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
+        for i, line in enumerate(restart_summary(RunDir(target.run_dir).read_restarts())):
+            out.append(("restarts" if i == 0 else "", line))
         failed = state is not None and state.state == "FAILED"
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)

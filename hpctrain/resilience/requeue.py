@@ -36,7 +36,7 @@ def slurm_job_id() -> str | None:
 
     A job-array task is ``<array id>_<task id>``: its own SLURM_JOB_ID may equal the array's id, and
     ``scontrol requeue <array id>`` would requeue every member of the sweep."""
-    if "HPCTRAIN_LAUNCHER_PID" in os.environ:
+    if "HPCTRAIN_LAUNCHER_PID" in os.environ:  # the local launcher (a Slurm agent sets HPCTRAIN_AGENT_PID)
         return None
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     if array and task:
@@ -138,6 +138,30 @@ def respond_to_fault(
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
+
+
+def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, why: str, action: str) -> None:
+    """A fault answered by someone else (the restart agent): only its line in faults.jsonl, from the first
+    rank to see it in this start (the others only log)."""
+    where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
+    log.error("Fault: %s — %s (%s)", where, why, action)
+    launch = job_id or os.environ.get("HPCTRAIN_JOB_ID", "local")
+    key = f"{launch}.g{os.environ.get('HPCTRAIN_RESTART', '0')}"
+    if not _first_to_respond(run_dir, key, restart_count()):
+        return
+    RunDir(run_dir).append_fault(
+        {
+            "time": time.time(),
+            "job_id": job_id,
+            "restart": restart_count(),
+            "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+            "rank": culprit.rank if culprit else None,
+            "host": culprit.host if culprit else None,
+            "step": culprit.step if culprit else None,
+            "why": why,
+            "action": action,
+        }
+    )
 
 
 def _first_to_respond(run_dir: Path, job_id: str | None, restart: int) -> bool:

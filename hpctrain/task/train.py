@@ -34,6 +34,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
+    from hpctrain.rendezvous.env import restarts_left
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import StopCheck
@@ -57,7 +58,14 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
 
+    # A restart agent above this worker answers a fault inside the allocation while restarts are left: then
+    # this rank only records what it saw and exits (at once: every second here is a second of the restart).
+    restart_inside = restarts_left() > 0
+
     def on_hang(culprit: Heartbeat | None, why: str) -> None:
+        if restart_inside:
+            requeue.record_fault(run_dir, job_id, culprit, why, "restart inside the allocation")
+            return
         requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
 
     t = cfg.trainer
@@ -72,7 +80,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except Exception as err:
-        if job_id is not None and is_peer_symptom(str(err)):
+        if job_id is not None and is_peer_symptom(str(err)) and not restart_inside:
             # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
             # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
             # left no record was killed (OOM, a node failure): requeue without its node.

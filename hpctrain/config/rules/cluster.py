@@ -38,6 +38,8 @@ def check_cluster(cfg: Config) -> None:
     one_of("launcher", cfg.launcher, LAUNCHERS[c.kind])
     at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
     at_least("cluster.pack", c.pack, 1)
+    at_least("cluster.max_restarts", c.max_restarts, 0)
+    at_least("cluster.max_no_progress", c.max_no_progress, 1)
     if c.kind == "local":
         at_least("cluster.nproc", c.nproc, 1)
         check_local_cluster(c.nproc, c.master_addr)

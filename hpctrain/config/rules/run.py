@@ -116,6 +116,8 @@ def check_trainer(cfg: Config) -> None:
     for key in ("watchdog_factor", "watchdog_min_s"):
         at_least(f"trainer.{key}", getattr(t, key), 0.0)
     at_least("trainer.straggler_every", t.straggler_every, 0)
+    one_of("trainer.nonfinite", t.nonfinite, NONFINITE)
+    at_least("trainer.max_nonfinite_skips", t.max_nonfinite_skips, 0)
     if t.profile is not None:
         first, _, last = t.profile.partition(":")
         if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= t.max_steps):
@@ -125,6 +127,9 @@ def check_trainer(cfg: Config) -> None:
                 f"expected FIRST:LAST, steps with 1 ≤ FIRST ≤ LAST ≤ trainer.max_steps={t.max_steps}",
                 valid="e.g. 10:12",
             )
+
+
+NONFINITE = ("skip", "rollback", "stop")
 
 
 def check_logger(cfg: Config) -> None:
