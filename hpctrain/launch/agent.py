@@ -251,7 +251,8 @@ def run_task(run_dir: Path) -> int:
     for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
         signal.signal(getattr(signal, name), forward)
     try:
-        server, _ = server_for(cfg.cluster.fork_server, dict(os.environ))
+        # Shielded: Slurm's signals reach every process of the step, the server's too (see forkserver.serve).
+        server, _ = server_for(cfg.cluster.fork_server, {**os.environ, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
         generation = book.generation()
         while generation is not None:
             env = dict(os.environ)
