@@ -63,6 +63,8 @@ STOPPED = "stop"  # the generation file's word for "the run stopped: no more res
 # to claim the restart with the real cause before claiming it itself.
 SYMPTOM_WAIT_S = 1.5
 EXIT_CRASH_LOOP = 4
+# Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked.
+FINAL_ERRORS = ("NonFiniteStop",)
 
 
 @dataclass
@@ -204,6 +206,12 @@ def hang_culprit(run_dir: Path, since: float) -> tuple[int | None, str | None, s
     return None
 
 
+def is_final(run_dir: Path, rank: int) -> bool:
+    """Whether the worker of ``rank`` ended with an error that asks for no restart (FINAL_ERRORS)."""
+    record = read_error_record(run_dir, rank)
+    return record is not None and record.get("type") in FINAL_ERRORS
+
+
 def describe_exit(run_dir: Path, rank: int, code: int) -> tuple[str, bool]:
     """A worker's exit in words, and whether it only reports a peer's failure (a connection error)."""
     from hpctrain.rundir.records import is_peer_symptom
@@ -266,8 +274,8 @@ def run_task(run_dir: Path) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
-            if code == 0 or pending:  # done, or stopped by Slurm's signal (the worker saved and requeued)
-                return code
+            if code == 0 or pending or is_final(run_dir, rank):
+                return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
             cause, symptom = describe_exit(run_dir, rank, code)
             outcome = Outcome(rank, host, cause, symptom)
             hang = hang_culprit(run_dir, started)

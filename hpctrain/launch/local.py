@@ -37,7 +37,14 @@ from typing import Protocol
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
-from hpctrain.launch.agent import Outcome, RestartBook, describe_exit, hang_culprit, worker_restart_env
+from hpctrain.launch.agent import (
+    Outcome,
+    RestartBook,
+    describe_exit,
+    hang_culprit,
+    is_final,
+    worker_restart_env,
+)
 from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rendezvous.env import RESTART_ENV
@@ -144,6 +151,8 @@ class LocalLauncher:
                 grace = 0.0 if book is not None and generation < c.max_restarts else c.kill_grace_s
                 failures = self._supervise(workers, grace, run_dir)
                 if not failures or book is None or self._stop_signal is not None:
+                    break
+                if any(is_final(run_dir, f.rank) for f in failures):  # e.g. trainer.nonfinite=stop
                     break
                 first = failures[0]
                 outcome = Outcome(

@@ -76,7 +76,12 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         # Before anything compiles: a requeued job finds what an earlier start of it compiled.
         compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
         on_commit = eval_jobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
-        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit)
+        skip: frozenset[int] = frozenset()
+        while True:  # trainer.nonfinite=rollback: again from the newest checkpoint, past the bad batches
+            result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit, skip)
+            if result.rollback is None:
+                break
+            skip = skip | {result.rollback}
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except Exception as err:
