@@ -56,9 +56,10 @@ def job_key(environ: dict[str, str] | None = None) -> str:
     """The same on every rank of one start of one job, different for a requeued start or another job."""
     env = os.environ if environ is None else environ
     generation = env.get("HPCTRAIN_RESTART", "0") or "0"  # a restart inside the allocation is a new start
+    suffix = f".g{generation}" if generation != "0" else ""
     if "SLURM_JOB_ID" in env:
-        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}.{generation}"
-    return f"local:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}.{generation}"
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}{suffix}"
+    return f"local:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}{suffix}"
 
 
 def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:

@@ -247,6 +247,14 @@ class RunDir:
     def control(self) -> Path:
         return self.path / CONTROL_FILE
 
+    def write_control(self, record: dict[str, Any]) -> None:
+        """hpctrain save|stop's request, or the run's answer to it (the same record with ``answered``)."""
+        atomic_json(self.control, record)
+
+    def read_control(self) -> dict[str, Any] | None:
+        found = read_json(self.control)
+        return found if isinstance(found, dict) else None
+
     def fault_claim(self, job_id: str, restart: int) -> Path:
         """The file whose exclusive creation claims the response to one job start's fault."""
         return self.path / f".fault-{job_id}-{restart}"

@@ -37,7 +37,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.rendezvous.env import restarts_left
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
-    from hpctrain.resilience.stop import StopCheck
+    from hpctrain.resilience.stop import USER_STOP, StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
@@ -71,7 +71,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
-        stop = StopCheck(signals, end_time, env.is_main, device)
+        stop = StopCheck(signals, end_time, env.is_main, device, run_dir)
         cfg = keep_global_batch(cfg, run_dir)
         # Before anything compiles: a requeued job finds what an earlier start of it compiled.
         compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
@@ -101,6 +101,9 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if observer is not None:
             observer.close()
     if result.stopped_by is None:
+        return
+    if result.stopped_by == USER_STOP:  # hpctrain stop: saved, and ends without a requeue
+        log.info("Stopped by the user after step %d (checkpoint saved)", result.state.step)
         return
     if job_id is None:
         log.info("Stopped at step %d; continue with trainer.resume=auto", result.state.step)

@@ -242,9 +242,11 @@ def fit(
             record["nonfinite"] = True
         _log(run, observer, record, state.step)
         stopped_by = stop(monitors.step_s, save_s)
-        shared, local = monitors.saves_due(state.step, bool(stopped_by))
+        shared, local = monitors.saves_due(state.step, bool(stopped_by) or stop.save_requested)
         if shared or local:
-            save_s = _save(run, watchdog, bool(stopped_by), shared, local)
+            save_s = _save(run, watchdog, bool(stopped_by) or stop.save_requested, shared, local)
+            if stop.save_requested and env.is_main:
+                stop.answer(state.step)  # hpctrain save|stop: committed (a requested save is synchronous)
         elif checkpoints.pending:
             checkpoints.poll()  # a background write that finished is committed now, not at the next save
         if stopped_by:
