@@ -204,7 +204,10 @@ def fit(
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
-    _start_observer(observer, state, env, t.max_steps)
+    if not skip_steps:
+        _start_observer(observer, state, env, t.max_steps)
+    elif observer is not None:  # a rollback: the loggers are open; metrics past the checkpoint go
+        observer.rewind(state.step)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
     monitors = _monitors(run, facts, watchdog, run_dir)
     log.info(

@@ -65,6 +65,8 @@ def test_skip_leaves_the_state_bitwise_and_rollback_ends_alike(tmp_path: Path) -
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rolling back to the newest checkpoint" in (back / "logs" / "rank0.log").read_text()
     assert not equal(state(skip, 4), state(back, 4))
+    steps = [json.loads(line)["step"] for line in (back / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4], "every step logged once across the rollback"
 
 
 def test_stop_ends_naming_the_step_and_saves_nothing_of_it(tmp_path: Path) -> None:
