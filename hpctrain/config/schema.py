@@ -219,6 +219,11 @@ class ClusterConfig:
     # A crash loop ends: this many restarts in a row without a single new training step stop the run
     # (FAILED, its cause in one line in `hpctrain status`) instead of burning every restart and requeue.
     max_no_progress: int = 3
+    # Health check of each node before its ranks join (hpctrain.launch.agent): the run directory writable
+    # with room for a checkpoint, the device answering a tiny computation, and this site script (an
+    # absolute path, executable on every node) exiting 0. A node that fails is excluded: the job is requeued
+    # without it. None: no site script (the other checks still run under cluster.max_restarts).
+    health_check: str | None = None
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
     # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are

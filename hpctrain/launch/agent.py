@@ -25,6 +25,12 @@ Caps: ``cluster.max_restarts`` restarts per job start (each worker is told how m
 ``cluster.max_requeues``), and ``cluster.max_no_progress`` attempts in a row without a single new training
 step end the run (a crash loop: the same import error, a full disk) with the cause in one line.
 
+Before each start of its worker an agent checks its node (:mod:`hpctrain.launch.health`); a node that fails
+is excluded by a requeue without it.
+
+Over 400 lines: the restart book, the Slurm task's agent loop and its status lines belong together (one
+protocol); the health check lives apart.
+
 Why not torchrun's agent (torch.distributed.elastic): it starts each restart's workers as fresh
 interpreters (each imports torch again: 7 s of CPU per rank on the test machine, more than the whole
 restart budget), stops a worker with SIGTERM and waits up to 30 s before SIGKILL (a SIGSTOPped rank holds
@@ -46,6 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hpctrain.launch import health
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
 from hpctrain.resilience.watchdog import PHASES, job_key, read_heartbeats
 from hpctrain.rundir import RunDir
@@ -263,6 +270,10 @@ def run_task(run_dir: Path) -> int:
         server, _ = server_for(cfg.cluster.fork_server, {**os.environ, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
         generation = book.generation()
         while generation is not None:
+            unhealthy = health.problem(run_dir, cfg.cluster.health_check, host)
+            if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
+                health.exclude(run_dir, rank, host, unhealthy, cfg.cluster.max_requeues)
+                return health.EXIT_UNHEALTHY
             env = dict(os.environ)
             env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
             env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
@@ -276,6 +287,10 @@ def run_task(run_dir: Path) -> int:
             assert code is not None
             if code == 0 or pending or is_final(run_dir, rank):
                 return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
+            record = read_error_record(run_dir, rank)
+            if record is not None and record.get("type") == health.UNHEALTHY:  # the device failed its check
+                health.exclude(run_dir, rank, host, str(record.get("message", "")), cfg.cluster.max_requeues)
+                return health.EXIT_UNHEALTHY
             cause, symptom = describe_exit(run_dir, rank, code)
             outcome = Outcome(rank, host, cause, symptom)
             hang = hang_culprit(run_dir, started)
@@ -353,10 +368,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def restarts_configured(run_dir: Path) -> bool:
-    """Whether the run restarts inside the allocation (else a task is its worker, as before the agent)."""
+    """Whether a task is its rank's agent: restarts inside the allocation or a site health check (else the
+    task is its worker, as before the agent)."""
     from hpctrain.config.io import load_run_config
 
-    return load_run_config(RunDir(run_dir).config).cluster.max_restarts > 0
+    cluster = load_run_config(RunDir(run_dir).config).cluster
+    return cluster.max_restarts > 0 or cluster.health_check is not None
 
 
 def main(argv: list[str]) -> None:

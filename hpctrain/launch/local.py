@@ -46,6 +46,7 @@ from hpctrain.launch.agent import (
     worker_restart_env,
 )
 from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
+from hpctrain.launch.health import problem as health_problem
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience.watchdog import job_key
@@ -143,6 +144,10 @@ class LocalLauncher:
                 book = RestartBook(run_dir, self._job_id, c.max_restarts, c.max_no_progress)
             generation = 0
             while True:
+                unhealthy = health_problem(run_dir, c.health_check, socket.gethostname())
+                if unhealthy is not None:  # one machine: nothing to exclude, the run cannot start
+                    print(f"hpctrain: {unhealthy}", file=sys.stderr)
+                    return 1
                 started, first_step = time.time(), book.resume_step() if book else 0
                 for rank in range(nproc):
                     workers.append(self._spawn(cfg, run_dir, rank, port, console_fd, server, generation))

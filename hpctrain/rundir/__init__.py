@@ -239,6 +239,10 @@ class RunDir:
         """The generation (0, 1, ...) of the workers of one job start: an agent that sees it move restarts."""
         return self.agents / f"{job}.generation"
 
+    def agent_probe(self, host: str) -> Path:
+        """A file a node's health check writes and removes: is the run directory writable from there?"""
+        return self.agents / f"{host}.probe"
+
     def agent_claim(self, job: str, generation: int) -> Path:
         """The file whose exclusive creation claims the restart that ends ``generation``."""
         return self.agents / f"{job}.{generation}.claim"

@@ -96,3 +96,23 @@ def test_nan_rolled_back_through_the_sbatch_template(slurm_cluster, tmp_path: Pa
     assert "rolling back to the newest checkpoint" in log and log.count("Resumed from") == 1, log[-3000:]
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6], "every step logged once across the rollback"
+
+
+def test_a_node_failing_its_health_check_is_excluded(slurm_cluster, tmp_path: Path):
+    script = tmp_path / "check.sh"
+    # The job's second node fails in the first start only (a node that is bad until it is left out).
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$SLURM_NODEID" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        '  echo "$(hostname): the scratch disk is full"; exit 1\n'
+        "fi\n"
+    )
+    script.chmod(0o755)
+    run = tmp_path / "run"
+    job_id = submit(run, *FAST, "cluster=slurm_test", "trainer.max_steps=4", f"cluster.health_check={script}")
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[0])
+    assert "health check" in fault["why"] and "the scratch disk is full" in fault["why"], fault
+    hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert fault["host"] not in hosts and len(hosts) == 2, (fault, hosts)
+    assert fault["host"] in commands.job_fields(job_id).get("ExcNodeList", "")

@@ -91,3 +91,34 @@ def test_bad_restart_keys_are_refused_in_one_line(tmp_path: Path, override: str,
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_a_failing_health_check_stops_a_local_run_before_its_ranks_start(tmp_path: Path) -> None:
+    script = tmp_path / "check.sh"
+    script.write_text("#!/bin/sh\necho 'GPU 3 fell off the bus'\nexit 3\n")
+    script.chmod(0o755)
+    run = tmp_path / "run"
+    result = hpctrain(*RUN, f"cluster.health_check={script}", f"hydra.run.dir={run}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "exited 3" in lines[-1] and "GPU 3 fell off the bus" in lines[-1], lines[-1]
+    assert not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("missing.sh", "not an absolute path"),
+        ("/nonexistent/check.sh", "no such file"),
+        ("PLAIN", "not executable"),
+    ],
+)
+def test_bad_health_check_scripts_are_refused_in_one_line(tmp_path: Path, value: str, message: str) -> None:
+    if value == "PLAIN":
+        plain = tmp_path / "plain.sh"
+        plain.write_text("#!/bin/sh\nexit 0\n")
+        value = str(plain)
+    result = hpctrain(*RUN, f"cluster.health_check={value}", f"hydra.run.dir={tmp_path / 'bad'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "cluster.health_check" in lines[0] and message in lines[0], lines[0]
