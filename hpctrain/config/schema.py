@@ -224,6 +224,8 @@ class ClusterConfig:
     # absolute path, executable on every node) exiting 0. A node that fails is excluded: the job is requeued
     # without it. None: no site script (the other checks still run under cluster.max_restarts).
     health_check: str | None = None
+    # Mean time between interruptions assumed by trainer.ckpt_every=auto before the run has seen one, hours.
+    mtbf_h: float = 24.0
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
     # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are
@@ -274,7 +276,9 @@ class TrainerConfig:
     log_every: int = 25
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4
-    ckpt_every: int = 100  # 0: only at the end
+    # Steps between checkpoints; 0: only at the end; auto: from the measured save cost and the run's
+    # interruption rate (Young/Daly: hpctrain.train.interval), re-chosen after each interruption.
+    ckpt_every: Any = 100
     keep_last: int = 2
     # Write checkpoints in the background (DCP async_save): training waits only for the copy of the state.
     # Saves on a stop signal and at the end are synchronous.

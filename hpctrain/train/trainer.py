@@ -248,6 +248,7 @@ def fit(
         shared, local = monitors.saves_due(state.step, bool(stopped_by) or stop.save_requested)
         if shared or local:
             save_s = _save(run, watchdog, bool(stopped_by) or stop.save_requested, shared, local)
+            monitors.saved(state.step, shared, save_s)
             if stop.save_requested and env.is_main:
                 stop.answer(state.step)  # hpctrain save|stop: committed (a requested save is synchronous)
         elif checkpoints.pending:

@@ -100,8 +100,15 @@ def check_trainer(cfg: Config) -> None:
         "eval_batches",
     ):
         at_least(f"trainer.{key}", getattr(t, key), 1)
+    if t.ckpt_every != "auto" and (isinstance(t.ckpt_every, bool) or not isinstance(t.ckpt_every, int)):
+        raise ConfigError(
+            "trainer.ckpt_every", t.ckpt_every, "not a number of steps", valid="an integer ≥ 0, or auto"
+        )
     for key in ("ckpt_every", "eval_every"):
-        at_least(f"trainer.{key}", getattr(t, key), 0)
+        if getattr(t, key) != "auto":
+            at_least(f"trainer.{key}", getattr(t, key), 0)
+    if not cfg.cluster.mtbf_h > 0:
+        raise ConfigError("cluster.mtbf_h", cfg.cluster.mtbf_h, "must be > 0", valid="hours, e.g. 24")
     one_of("trainer.precision", t.precision, PRECISIONS)
     if t.resume not in ("auto", "never"):
         # Sizes and the manifest here; each file's checksum is verified by the worker as it loads it.
