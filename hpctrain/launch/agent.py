@@ -248,7 +248,7 @@ def run_task(run_dir: Path) -> int:
     """One Slurm task's rank, with restarts inside the allocation when ``cluster.max_restarts`` > 0: start
     the worker, watch it and the generation, restart. Returns the task's exit status."""
     from hpctrain.config.io import load_run_config
-    from hpctrain.launch.forked import ForkServer, server_for
+    from hpctrain.launch.forked import ForkServer
 
     cfg = load_run_config(RunDir(run_dir).config)
     rank = int(os.environ.get("SLURM_PROCID", "0"))
@@ -266,8 +266,7 @@ def run_task(run_dir: Path) -> int:
     for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
         signal.signal(getattr(signal, name), forward)
     try:
-        # Shielded: Slurm's signals reach every process of the step, the server's too (see forkserver.serve).
-        server, _ = server_for(cfg.cluster.fork_server, {**os.environ, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
+        server = _node_server(cfg.cluster.fork_server)
         generation = book.generation()
         while generation is not None:
             unhealthy = health.problem(run_dir, cfg.cluster.health_check, host)
@@ -313,6 +312,25 @@ def run_task(run_dir: Path) -> int:
             _signal_group(worker[0].pid, signal.SIGKILL)
         if server is not None:
             server.close()
+
+
+def _node_server(fork_server: bool) -> Any:
+    """This task's own fork server on this node (None: fresh interpreters). Never one named by an inherited
+    HPCTRAIN_FORKSERVER: that is the submitting machine's (sbatch exports the submitter's environment).
+    Shielded: Slurm's signals reach every process of the step, the server's too (see forkserver.serve)."""
+    from hpctrain.launch.forked import FORKSERVER_ENV, ForkServer, ForkServerError, supported
+
+    if not fork_server or not supported():
+        return None
+    env = {k: v for k, v in os.environ.items() if k != FORKSERVER_ENV}
+    server = ForkServer.start({**env, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
+    try:
+        server.ready()
+    except ForkServerError as err:  # the workers start as fresh interpreters instead
+        server.close()
+        log.warning("No fork server on this node (%s): workers start as fresh interpreters", err)
+        return None
+    return server
 
 
 def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
