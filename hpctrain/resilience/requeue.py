@@ -100,10 +100,16 @@ def respond_to_fault(
     culprit: Heartbeat | None,
     why: str,
     max_requeues: int,
+    progress: bool | None = None,
+    max_no_progress: int = 0,
 ) -> None:
     """After a hang or a dead rank: record the culprit and requeue the job without the culprit's node (when
     the partition has enough other nodes), within the requeue cap. The first rank to get here acts; the
-    others only log (a slower one would also take the ranks that exited meanwhile for dead)."""
+    others only log (a slower one would also take the ranks that exited meanwhile for dead).
+
+    ``progress``: whether this job start trained a step (None: unknown). ``cluster.max_no_progress`` job
+    starts and restarts in a row without one end the run instead of requeueing it: a crash loop, recorded in
+    restarts.jsonl (which the restart agents count too)."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
     done = restart_count()
@@ -120,6 +126,9 @@ def respond_to_fault(
     }
     RunDir(run_dir).append_fault(record)
     if job_id is None or commands.was_cancelled(job_id):
+        return
+    if progress is not None and max_no_progress > 0 and _crash_loop(run_dir, job_id, culprit, why, progress,
+                                                                    max_no_progress):  # fmt: skip
         return
     if done >= max_requeues:
         log.error(
@@ -138,6 +147,40 @@ def respond_to_fault(
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
+
+
+def _crash_loop(
+    run_dir: Path, job_id: str, culprit: Heartbeat | None, why: str, progress: bool, max_no_progress: int
+) -> bool:
+    """Record this job start's end in restarts.jsonl; True (and the run stops) when it is the
+    ``max_no_progress``-th attempt in a row without a new step."""
+    rd = RunDir(run_dir)
+    in_a_row = 0
+    if not progress:
+        for earlier in reversed(rd.read_restarts()):
+            if earlier.get("progress", True):
+                break
+            in_a_row += 1
+        in_a_row += 1
+    record = {
+        "time": time.time(),
+        "job": f"{job_id}.r{restart_count()}",
+        "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+        "cause": why,
+        "rank": culprit.rank if culprit else None,
+        "host": culprit.host if culprit else None,
+        "progress": progress,
+        "action": "requeue",
+    }
+    if in_a_row >= max_no_progress:
+        record["action"] = "stopped"
+        record["why"] = (
+            f"crash loop: {in_a_row} attempts in a row without a new step "
+            f"(cluster.max_no_progress={max_no_progress}); last: {why}"
+        )
+        log.error("Not requeueing: %s", record["why"])
+    rd.append_restart(record)
+    return record["action"] == "stopped"
 
 
 def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, why: str, action: str) -> None:

@@ -115,6 +115,7 @@ class Watchdog:
         self.phase = "startup"
         self.since = time.time()
         self.step_started = self.since  # when the current step's armed phases began
+        self.first_step: int | None = None  # the first step this process trained
         self.job = job_key()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
@@ -130,7 +131,15 @@ class Watchdog:
         now = time.time()
         if step != self.step:
             self.step_started = now
+        if self.first_step is None and phase == "data":
+            self.first_step = step
         self.step, self.phase, self.since = step, phase, now
+
+    def made_progress(self) -> bool:
+        """Whether this process finished a training step (for cluster.max_no_progress)."""
+        if self.first_step is None:
+            return False
+        return self.step > self.first_step or self.phase in ("report", "checkpoint")
 
     def step_done(self, seconds: float) -> None:
         self.recent.append(seconds)

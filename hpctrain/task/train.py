@@ -66,7 +66,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if restart_inside:
             requeue.record_fault(run_dir, job_id, culprit, why, "restart inside the allocation")
             return
-        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
+                                 watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
 
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
@@ -94,7 +95,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             culprit, why = find_culprit(beats, time.time())
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
             if own_error is None or is_peer_symptom(own_error["message"]):
-                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
+                                         watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
         raise
     finally:
         watchdog.close()

@@ -116,3 +116,18 @@ def test_a_node_failing_its_health_check_is_excluded(slurm_cluster, tmp_path: Pa
     hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
     assert fault["host"] not in hosts and len(hosts) == 2, (fault, hosts)
     assert fault["host"] in commands.job_fields(job_id).get("ExcNodeList", "")
+
+
+def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    # Rank 3 is killed at step 1 of every job start: no start ever trains a step.
+    job_id = submit(
+        run, *TRAIN, "trainer.max_steps=10", "faults.kill_at=3:1", "cluster.max_requeues=5",
+        "cluster.max_no_progress=2", "cluster.dist_timeout_s=60",
+    )  # fmt: skip
+    assert wait_final([job_id], timeout=300)[job_id].state == "FAILED"
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["requeue", "stopped"], records
+    assert commands.job_fields(job_id).get("Restarts") == "1"
+    status = hpctrain("status", str(run))
+    assert "crash loop: 2 attempts in a row without a new step" in status.stdout, status.stdout
