@@ -2,6 +2,9 @@
 
     SLURM_CONF=... python bench/chaos.py          # against a running cluster
     python bench/chaos.py                          # starts the test cluster itself (root)
+    # one fault about every 2 minutes, the checkpoint interval from Young/Daly with an MTBF of 2 minutes:
+    python bench/chaos.py --steps 2500 --kill 500 --stop 1000 --nan 1500 --preempt 2000 \
+        --ckpt-every auto --mtbf-h 0.0333
 
 Two jobs of ``cluster=slurm_test`` (2 nodes x 2 tasks, a tiny GPT, ``--steps`` steps, a checkpoint every
 ``--ckpt-every`` steps, a metrics record every step): an uninterrupted one (the reference), then the same
@@ -167,7 +170,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--ckpt-every", type=int, default=5)
+    parser.add_argument("--ckpt-every", default="5", help="steps between checkpoints, or auto (Young/Daly)")
+    parser.add_argument("--mtbf-h", type=float, default=24.0, help="cluster.mtbf_h (for --ckpt-every auto)")
     parser.add_argument("--kill", type=int, default=12, help="step of the SIGKILL (rank 3)")
     parser.add_argument("--stop", type=int, default=24, help="step of the SIGSTOP (rank 1, restarted start)")
     parser.add_argument("--nan", type=int, default=31, help="step of the NaN loss (rank 2)")
@@ -175,8 +179,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, help="where the run directories go (kept)")
     opts = parser.parse_args()
     job = [
-        "cluster=slurm_test", "cluster.exclude=node3", f"trainer.max_steps={opts.steps}",
-        f"trainer.ckpt_every={opts.ckpt_every}", "trainer.keep_last=1000", "trainer.log_every=1",
+        "cluster=slurm_test", "cluster.exclude=node3", "cluster.time=01:00:00",
+        f"trainer.max_steps={opts.steps}",
+        f"trainer.ckpt_every={opts.ckpt_every}", f"cluster.mtbf_h={opts.mtbf_h}", "trainer.keep_last=100000",
+        "trainer.log_every=1",
         "trainer.eval_every=0", "trainer.eval_batches=1", "data.max_bytes=200000", "logger=jsonl",
         "cluster.dist_timeout_s=60",
     ]  # fmt: skip
@@ -188,12 +194,12 @@ def main() -> None:
         root = opts.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hpct-chaos-")))
         reference, chaos = root.resolve() / "reference", root.resolve() / "chaos"
         ref_job = submit(reference, job, env)
-        print(f"reference job {ref_job}: {wait_final(ref_job, env, 600)}", flush=True)
+        print(f"reference job {ref_job}: {wait_final(ref_job, env, 3600)}", flush=True)
         chaos_job = submit(chaos, [*job, *faults], env)
-        wait_for(lambda: any(r["step"] >= opts.preempt for r in metrics(chaos)), "the pre-emption step", 600)
+        wait_for(lambda: any(r["step"] >= opts.preempt for r in metrics(chaos)), "the pre-emption step", 3600)
         subprocess.run(["scancel", "--signal=USR2", chaos_job], env=env, check=True)
         signalled = time.time()
-        print(f"chaos job {chaos_job}: {wait_final(chaos_job, env, 600)}", flush=True)
+        print(f"chaos job {chaos_job}: {wait_final(chaos_job, env, 3600)}", flush=True)
 
         rows = []
         records = [r for r in restarts(chaos) if r.get("action") == "restart"]
@@ -228,9 +234,17 @@ def main() -> None:
         records_chaos = metrics(chaos)
         wall = records_chaos[-1]["time"] - records_chaos[0]["time"]
         ettr = ref_step * (opts.steps - 1) / wall
-        mid = (opts.stop // opts.ckpt_every + 1) * opts.ckpt_every  # a checkpoint after both restarts
-        name = f"step_{mid:08d}"
-        same_mid = bitwise(chaos / "checkpoints" / name, reference / "checkpoints" / name)
+        # A checkpoint both runs have, after both restarts and before the NaN step.
+        common = {p.name for p in (chaos / "checkpoints").glob("step_*")} & {
+            p.name for p in (reference / "checkpoints").glob("step_*")
+        }
+        between = sorted(n for n in common if opts.stop < int(n[5:]) < opts.nan)
+        mid = int(between[-1][5:]) if between else 0
+        same_mid = (
+            bitwise(chaos / "checkpoints" / between[-1], reference / "checkpoints" / between[-1])
+            if between
+            else None
+        )
         end = f"step_{opts.steps:08d}"
         same_end = bitwise(chaos / "checkpoints" / end, reference / "checkpoints" / end)
 
