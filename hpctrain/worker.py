@@ -88,7 +88,8 @@ def _train(run_dir: Path) -> bool:
 
 def _die_with_launcher() -> None:
     """Ask the kernel for SIGKILL when the local launcher dies, so a killed launcher leaves no orphans."""
-    launcher = os.environ.get("HPCTRAIN_LAUNCHER_PID")
+    # The local launcher (or its fork server), or a Slurm task's restart agent (or its fork server).
+    launcher = os.environ.get("HPCTRAIN_LAUNCHER_PID") or os.environ.get("HPCTRAIN_AGENT_PID")
     if launcher is None or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)

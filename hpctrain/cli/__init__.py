@@ -29,6 +29,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "status": Subcommand("[TARGET]", "state and progress of a run (the latest), a sweep or a job", "jobs"),
     "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "logs"),
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
+    "save": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint now, trains on", "control"),
+    "stop": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint, ends, no requeue", "control"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "eval": Subcommand("RUN_DIR [--step N] [OVERRIDES...]", "the run's validation of a checkpoint", "eval"),
     "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),

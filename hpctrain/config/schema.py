@@ -4,7 +4,9 @@ The YAML files under ``conf/`` pick a schema through their defaults list (``- /s
 style is avoided: each option names its schema as ``_schema_`` via the defaults list), so an unknown key or
 a value of the wrong type is rejected while the config is composed, before anything runs.
 
-This module must stay free of torch: it is imported on the submit path.
+This module must stay free of torch: it is imported on the submit path. Over 400 lines: it is the one
+schema of the whole config tree, a dataclass per group with a comment per key, read as one (a group's keys
+split over files would hide the defaults a reader compares).
 """
 
 from __future__ import annotations
@@ -221,6 +223,21 @@ class ClusterConfig:
     sbatch_template: str = "srun"  # for launcher=sbatch: srun (one task per GPU) | torchrun (one per node)
     max_requeues: int = 3
     # --- both
+    # Restarts inside the allocation (hpctrain.launch.agent): when a rank exits abnormally or hangs, every
+    # rank's worker is started again (forked: no new torch import) from the newest valid checkpoint, in the
+    # same job. A separate cap from max_requeues (new jobs): once these are used up, a fault requeues as
+    # before. 0: no restart inside the allocation.
+    max_restarts: int = 0
+    # A crash loop ends: this many restarts in a row without a single new training step stop the run
+    # (FAILED, its cause in one line in `hpctrain status`) instead of burning every restart and requeue.
+    max_no_progress: int = 3
+    # Health check of each node before its ranks join (hpctrain.launch.agent): the run directory writable
+    # with room for a checkpoint, the device answering a tiny computation, and this site script (an
+    # absolute path, executable on every node) exiting 0. A node that fails is excluded: the job is requeued
+    # without it. None: no site script (the other checks still run under cluster.max_restarts).
+    health_check: str | None = None
+    # Mean time between interruptions assumed by trainer.ckpt_every=auto before the run has seen one, hours.
+    mtbf_h: float = 24.0
     # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
     peak_flops: float | None = None
     # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are
@@ -273,7 +290,9 @@ class TrainerConfig:
     log_every: int | None = None
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4
-    ckpt_every: int = 100  # 0: only at the end
+    # Steps between checkpoints; 0: only at the end; auto: from the measured save cost and the run's
+    # interruption rate (Young/Daly: hpctrain.train.interval), re-chosen after each interruption.
+    ckpt_every: Any = 100
     keep_last: int = 2
     # Write checkpoints in the background (DCP async_save): training waits only for the copy of the state.
     # Saves on a stop signal and at the end are synchronous.
@@ -284,6 +303,12 @@ class TrainerConfig:
     # requeues. 0 disables it.
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 300.0
+    # A step whose loss or gradient norm is not finite on any rank (all ranks agree, one all-reduce):
+    # skip: no optimizer or scheduler step (weights, optimizer state and schedule bitwise as before), logged;
+    # more than max_nonfinite_skips in a row stop the run. rollback: reload the newest checkpoint and go on
+    # past the batches that went bad. stop: end the run at once, naming the step, saving nothing of it.
+    nonfinite: str = "skip"
+    max_nonfinite_skips: int = 10
     # Every straggler_every steps the ranks' phase times are gathered and the slowest rank is named in the
     # metrics (0: never).
     straggler_every: int = 50

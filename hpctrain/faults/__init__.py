@@ -13,6 +13,13 @@ Points:
   ``save_delay_s`` sleeps that long (a window to kill the job mid-save).
 - ``"step"`` also: ``kill_at=RANK:STEP`` makes that rank kill itself there with SIGKILL (a real ``kill -9``:
   no exception, no cleanup; its checkpoint writer dies with it).
+- ``"step"`` also: ``stop_at=RANK:STEP`` makes that rank stop itself with SIGSTOP (a hung process: it takes
+  no signal but SIGKILL, its threads and heartbeat stop).
+- ``kill_at``, ``stop_at`` and ``hang_at`` fire in the first start of a job's workers only, or with
+  ``RANK:STEP@G`` in their generation G (``HPCTRAIN_RESTART``: the G-th restart inside the allocation), so a
+  restarted start heals and one job can take several faults in turn.
+- ``nan_at=RANK:STEP``: that rank's loss at that step is NaN (once per process: a rollback that trains the
+  step again does not meet it again), for the non-finite guard (``trainer.nonfinite``).
 - ``"write"``: in a rank's checkpoint writer process, while it writes a save of that step (after each
   buffer of a shard). ``writer_kill_at=RANK:STEP`` makes that rank's writer kill itself there with SIGKILL.
 """
@@ -41,6 +48,8 @@ class FaultsConfig:
     save_delay_s: float = 0.0  # rank 0 waits so long between writing a checkpoint and committing it
     kill_at: str | None = None  # "RANK:STEP": that rank kills itself (SIGKILL) at the start of that step
     writer_kill_at: str | None = None  # "RANK:STEP": that rank's checkpoint writer kills itself mid-write
+    stop_at: str | None = None  # "RANK:STEP[@G]": that rank stops itself (SIGSTOP) at the start of that step
+    nan_at: str | None = None  # "RANK:STEP": that rank's loss is NaN at that step (once per process)
 
 
 def _rank_step(key: str, value: str | None) -> tuple[int, int] | None:
@@ -50,6 +59,20 @@ def _rank_step(key: str, value: str | None) -> tuple[int, int] | None:
     if not (rank.isdigit() and step.isdigit()):
         raise ConfigError(f"faults.{key}", value, "expected RANK:STEP", valid="e.g. 1:5")
     return int(rank), int(step)
+
+
+def _generation_of(key: str, value: str | None) -> tuple[int, int, int] | None:
+    """``RANK:STEP`` (generation 0) or ``RANK:STEP@G``."""
+    if value is None:
+        return None
+    spec, at, generation = value.partition("@")
+    if at and not generation.isdigit():
+        raise ConfigError(
+            f"faults.{key}", value, "expected RANK:STEP or RANK:STEP@GENERATION", valid="e.g. 1:5@1"
+        )
+    found = _rank_step(key, spec)
+    assert found is not None
+    return (*found, int(generation) if at else 0)
 
 
 def _slow(value: str | None) -> tuple[int, float] | None:
@@ -68,8 +91,10 @@ def _slow(value: str | None) -> tuple[int, float] | None:
 def check_faults(faults: FaultsConfig) -> None:
     """One-line ConfigError for a malformed fault spec (run on the submitting machine)."""
     _rank_step("fail_at", faults.fail_at)
-    _rank_step("hang_at", faults.hang_at)
-    _rank_step("kill_at", faults.kill_at)
+    _generation_of("hang_at", faults.hang_at)
+    _generation_of("kill_at", faults.kill_at)
+    _generation_of("stop_at", faults.stop_at)
+    _rank_step("nan_at", faults.nan_at)
     _rank_step("writer_kill_at", faults.writer_kill_at)
     _slow(faults.slow_rank)
     if not faults.save_delay_s >= 0:
@@ -86,11 +111,27 @@ class FaultInjector:
         self._fail = _rank_step("fail_at", faults.fail_at)
         # A requeued job does not hang again: it is the first start's hang that the tests observe.
         first_start = not os.environ.get("SLURM_RESTART_COUNT")
-        self._hang = _rank_step("hang_at", faults.hang_at) if first_start else None
+        self.generation = int(os.environ.get("HPCTRAIN_RESTART", "0") or 0)
+        self._hang = self._here("hang_at", faults.hang_at) if first_start else None
+        self._stop = self._here("stop_at", faults.stop_at)
+        self._nan = _rank_step("nan_at", faults.nan_at)
         self._slow = _slow(faults.slow_rank)
         self._save_delay_s = float(faults.save_delay_s)
-        self._kill = _rank_step("kill_at", faults.kill_at)
+        self._kill = self._here("kill_at", faults.kill_at)
         self._kill_writer = _rank_step("writer_kill_at", faults.writer_kill_at)
+
+    def _here(self, key: str, value: str | None) -> tuple[int, int] | None:
+        """(rank, step) of a fault that fires in this generation of the workers, else None."""
+        found = _generation_of(key, value)
+        return found[:2] if found is not None and found[2] == self.generation else None
+
+    def nan_loss(self, step: int) -> bool:
+        """Whether this rank's loss at ``step`` is to be NaN (``nan_at``; once per process)."""
+        if self._nan == (self.rank, step):
+            self._nan = None
+            log.warning("A NaN loss at step %d on purpose (faults.nan_at=%s)", step, self.spec.nan_at)
+            return True
+        return False
 
     def at(self, point: str, step: int = 0) -> None:
         """Inject whatever this rank has at ``point`` of ``step`` (the step being trained, 1-based)."""
@@ -105,6 +146,13 @@ class FaultInjector:
                     "Killing this rank (SIGKILL) at step %d (faults.kill_at=%s)", step, self.spec.kill_at
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self._stop == (self.rank, step):
+                log.warning(
+                    "Stopping this rank (SIGSTOP) at step %d (faults.stop_at=%s)", step, self.spec.stop_at
+                )
+                for handler in logging.getLogger().handlers:
+                    handler.flush()
+                os.kill(os.getpid(), signal.SIGSTOP)
         elif point == "data":
             if self._slow is not None and self._slow[0] == self.rank:
                 time.sleep(self._slow[1])

@@ -11,6 +11,12 @@ status goes back to the connection that asked for it. A connection that closes (
 killed) has its children's process groups SIGKILLed. A launch's own server dies with its launcher (its
 parent-death signal), and its children with it (theirs is bound to the server). SIGTERM or SIGINT: the
 children are killed, the socket removed.
+
+A Slurm task's restart agent (:mod:`hpctrain.launch.agent`) starts its server with
+``HPCTRAIN_FORKSERVER_SHIELD=1``: Slurm signals every process of a step (the warning signal, SIGTERM on
+pre-emption), and the server must neither die of USR2 nor kill the worker that is saving its checkpoint on
+SIGTERM. Such a server ignores them (the agent forwards them to the worker) and dies with SIGKILL when the
+agent dies.
 """
 
 from __future__ import annotations
@@ -263,9 +269,13 @@ def _listen(path: str) -> socket.socket:
     return listener
 
 
-def _die_with(parent: int) -> None:
+SHIELD_ENV = "HPCTRAIN_FORKSERVER_SHIELD"
+SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2, signal.SIGURG)
+
+
+def _die_with(parent: int, shielded: bool) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL if shielded else signal.SIGTERM)
     if os.getppid() != parent:
         raise SystemExit(0)
 
@@ -287,10 +297,14 @@ def main(argv: list[str]) -> NoReturn:
     if args.room is None:  # started by hand: again, with the room
         os.execve(sys.executable, [*sys.orig_argv, *room_args()], {**os.environ, **room_env()})
     os.environ.pop(ROOM_ENV, None)  # the block keeps it, for the children's environments
+    shielded = os.environ.pop(SHIELD_ENV, "") == "1"
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_stop)
+    if shielded:
+        for sig in SHIELDED:
+            signal.signal(sig, signal.SIG_IGN)
     if args.parent is not None:
-        _die_with(args.parent)
+        _die_with(args.parent, shielded)
     try:
         os.close(os.pidfd_open(os.getpid()))  # how a child's exit is awaited
     except (AttributeError, OSError) as err:

@@ -37,11 +37,28 @@ from typing import Protocol
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
+from hpctrain.launch.agent import (
+    Outcome,
+    RestartBook,
+    describe_exit,
+    hang_culprit,
+    is_final,
+    worker_restart_env,
+)
 from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
+from hpctrain.launch.health import problem as health_problem
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
+from hpctrain.rendezvous.env import RESTART_ENV
+from hpctrain.resilience.watchdog import job_key
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.checkpoints import JOB_ID_ENV, FastTierPaths, job_identity, run_key
-from hpctrain.rundir.records import EXIT_STOPPED, is_peer_symptom, read_error_file, read_user_traceback
+from hpctrain.rundir.records import (
+    EXIT_STOPPED,
+    is_peer_symptom,
+    read_error_file,
+    read_user_traceback,
+    write_error_record,
+)
 from hpctrain.rundir.runs import continue_command
 
 log = logging.getLogger(__name__)
@@ -123,13 +140,53 @@ class LocalLauncher:
         self._job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:16]
         server: ForkServer | None = None
         owned = False
+        crash_loop: str | None = None  # why the run was stopped as a crash loop
         try:
             server, owned = server_for(cfg.cluster.fork_server, _server_env(cfg))
             how = f", forked from fork server {server.pid}" if server else ""
             log.info("Starting %d worker process%s (rank logs in %s%s)", nproc, "es" * (nproc > 1), logs, how)
-            for rank in range(nproc):
-                workers.append(self._spawn(cfg, run_dir, rank, port, console_fd, server))
-            failures = self._supervise(workers, cfg.cluster.kill_grace_s, run_dir)
+            c = cfg.cluster
+            book = None
+            if c.max_restarts:
+                book = RestartBook(run_dir, self._job_id, c.max_restarts, c.max_no_progress)
+            generation = 0
+            while True:
+                unhealthy = health_problem(run_dir, c.health_check, socket.gethostname())
+                if unhealthy is not None:  # one machine: nothing to exclude, the run cannot start
+                    print(f"hpctrain: {unhealthy}", file=sys.stderr)
+                    return 1
+                started, first_step = time.time(), book.resume_step() if book else 0
+                for rank in range(nproc):
+                    workers.append(self._spawn(cfg, run_dir, rank, port, console_fd, server, generation))
+                # A restart follows a failure: the others are killed at once (their state is given up for the
+                # checkpoint), not given kill_grace_s to stop.
+                grace = 0.0 if book is not None and generation < c.max_restarts else c.kill_grace_s
+                failures = self._supervise(workers, grace, run_dir)
+                if not failures or book is None or self._stop_signal is not None:
+                    break
+                if any(is_final(run_dir, f.rank) for f in failures):  # e.g. trainer.nonfinite=stop
+                    break
+                first = failures[0]
+                outcome = Outcome(
+                    first.rank, socket.gethostname(), describe_exit(run_dir, first.rank, first.returncode)[0]
+                )
+                hang = hang_culprit(run_dir, started)
+                if hang is not None:
+                    outcome = Outcome(*hang)
+                book.claim(generation)
+                key = job_key({"MASTER_ADDR": c.master_addr, "MASTER_PORT": str(port),
+                               RESTART_ENV: str(generation)})  # fmt: skip
+                if not book.decide(generation, outcome, started, first_step, key):
+                    if book.generation() is None:  # a crash loop: its cause is the run's error
+                        why = book.rd.read_restarts()[-1].get("why", "crash loop")
+                        write_error_record(run_dir, 0, "CrashLoop", why)
+                        crash_loop = why
+                    break
+                for worker in workers:
+                    _kill_group(worker.proc.pid, signal.SIGKILL)
+                workers.clear()
+                generation += 1
+                port = free_port(c.master_addr)  # off the ports the killed generation held
         except (ConfigError, ForkServerError) as err:  # the server named by HPCTRAIN_FORKSERVER, or it died
             print(f"hpctrain: {err}", file=sys.stderr)
             return 2 if isinstance(err, ConfigError) else 1
@@ -162,6 +219,8 @@ class LocalLauncher:
             for other in others:
                 if other.detail != first.detail:
                     print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
+            if crash_loop is not None:  # the cause last, in one line
+                print(f"hpctrain: {crash_loop}", file=sys.stderr)
             return 1
         if any(w.proc.returncode == EXIT_STOPPED for w in workers):
             # A stop signal reached the workers but not this command (e.g. one kill of a rank): they saved,
@@ -187,9 +246,11 @@ class LocalLauncher:
         port: int,
         console_fd: int | None,
         server: ForkServer | None,
+        generation: int = 0,
     ) -> _Worker:
         nproc = cfg.cluster.nproc
         env = _server_env(cfg)
+        env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),

@@ -19,7 +19,19 @@ WORKER_MODULE = "hpctrain.worker"
 log = logging.getLogger(__name__)
 
 
+class RestartsFailed(RuntimeError):
+    """The task's workers failed and no restart inside the allocation followed (see restarts.jsonl)."""
+
+
 def run_task(run_dir: str) -> None:
+    from hpctrain.launch.agent import restarts_configured
+    from hpctrain.launch.agent import run_task as agent_task
+
+    if restarts_configured(Path(run_dir)):  # cluster.max_restarts: this task is its rank's restart agent
+        code = agent_task(Path(run_dir))
+        if code != 0:  # an error ends the job FAILED, as the worker's own would
+            raise RestartsFailed(f"the worker of this task ended with status {code} ({run_dir})")
+        return
     importlib.import_module(WORKER_MODULE).run(Path(run_dir))
 
 

@@ -60,6 +60,10 @@ class Observer:
         self._tensorboard: Any = None
         self._val_loss: float | None = None
 
+    def rewind(self, step: int) -> None:
+        """Back to ``step`` in the same process (``trainer.nonfinite=rollback``): later records go."""
+        self.metrics.keep_only(lambda r: r.get("step", 0) <= step)
+
     def start(self, start_step: int, total_steps: int, wandb_run_id: str | None) -> str | None:
         """Begin at ``start_step``; return the W&B run id to store in checkpoints (None without W&B)."""
         self.metrics.keep_only(lambda r: r.get("step", 0) <= start_step)

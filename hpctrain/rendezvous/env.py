@@ -13,6 +13,23 @@ from dataclasses import dataclass
 
 from hpctrain.slurm.spec import expand_nodelist, rendezvous_port
 
+# Set by a restart agent (hpctrain.launch.agent) or the local launcher in every worker it starts: which
+# generation of the job start's workers this is (0 first, +1 per restart inside the allocation), and how many
+# restarts inside the allocation are left after this one (0 or unset: a fault is answered by a requeue).
+RESTART_ENV = "HPCTRAIN_RESTART"
+RESTARTS_LEFT_ENV = "HPCTRAIN_RESTARTS_LEFT"
+
+
+def restart_generation(environ: dict[str, str] | None = None) -> int:
+    env = os.environ if environ is None else environ
+    return int(env.get(RESTART_ENV, "0") or 0)
+
+
+def restarts_left(environ: dict[str, str] | None = None) -> int:
+    """Restarts inside the allocation still allowed after this generation (0: answer a fault as before)."""
+    env = os.environ if environ is None else environ
+    return int(env.get(RESTARTS_LEFT_ENV, "0") or 0)
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -65,7 +82,11 @@ def task_from_environ(env: dict[str, str]) -> DistEnv | None:
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return None
     nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
-    key = (env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID", ""), env.get("SLURM_RESTART_COUNT", "0"))
+    restart = env.get("SLURM_RESTART_COUNT", "0")
+    generation = restart_generation(env)
+    if generation:  # a restart inside the allocation: off the port its killed predecessor held
+        restart = f"{restart}.{generation}"
+    key = (env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID", ""), restart)
     return DistEnv(
         rank=int(env["SLURM_PROCID"]),
         local_rank=int(env.get("SLURM_LOCALID", "0")),

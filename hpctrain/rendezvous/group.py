@@ -37,6 +37,7 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
     device, backend = device_for(env.local_rank, gpus)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    check_device(device, env.hostname)  # before the rendezvous: a bad device never joins
     port = env.master_port
     try:
         if env.port_key is not None and run_dir is not None:
@@ -59,6 +60,21 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
             f"{err}"
         ) from err
     return device
+
+
+class NodeUnhealthy(RuntimeError):
+    """This node failed its health check: its restart agent has it excluded (hpctrain.launch.agent)."""
+
+
+def check_device(device: torch.device, host: str) -> None:
+    """The device answers a tiny computation correctly (a 2×2 matrix times a vector, exact in any float)."""
+    try:
+        a = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+        answer = (a @ torch.ones(2, 1, device=device)).flatten().tolist()
+    except Exception as err:
+        raise NodeUnhealthy(f"health check: {device} on {host} failed a 2x2 matmul: {err}") from err
+    if answer != [3.0, 7.0]:
+        raise NodeUnhealthy(f"health check: {device} on {host} computed {answer} for [3.0, 7.0]")
 
 
 def device_for(local_rank: int, gpus: int) -> tuple[torch.device, str]:

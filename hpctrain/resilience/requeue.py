@@ -36,7 +36,7 @@ def slurm_job_id() -> str | None:
 
     A job-array task is ``<array id>_<task id>``: its own SLURM_JOB_ID may equal the array's id, and
     ``scontrol requeue <array id>`` would requeue every member of the sweep."""
-    if "HPCTRAIN_LAUNCHER_PID" in os.environ:
+    if "HPCTRAIN_LAUNCHER_PID" in os.environ:  # the local launcher (a Slurm agent sets HPCTRAIN_AGENT_PID)
         return None
     array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     if array and task:
@@ -100,10 +100,16 @@ def respond_to_fault(
     culprit: Heartbeat | None,
     why: str,
     max_requeues: int,
+    progress: bool | None = None,
+    max_no_progress: int = 0,
 ) -> None:
     """After a hang or a dead rank: record the culprit and requeue the job without the culprit's node (when
     the partition has enough other nodes), within the requeue cap. The first rank to get here acts; the
-    others only log (a slower one would also take the ranks that exited meanwhile for dead)."""
+    others only log (a slower one would also take the ranks that exited meanwhile for dead).
+
+    ``progress``: whether this job start trained a step (None: unknown). ``cluster.max_no_progress`` job
+    starts and restarts in a row without one end the run instead of requeueing it: a crash loop, recorded in
+    restarts.jsonl (which the restart agents count too)."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
     done = restart_count()
@@ -120,6 +126,9 @@ def respond_to_fault(
     }
     RunDir(run_dir).append_fault(record)
     if job_id is None or commands.was_cancelled(job_id):
+        return
+    if progress is not None and max_no_progress > 0 and _crash_loop(run_dir, job_id, culprit, why, progress,
+                                                                    max_no_progress):  # fmt: skip
         return
     if done >= max_requeues:
         log.error(
@@ -138,6 +147,64 @@ def respond_to_fault(
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
+
+
+def _crash_loop(
+    run_dir: Path, job_id: str, culprit: Heartbeat | None, why: str, progress: bool, max_no_progress: int
+) -> bool:
+    """Record this job start's end in restarts.jsonl; True (and the run stops) when it is the
+    ``max_no_progress``-th attempt in a row without a new step."""
+    rd = RunDir(run_dir)
+    in_a_row = 0
+    if not progress:
+        for earlier in reversed(rd.read_restarts()):
+            if earlier.get("progress", True):
+                break
+            in_a_row += 1
+        in_a_row += 1
+    record = {
+        "time": time.time(),
+        "job": f"{job_id}.r{restart_count()}",
+        "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+        "cause": why,
+        "rank": culprit.rank if culprit else None,
+        "host": culprit.host if culprit else None,
+        "progress": progress,
+        "action": "requeue",
+    }
+    if in_a_row >= max_no_progress:
+        record["action"] = "stopped"
+        record["why"] = (
+            f"crash loop: {in_a_row} attempts in a row without a new step "
+            f"(cluster.max_no_progress={max_no_progress}); last: {why}"
+        )
+        log.error("Not requeueing: %s", record["why"])
+    rd.append_restart(record)
+    return record["action"] == "stopped"
+
+
+def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, why: str, action: str) -> None:
+    """A fault answered by someone else (the restart agent): only its line in faults.jsonl, from the first
+    rank to see it in this start (the others only log)."""
+    where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
+    log.error("Fault: %s — %s (%s)", where, why, action)
+    launch = job_id or os.environ.get("HPCTRAIN_JOB_ID", "local")
+    key = f"{launch}.g{os.environ.get('HPCTRAIN_RESTART', '0')}"
+    if not _first_to_respond(run_dir, key, restart_count()):
+        return
+    RunDir(run_dir).append_fault(
+        {
+            "time": time.time(),
+            "job_id": job_id,
+            "restart": restart_count(),
+            "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+            "rank": culprit.rank if culprit else None,
+            "host": culprit.host if culprit else None,
+            "step": culprit.step if culprit else None,
+            "why": why,
+            "action": action,
+        }
+    )
 
 
 def _first_to_respond(run_dir: Path, job_id: str | None, restart: int) -> bool:

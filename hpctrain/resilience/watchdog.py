@@ -55,9 +55,11 @@ class Heartbeat:
 def job_key(environ: dict[str, str] | None = None) -> str:
     """The same on every rank of one start of one job, different for a requeued start or another job."""
     env = os.environ if environ is None else environ
+    generation = env.get("HPCTRAIN_RESTART", "0") or "0"  # a restart inside the allocation is a new start
+    suffix = f".g{generation}" if generation != "0" else ""
     if "SLURM_JOB_ID" in env:
-        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}"
-    return f"local:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+        return f"slurm:{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT', '0')}{suffix}"
+    return f"local:{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}{suffix}"
 
 
 def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:
@@ -113,6 +115,7 @@ class Watchdog:
         self.phase = "startup"
         self.since = time.time()
         self.step_started = self.since  # when the current step's armed phases began
+        self.first_step: int | None = None  # the first step this process trained
         self.job = job_key()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
@@ -128,7 +131,15 @@ class Watchdog:
         now = time.time()
         if step != self.step:
             self.step_started = now
+        if self.first_step is None and phase == "data":
+            self.first_step = step
         self.step, self.phase, self.since = step, phase, now
+
+    def made_progress(self) -> bool:
+        """Whether this process finished a training step (for cluster.max_no_progress)."""
+        if self.first_step is None:
+            return False
+        return self.step > self.first_step or self.phase in ("report", "checkpoint")
 
     def step_done(self, seconds: float) -> None:
         self.recent.append(seconds)

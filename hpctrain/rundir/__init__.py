@@ -25,6 +25,9 @@ METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
 FAULTS_FILE = "faults.jsonl"
+RESTARTS_FILE = "restarts.jsonl"  # every restart inside an allocation, and the crash-loop stop
+AGENTS_DIR = "agents"  # the restart agents' coordination: one generation file per job start, claims
+CONTROL_FILE = "control.json"  # hpctrain save|stop: an operator's request to a live run
 # Beside a compile cache's entries (RUN_DIR/compile_cache/<key>/ or a shared <path>/<key>/): what its key was
 # made of (hpctrain.parallel.compile.key_inputs), for people.
 COMPILE_KEY_FILE = "key.json"
@@ -63,6 +66,9 @@ LAYOUT: dict[str, str] = {
     RENDEZVOUS_FILE: "the port rank 0 of a Slurm job start listens on, when it had to move",
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
+    RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
+    f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims",
+    CONTROL_FILE: "hpctrain save|stop: the operator's request to the live run, and its answer",
     EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
     f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
@@ -211,6 +217,49 @@ class RunDir:
 
     def read_evals(self) -> list[dict[str, Any]]:
         return [r for r in read_jsonl(self.evals) if "step" in r]
+
+    @property
+    def restarts(self) -> Path:
+        return self.path / RESTARTS_FILE
+
+    def append_restart(self, record: dict[str, Any]) -> None:
+        """One line of restarts.jsonl, appended whole (readers skip a torn last line)."""
+        writer = JsonlWriter(self.restarts)
+        try:
+            writer.write(record)
+        finally:
+            writer.close()
+
+    def read_restarts(self) -> list[dict[str, Any]]:
+        return [r for r in read_jsonl(self.restarts) if "time" in r]
+
+    @property
+    def agents(self) -> Path:
+        return self.path / AGENTS_DIR
+
+    def agent_generation(self, job: str) -> Path:
+        """The generation (0, 1, ...) of the workers of one job start: an agent that sees it move restarts."""
+        return self.agents / f"{job}.generation"
+
+    def agent_probe(self, host: str) -> Path:
+        """A file a node's health check writes and removes: is the run directory writable from there?"""
+        return self.agents / f"{host}.probe"
+
+    def agent_claim(self, job: str, generation: int) -> Path:
+        """The file whose exclusive creation claims the restart that ends ``generation``."""
+        return self.agents / f"{job}.{generation}.claim"
+
+    @property
+    def control(self) -> Path:
+        return self.path / CONTROL_FILE
+
+    def write_control(self, record: dict[str, Any]) -> None:
+        """hpctrain save|stop's request, or the run's answer to it (the same record with ``answered``)."""
+        atomic_json(self.control, record)
+
+    def read_control(self) -> dict[str, Any] | None:
+        found = read_json(self.control)
+        return found if isinstance(found, dict) else None
 
     def fault_claim(self, job_id: str, restart: int) -> Path:
         """The file whose exclusive creation claims the response to one job start's fault."""

@@ -91,7 +91,9 @@ class JsonlWriter:
         self._out: IO[str] | None = None
 
     def keep_only(self, keep: Callable[[dict[str, Any]], bool]) -> None:
-        """Rewrite the file with only the records ``keep`` accepts (and no torn line), atomically."""
+        """Rewrite the file with only the records ``keep`` accepts (and no torn line), atomically; the next
+        write appends to the new file (not to the replaced one an open handle still holds)."""
+        self.close()
         if not self.path.exists():
             return
         kept = [r for r in read_jsonl(self.path) if keep(r)]

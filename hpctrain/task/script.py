@@ -135,4 +135,18 @@ def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSig
         requeue.requeue_or_fail(job_id, describe(signals.received), -1, cfg.cluster.max_requeues, env.is_main)
         return
     if child.returncode != 0:
-        raise ScriptFailed(f"task.path={cfg.task.path} exited with status {child.returncode}")
+        # The script's last words (its exception, usually) make the one-line cause of a failed run.
+        last = _last_line(RunDir(run_dir).log(env.rank))
+        said = f": {last}" if last else ""
+        raise ScriptFailed(f"task.path={cfg.task.path} exited with status {child.returncode}{said}")
+
+
+def _last_line(path: Path, tail_bytes: int = 4096) -> str:
+    """The last non-empty line of a rank's log ('' when there is none or it cannot be read)."""
+    try:
+        with open(path, "rb") as log_file:
+            log_file.seek(max(0, path.stat().st_size - tail_bytes))
+            lines = log_file.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:300]

@@ -37,9 +37,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
+    from hpctrain.rendezvous.env import restarts_left
     from hpctrain.rendezvous.group import init_distributed, record_topology
     from hpctrain.resilience import requeue
-    from hpctrain.resilience.stop import StopCheck
+    from hpctrain.resilience.stop import USER_STOP, StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
@@ -60,18 +61,31 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
 
+    # A restart agent above this worker answers a fault inside the allocation while restarts are left: then
+    # this rank only records what it saw and exits (at once: every second here is a second of the restart).
+    restart_inside = restarts_left() > 0
+
     def on_hang(culprit: Heartbeat | None, why: str) -> None:
-        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+        if restart_inside:
+            requeue.record_fault(run_dir, job_id, culprit, why, "restart inside the allocation")
+            return
+        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
+                                 watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
 
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
     try:
-        stop = StopCheck(signals, end_time, env.is_main, device)
+        stop = StopCheck(signals, end_time, env.is_main, device, run_dir)
         cfg = keep_global_batch(cfg, run_dir)
         # Before anything compiles: a requeued job finds what an earlier start of it compiled.
         compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
         on_commit = eval_jobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
-        result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit)
+        skip: frozenset[int] = frozenset()
+        while True:  # trainer.nonfinite=rollback: again from the newest checkpoint, past the bad batches
+            result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit, skip)
+            if result.rollback is None:
+                break
+            skip = skip | {result.rollback}
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except CheckpointMismatch:
@@ -79,7 +93,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             RunDir(run_dir).restore_config()
         raise
     except Exception as err:
-        if job_id is not None and is_peer_symptom(str(err)):
+        if job_id is not None and is_peer_symptom(str(err)) and not restart_inside:
             # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
             # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
             # left no record was killed (OOM, a node failure): requeue without its node.
@@ -88,7 +102,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             culprit, why = find_culprit(beats, time.time())
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
             if own_error is None or is_peer_symptom(own_error["message"]):
-                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues)
+                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
+                                         watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
         raise
     finally:
         watchdog.close()
@@ -96,6 +111,11 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             observer.close()
     if result.stopped_by is None:
         return True
+    if result.stopped_by == USER_STOP:  # hpctrain stop: saved, and ends without a requeue
+        log.info("Stopped by the user after step %d (checkpoint saved)", result.state.step)
+        # A Slurm job ends cleanly (exit 0: Slurm must not requeue it; its run directory records the stop);
+        # here, exit 3 says the run stopped short of max_steps, as any stop does.
+        return job_id is not None
     if job_id is None:
         log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir))
         return False

@@ -22,6 +22,7 @@ from hpctrain.faults import FaultInjector
 from hpctrain.observe.profile import profile_dir, start_profiler
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.resilience.watchdog import Watchdog
+from hpctrain.train.interval import AutoInterval
 from hpctrain.train.metrics import RunFacts, Throughput
 
 
@@ -51,6 +52,8 @@ class StepMonitors:
         self.profiler: torch.profiler.profile | None = None
         self.stragglers = StragglerMonitor(t.straggler_every, device, hostname)
         self.speed = Throughput(cfg, shape, device, facts)
+        auto = t.ckpt_every == "auto"
+        self.auto = AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device) if auto else None
         self.step_s = 0.0  # the last step's wall time
         self.data_s = 0.0  # the last step's wait for its batch
 
@@ -68,6 +71,11 @@ class StepMonitors:
         self.stragglers.data_done(self.data_s)
         self.watchdog.enter(step, "compute")
         return passes
+
+    def saved(self, step: int, shared: bool, save_s: float) -> None:
+        """A save of ``step`` took ``save_s`` (``ckpt_every=auto`` times the shared ones)."""
+        if self.auto is not None and shared:
+            self.auto.saved(step, self.step_s, save_s)
 
     def step_done(self, step: int, step_s: float) -> None:
         """Step ``step`` took ``step_s``; what follows (evaluation, logging) is not timed as the step."""
@@ -107,7 +115,10 @@ class StepMonitors:
         copy to the fast tier."""
         t = self.cfg.trainer
         final = step == t.max_steps or stopping
-        shared = final or (t.ckpt_every > 0 and step % t.ckpt_every == 0)
+        if self.auto is not None:
+            shared = final or self.auto.due(step)
+        else:
+            shared = final or (t.ckpt_every > 0 and step % t.ckpt_every == 0)
         local = self.local_every is not None and step % self.local_every == 0 and not final
         return shared, local
 

@@ -6,7 +6,8 @@ splits it into passes (a micro-batch; under pipeline parallelism, ``parallel.mic
 the pipeline schedule interleaves). Ranks that differ only in their tensor-parallel or pipeline coordinate
 take the same slice. Under DDP, gradients of all but the last pass stay local (``no_sync``).
 
-The loop is kept in one file on purpose, to be read top to bottom (nanoGPT's rule); what watches each step
+Over 400 lines: the loop is kept in one file on purpose, to be read top to bottom (nanoGPT's rule); the
+non-finite guard's policy is in :mod:`hpctrain.train.nonfinite`; what watches each step
 (watchdog, profiler, stragglers, throughput, logging cadence) is grouped in :mod:`hpctrain.train.monitors`.
 """
 
@@ -60,6 +61,7 @@ from hpctrain.train.loss import (
 )
 from hpctrain.train.metrics import RunFacts, run_facts
 from hpctrain.train.monitors import StepMonitors
+from hpctrain.train.nonfinite import Guard, Rollback, agree_bad
 from hpctrain.train.optim import build_optimizer, build_scheduler
 from hpctrain.train.overrides import check_changes, config_changes, set_hyperparameters
 from hpctrain.weights.load import init_from
@@ -71,12 +73,14 @@ log = logging.getLogger(__name__)
 class StepResult:
     loss: torch.Tensor  # this rank's mean loss over its micro-batches (not synchronised: no host sync)
     grad_norm: torch.Tensor  # global norm of the (unscaled) gradients before clipping
+    skipped: bool = False  # not finite on some rank: no update applied (hpctrain.train.nonfinite)
 
 
 @dataclass
 class FitResult:
     state: TrainState
     stopped_by: str | None  # why training stopped before max_steps (a checkpoint of that step is saved)
+    rollback: int | None = None  # trainer.nonfinite=rollback: the bad step to skip after reloading
 
 
 @dataclass
@@ -189,17 +193,23 @@ def fit(
     stop: StopCheck,
     watchdog: Watchdog,
     on_commit: Callable[[int], None] | None = None,
+    skip_steps: frozenset[int] = frozenset(),
 ) -> FitResult:
     """Build the run, then train step by step until ``max_steps`` or a stop signal; save on the way.
-    ``on_commit``: called on rank 0 with the step of each checkpoint committed (``trainer.eval_job``)."""
+    ``on_commit``: called on rank 0 with the step of each checkpoint committed (``trainer.eval_job``).
+    ``skip_steps``: steps whose batches are consumed without an update (a rollback's bad steps)."""
     t = cfg.trainer
+    guard = Guard(t.nonfinite, t.max_nonfinite_skips)
     run = build_run(cfg, shape, env, device, run_dir)
     run.checkpoints.on_commit = on_commit
     state, checkpoints = run.state, run.checkpoints
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
-    _start_observer(observer, state, env, t.max_steps)
+    if not skip_steps:
+        _start_observer(observer, state, env, t.max_steps)
+    elif observer is not None:  # a rollback: the loggers are open; metrics past the checkpoint go
+        observer.rewind(state.step)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
     monitors = _monitors(run, facts, watchdog, run_dir)
     log.info(
@@ -213,17 +223,36 @@ def fit(
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         passes = monitors.next_batch(state.step + 1, run.batches.next_step)
-        result = train_step(run.par, run.optimizer, run.scaler, passes, device, t.precision,
-                            cfg.optim.grad_clip, run.objective)  # fmt: skip
+        if state.step + 1 in skip_steps:  # a batch that went bad before a rollback: consumed, not trained
+            result = StepResult(torch.tensor(float("nan")), torch.tensor(float("nan")), skipped=True)
+        else:
+            result = train_step(run.par, run.optimizer, run.scaler, passes, device, t.precision,
+                                cfg.optim.grad_clip, run.objective, judge_grads=t.precision != "fp16",
+                                poison=run.faults.nan_loss(state.step + 1))  # fmt: skip
         lr = run.scheduler.get_last_lr()[0]
-        run.scheduler.step()
+        if result.skipped and state.step + 1 not in skip_steps:
+            try:
+                guard.bad(state.step + 1, float(result.loss), float(result.grad_norm))
+            except Rollback as back:
+                checkpoints.close()
+                run.batches.close()
+                return FitResult(state, None, rollback=back.step)
+        elif not result.skipped:
+            guard.good()
+            run.scheduler.step()  # a skipped step leaves the schedule where it was
         state.step += 1
         monitors.step_done(state.step, time.perf_counter() - step_start)
-        _log(run, observer, monitors.record(state.step, result.loss, result.grad_norm, lr), state.step)
+        record = monitors.record(state.step, result.loss, result.grad_norm, lr)
+        if record is not None and result.skipped:
+            record["nonfinite"] = True
+        _log(run, observer, record, state.step)
         stopped_by = stop(monitors.step_s, save_s)
-        shared, local = monitors.saves_due(state.step, bool(stopped_by))
+        shared, local = monitors.saves_due(state.step, bool(stopped_by) or stop.save_requested)
         if shared or local:
-            save_s = _save(run, watchdog, bool(stopped_by), shared, local)
+            save_s = _save(run, watchdog, bool(stopped_by) or stop.save_requested, shared, local)
+            monitors.saved(state.step, shared, save_s)
+            if stop.save_requested and env.is_main:
+                stop.answer(state.step)  # hpctrain save|stop: committed (a requested save is synchronous)
         elif checkpoints.pending:
             checkpoints.poll()  # a background write that finished is committed now, not at the next save
         if stopped_by:
@@ -300,8 +329,13 @@ def train_step(
     precision: str,
     grad_clip: float,
     objective: Objective | None = None,
+    judge_grads: bool | None = None,
+    poison: bool = False,
 ) -> StepResult:
-    """One optimizer step over this rank's passes (gradient accumulation when there are several)."""
+    """One optimizer step over this rank's passes (gradient accumulation when there are several).
+    ``judge_grads``: the non-finite guard (None: off; True: loss and gradient norm; False: the loss only,
+    under fp16 whose scaler judges the gradients); when any rank's are not finite, no update is applied.
+    ``poison``: this rank's loss is NaN (``faults.nan_at``)."""
     model = par.model
     if not model.training:  # after an evaluation; train() visits every module (~0.2 ms for a 4-layer GPT)
         model.train()
@@ -327,6 +361,8 @@ def train_step(
             continue
         with _no_sync_unless(model, i == len(passes) - 1), autocast:
             _, loss = objective(model, batch)
+            if poison:
+                loss = loss * float("nan")
             scaler.scale(loss / len(passes)).backward()
         total_loss += loss.detach()
     # Stages holding copies of one weight (a tied embedding and LM head) sum their gradients: Megatron's
@@ -342,6 +378,11 @@ def train_step(
             grad_norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
         grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group, par.uncounted)
+    if judge_grads is not None and agree_bad(total_loss, grad_norm, judge_grads):
+        if scaler.is_enabled():
+            scaler.update()  # its per-step record of this unscale_ is cleared; no optimizer step
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(total_loss / len(passes), grad_norm, skipped=True)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)

@@ -3,6 +3,7 @@ an sbatch line (checked for characters a shell or sbatch would act on). Torch-fr
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
@@ -31,6 +32,17 @@ SBATCH_TEMPLATES = ("srun", "torchrun")
 WARNING_SIGNALS = ("USR2", "TERM", "INT", "HUP", "URG")
 
 
+def check_health_script(path: str) -> None:
+    """cluster.health_check: an absolute path to an executable file (every node must see it there)."""
+    valid = "an absolute path to an executable script that exits 0 on a healthy node"
+    if not path or any(ord(ch) < 32 for ch in path) or not os.path.isabs(path):
+        raise ConfigError("cluster.health_check", path, "not an absolute path", valid=valid)
+    if not os.path.isfile(path):
+        raise ConfigError("cluster.health_check", path, "no such file", valid=valid)
+    if not os.access(path, os.X_OK):
+        raise ConfigError("cluster.health_check", path, "not executable (chmod +x)", valid=valid)
+
+
 def check_cluster(cfg: Config) -> None:
     """The cluster group: local processes, or a Slurm job and every sbatch option it renders."""
     c = cfg.cluster
@@ -39,6 +51,10 @@ def check_cluster(cfg: Config) -> None:
     at_least("cluster.dist_timeout_s", c.dist_timeout_s, 1)
     at_least("cluster.pack", c.pack, 1)
     at_least("cluster.kill_grace_s", c.kill_grace_s, 0.0)
+    at_least("cluster.max_restarts", c.max_restarts, 0)
+    at_least("cluster.max_no_progress", c.max_no_progress, 1)
+    if c.health_check is not None:
+        check_health_script(c.health_check)
     if c.kind == "local":
         at_least("cluster.nproc", c.nproc, 1)
         check_local_cluster(c.nproc, c.master_addr)

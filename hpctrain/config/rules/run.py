@@ -104,8 +104,15 @@ def check_trainer(cfg: Config) -> None:
         at_least(f"trainer.{key}", getattr(t, key), 1)
     if t.log_every is not None:
         at_least("trainer.log_every", t.log_every, 1)
+    if t.ckpt_every != "auto" and (isinstance(t.ckpt_every, bool) or not isinstance(t.ckpt_every, int)):
+        raise ConfigError(
+            "trainer.ckpt_every", t.ckpt_every, "not a number of steps", valid="an integer ≥ 0, or auto"
+        )
     for key in ("ckpt_every", "eval_every"):
-        at_least(f"trainer.{key}", getattr(t, key), 0)
+        if getattr(t, key) != "auto":
+            at_least(f"trainer.{key}", getattr(t, key), 0)
+    if not cfg.cluster.mtbf_h > 0:
+        raise ConfigError("cluster.mtbf_h", cfg.cluster.mtbf_h, "must be > 0", valid="hours, e.g. 24")
     one_of("trainer.precision", t.precision, PRECISIONS)
     if t.resume not in ("auto", "never"):
         # Sizes and the manifest here; each file's checksum is verified by the worker as it loads it.
@@ -120,6 +127,8 @@ def check_trainer(cfg: Config) -> None:
     for key in ("watchdog_factor", "watchdog_min_s"):
         at_least(f"trainer.{key}", getattr(t, key), 0.0)
     at_least("trainer.straggler_every", t.straggler_every, 0)
+    one_of("trainer.nonfinite", t.nonfinite, NONFINITE)
+    at_least("trainer.max_nonfinite_skips", t.max_nonfinite_skips, 0)
     if t.profile is not None:
         first, _, last = t.profile.partition(":")
         if not (first.isdigit() and last.isdigit() and 1 <= int(first) <= int(last) <= t.max_steps):
@@ -129,6 +138,9 @@ def check_trainer(cfg: Config) -> None:
                 f"expected FIRST:LAST, steps with 1 ≤ FIRST ≤ LAST ≤ trainer.max_steps={t.max_steps}",
                 valid="e.g. 10:12",
             )
+
+
+NONFINITE = ("skip", "rollback", "stop")
 
 
 def check_logger(cfg: Config) -> None:

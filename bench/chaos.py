@@ -1,0 +1,274 @@
+"""Faults on a schedule on the test Slurm cluster: what each costs, and the effective training time ratio.
+
+    SLURM_CONF=... python bench/chaos.py          # against a running cluster
+    python bench/chaos.py                          # starts the test cluster itself (root)
+    # one fault about every 2 minutes, the checkpoint interval from Young/Daly with an MTBF of 2 minutes:
+    python bench/chaos.py --steps 2500 --kill 500 --stop 1000 --nan 1500 --preempt 2000 \
+        --ckpt-every auto --mtbf-h 0.0333
+
+Two jobs of ``cluster=slurm_test`` (2 nodes x 2 tasks, a tiny GPT, ``--steps`` steps, a checkpoint every
+``--ckpt-every`` steps, a metrics record every step): an uninterrupted one (the reference), then the same
+with ``cluster.max_restarts=2`` and these faults, in this order:
+
+- SIGKILL of rank 3 (node2) at step ``K`` (``faults.kill_at``): a restart inside the allocation;
+- SIGSTOP of rank 1 (node1) at step ``S`` in the restarted start (``faults.stop_at=1:S@1``): a hung rank,
+  which its peers' watchdog notices (``trainer.watchdog_min_s``); a restart inside the allocation;
+- a NaN loss on rank 2 at step ``N`` (``faults.nan_at``): the non-finite guard skips the step;
+- a pre-emption (``scancel --signal=USR2``) once step ``P`` is logged: checkpoint, requeue, resume (today's
+  only route, for comparison in the same run).
+
+Per fault: detection (the fault's own log line -> the restart's record in restarts.jsonl, or the requeue),
+restart -> rank 0 up again (process start or fork, rendezvous), -> checkpoint loaded, -> first step after,
+the total (fault -> first step after), and steps lost (trained again). For the run: ETTR = the reference's
+step time x steps / (wall time from the first step to the last), and whether the weights equal the
+reference's (bitwise) at a checkpoint after the two restarts, and at the end (not expected: the skipped NaN
+step is one update fewer). A timing is a figure, never an assertion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
+
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) rank\d+ \w+ [\w.]+: (.*)$")
+REQUEUE_FIGURE_S = 20.7  # bench/preemption.py, 2026-11-26: signal -> first step of the requeued job
+TARGET_S = 10.0
+
+
+def log_lines(run: Path, rank: int) -> list[tuple[float, str]]:
+    path = run / "logs" / f"rank{rank}.log"
+    lines = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        match = STAMP.match(line)
+        if match:
+            stamp = time.mktime(time.strptime(match[1], "%Y-%m-%d %H:%M:%S")) + int(match[2]) / 1000
+            lines.append((stamp, match[3]))
+    return lines
+
+
+def first_after(lines: list[tuple[float, str]], pattern: str, since: float) -> tuple[float, str] | None:
+    return next(((t, text) for t, text in lines if t >= since and re.search(pattern, text)), None)
+
+
+def metrics(run: Path) -> list[dict]:
+    records = []
+    path = run / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records
+
+
+def restarts(run: Path) -> list[dict]:
+    path = run / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def submit(run: Path, overrides: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "hpctrain", *overrides, f"hydra.run.dir={run}"],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        sys.exit(f"submission failed:\n{done.stderr}")
+    return json.loads((run / "job.json").read_text())["job_id"]
+
+
+def state_of(job_id: str, env: dict[str, str]) -> str:
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-j", job_id, "-o", "State"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    states = out.stdout.split()
+    return states[-1] if states else "UNKNOWN"
+
+
+def wait_for(condition, what: str, timeout: float, poll: float = 0.2):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+    return found
+
+
+def wait_final(job_id: str, env: dict[str, str], timeout: float) -> str:
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    return wait_for(lambda: (s := state_of(job_id, env)) in final and s, f"job {job_id} to end", timeout, 1.0)
+
+
+def step_time(run: Path) -> float:
+    """The uninterrupted run's step time: wall time from its first step to its last, per step."""
+    records = metrics(run)
+    return (records[-1]["time"] - records[0]["time"]) / (records[-1]["step"] - records[0]["step"])
+
+
+def tensors(checkpoint: Path) -> dict:
+    from hpctrain.checkpoint.manager import read_checkpoint
+
+    out: dict = {}
+
+    def walk(tree: object, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix.rstrip(".")] = tree
+
+    walk(read_checkpoint(checkpoint)["model_optim"], "")
+    return out
+
+
+def bitwise(a: Path, b: Path) -> bool:
+    import torch
+
+    x, y = tensors(a), tensors(b)
+    same = [torch.equal(x[k], y[k]) if isinstance(x[k], torch.Tensor) else x[k] == y[k] for k in x if k in y]
+    return x.keys() == y.keys() and all(same)
+
+
+def restart_row(run: Path, record: dict, fault_rank: int, fault_line: str, what: str) -> dict:
+    """The phases of one restart inside the allocation, from the logs and the restart's record."""
+    fault = first_after(log_lines(run, fault_rank), fault_line, 0)
+    assert fault is not None, f"no {fault_line!r} in rank {fault_rank}'s log"
+    decided = record["time"]
+    rank0 = log_lines(run, 0)
+    up = first_after(rank0, r"^rank 0/\d+ on", decided)
+    loaded = first_after(rank0, r"^Resumed from", decided)
+    first = next(r for r in metrics(run) if r["time"] >= decided)
+    fault_step = int(re.search(r"at step (\d+)", fault[1])[1])  # type: ignore[index]
+    return {
+        "fault": what,
+        "detect": decided - fault[0],
+        "restart": (up[0] - decided) if up else float("nan"),
+        "load": (loaded[0] - up[0]) if up and loaded else float("nan"),
+        "first step": first["time"] - (loaded[0] if loaded else decided),
+        "total": first["time"] - fault[0],
+        "lost": fault_step - 1 - record["resume_step"],
+        "how": f"restart inside the allocation (resumed from {record['resume_step']})",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--ckpt-every", default="5", help="steps between checkpoints, or auto (Young/Daly)")
+    parser.add_argument("--mtbf-h", type=float, default=24.0, help="cluster.mtbf_h (for --ckpt-every auto)")
+    parser.add_argument("--kill", type=int, default=12, help="step of the SIGKILL (rank 3)")
+    parser.add_argument("--stop", type=int, default=24, help="step of the SIGSTOP (rank 1, restarted start)")
+    parser.add_argument("--nan", type=int, default=31, help="step of the NaN loss (rank 2)")
+    parser.add_argument("--preempt", type=int, default=40, help="pre-empt once this step is logged")
+    parser.add_argument("--dir", type=Path, help="where the run directories go (kept)")
+    opts = parser.parse_args()
+    job = [
+        "cluster=slurm_test", "cluster.exclude=node3", "cluster.time=01:00:00",
+        f"trainer.max_steps={opts.steps}",
+        f"trainer.ckpt_every={opts.ckpt_every}", f"cluster.mtbf_h={opts.mtbf_h}", "trainer.keep_last=100000",
+        "trainer.log_every=1",
+        "trainer.eval_every=0", "trainer.eval_batches=1", "data.max_bytes=200000", "logger=jsonl",
+        "cluster.dist_timeout_s=60",
+    ]  # fmt: skip
+    faults = [
+        "cluster.max_restarts=2", f"faults.kill_at=3:{opts.kill}", f"faults.stop_at=1:{opts.stop}@1",
+        f"faults.nan_at=2:{opts.nan}", "trainer.watchdog_factor=10", "trainer.watchdog_min_s=3",
+    ]  # fmt: skip
+    with environment_for_benchmarks() as env, contextlib.ExitStack() as stack:
+        root = opts.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hpct-chaos-")))
+        reference, chaos = root.resolve() / "reference", root.resolve() / "chaos"
+        ref_job = submit(reference, job, env)
+        print(f"reference job {ref_job}: {wait_final(ref_job, env, 3600)}", flush=True)
+        chaos_job = submit(chaos, [*job, *faults], env)
+        wait_for(lambda: any(r["step"] >= opts.preempt for r in metrics(chaos)), "the pre-emption step", 3600)
+        subprocess.run(["scancel", "--signal=USR2", chaos_job], env=env, check=True)
+        signalled = time.time()
+        print(f"chaos job {chaos_job}: {wait_final(chaos_job, env, 3600)}", flush=True)
+
+        rows = []
+        records = [r for r in restarts(chaos) if r.get("action") == "restart"]
+        if len(records) >= 1:
+            rows.append(
+                restart_row(chaos, records[0], 3, r"Killing this rank \(SIGKILL\)", "SIGKILL of a rank")
+            )
+        if len(records) >= 2:
+            rows.append(
+                restart_row(chaos, records[1], 1, r"Stopping this rank \(SIGSTOP\)", "SIGSTOP (hung rank)")
+            )
+        nan = first_after(log_lines(chaos, 2), r"A NaN loss at step", 0)
+        if nan is not None:
+            after = next(r for r in metrics(chaos) if r["step"] == opts.nan + 1 and r["time"] >= nan[0])
+            rows.append({"fault": "NaN loss", "detect": 0.0, "restart": 0.0, "load": 0.0,
+                         "first step": after["time"] - nan[0], "total": after["time"] - nan[0], "lost": 0,
+                         "how": "skipped by the non-finite guard (1 batch without update)"})  # fmt: skip
+        rank0 = log_lines(chaos, 0)
+        saved = first_after(rank0, r"^Stopped by", signalled)
+        up = first_after(rank0, r"^rank 0/\d+ on", signalled)
+        loaded = first_after(rank0, r"^Resumed from", signalled)
+        stopped_at = re.search(r"after step (\d+)", saved[1]) if saved else None
+        stop_step = int(stopped_at[1]) if stopped_at else opts.preempt
+        first = next((r for r in metrics(chaos) if r["time"] >= (loaded[0] if loaded else signalled)), None)
+        if first is not None and up and loaded:
+            at = saved[0] if saved else signalled
+            rows.append({"fault": "pre-emption (USR2)", "detect": at - signalled, "restart": up[0] - at,
+                         "load": loaded[0] - up[0], "first step": first["time"] - loaded[0],
+                         "total": first["time"] - signalled, "lost": stop_step - first["step"] + 1,
+                         "how": "checkpoint, requeue, new job start"})  # fmt: skip
+        ref_step = step_time(reference)
+        records_chaos = metrics(chaos)
+        wall = records_chaos[-1]["time"] - records_chaos[0]["time"]
+        ettr = ref_step * (opts.steps - 1) / wall
+        # A checkpoint both runs have, after both restarts and before the NaN step.
+        common = {p.name for p in (chaos / "checkpoints").glob("step_*")} & {
+            p.name for p in (reference / "checkpoints").glob("step_*")
+        }
+        between = sorted(n for n in common if opts.stop < int(n[5:]) < opts.nan)
+        mid = int(between[-1][5:]) if between else 0
+        same_mid = (
+            bitwise(chaos / "checkpoints" / between[-1], reference / "checkpoints" / between[-1])
+            if between
+            else None
+        )
+        end = f"step_{opts.steps:08d}"
+        same_end = bitwise(chaos / "checkpoints" / end, reference / "checkpoints" / end)
+
+    heads = ("detect", "restart", "load", "1st step", "total")
+    print("\n" + f"{'fault':22s} " + " ".join(f"{h:>8s}" for h in heads) + "  lost  how")
+    for r in rows:
+        cells = " ".join(f"{r['first step' if h == '1st step' else h]:7.2f}s" for h in heads)
+        print(f"{r['fault']:22s} {cells} {r['lost']:5d}  {r['how']}")
+    restarts_total = [r["total"] for r in rows if r["how"].startswith("restart")]
+    if restarts_total:
+        print(
+            f"\nfault -> next step inside the allocation: median {statistics.median(restarts_total):.2f} s "
+            f"(target <= {TARGET_S:.0f} s); through a requeue: {REQUEUE_FIGURE_S} s (bench/preemption.py), "
+            f"ratio {statistics.median(restarts_total) / REQUEUE_FIGURE_S:.2f}"
+        )
+    print(
+        f"ETTR {ettr:.3f} (reference step {ref_step * 1000:.0f} ms x {opts.steps - 1} steps / {wall:.1f} s "
+        f"from first step to last; {len(rows)} faults)"
+    )
+    print(f"weights at step {mid} (after both restarts) bitwise equal to the uninterrupted run's: {same_mid}")
+    print(
+        f"final weights bitwise equal: {same_end} (not expected: the NaN step was skipped: one update fewer)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""``hpctrain save RUN_DIR`` and ``hpctrain stop RUN_DIR``: a checkpoint now, or a checkpoint and the end of
+the run without a requeue (:mod:`hpctrain.jobs.control`). No torch import here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpctrain.cli.common import EXIT_OK, Parser, UsageError, guarded
+from hpctrain.jobs.control import request
+
+DEFAULT_WAIT_S = 120.0
+
+
+def _run(name: str, argv: list[str]) -> int:
+    what = "a checkpoint at the next step boundary" if name == "save" else "a checkpoint, then the end"
+    parser = Parser(prog=f"hpctrain {name}", description=f"Ask a running run for {what}.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
+    parser.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
+                        help=f"seconds to wait for the answer (default {DEFAULT_WAIT_S:.0f})")  # fmt: skip
+    args = parser.parse_args(argv)
+    if not args.wait >= 0:
+        raise UsageError(f"--wait must be 0 or more seconds, not {args.wait}")
+    print(f"hpctrain {name}: {request(Path(args.run_dir), name, args.wait)}")
+    return EXIT_OK
+
+
+def run(name: str, argv: list[str]) -> int:
+    """``hpctrain save|stop RUN_DIR [--wait S]`` (``argv`` without the subcommand)."""
+    return guarded(f"hpctrain {name}", lambda: _run(name, argv))

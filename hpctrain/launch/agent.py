@@ -1,0 +1,431 @@
+"""Restart inside the allocation (``cluster.max_restarts``): a fault answered at the speed of a fork, not of
+the queue. No torch import here.
+
+When a rank exits abnormally or hangs, every rank of the job start is started again, in the same allocation
+(same Slurm job id, ``SLURM_RESTART_COUNT`` unchanged), and resumes from the newest valid checkpoint (the
+node-local fast tier when it is newer: :mod:`hpctrain.checkpoint.fast`). The workers are forked from a fork
+server that imported torch once (:mod:`hpctrain.launch.forked`), so a restart costs a fork, a rendezvous and
+a checkpoint load, not an interpreter importing torch.
+
+Who restarts: the local launcher for its ``nproc`` workers (:mod:`hpctrain.launch.local`), and under Slurm
+(submitit's tasks and the srun template) one agent per Slurm task, :func:`run_task`, which is that task's
+rank: it starts its worker, forwards Slurm's signals to it, and watches it and the job start's
+*generation* (``RUN_DIR/agents/<job>.generation``). The agent whose worker failed claims the restart
+(an exclusive create), records it and moves the generation on; every agent that sees the generation move
+kills its worker (SIGKILL: a hung or stopped process takes no other signal in time; the state it held is
+given up for the checkpoint) and starts the next generation's. A rendezvous port of its own per generation
+(:func:`hpctrain.rendezvous.env.task_from_environ`) keeps the new start off the ports the killed one held.
+
+A hang becomes an exit: the watchdog of a rank blocked in a collective (``trainer.watchdog_factor``,
+``watchdog_min_s``) records the culprit and exits its process; its agent then restarts the start as above,
+and the culprit's agent kills the hung worker.
+
+Caps: ``cluster.max_restarts`` restarts per job start (each worker is told how many are left,
+``HPCTRAIN_RESTARTS_LEFT``; the last generation answers a fault as before: a requeue within
+``cluster.max_requeues``), and ``cluster.max_no_progress`` attempts in a row without a single new training
+step end the run (a crash loop: the same import error, a full disk) with the cause in one line.
+
+Before each start of its worker an agent checks its node (:mod:`hpctrain.launch.health`); a node that fails
+is excluded by a requeue without it.
+
+Over 400 lines: the restart book, the Slurm task's agent loop and its status lines belong together (one
+protocol); the health check lives apart.
+
+Why not torchrun's agent (torch.distributed.elastic): it starts each restart's workers as fresh
+interpreters (each imports torch again: 7 s of CPU per rank on the test machine, more than the whole
+restart budget), stops a worker with SIGTERM and waits up to 30 s before SIGKILL (a SIGSTOPped rank holds
+the restart that long), has no hang detection of its own, and its c10d rendezvous needs one agent per node
+where submitit and the srun template start one task per rank. The torchrun sbatch template keeps it
+(``--max-restarts``, the same cap).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hpctrain.launch import health
+from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
+from hpctrain.resilience.watchdog import PHASES, job_key, read_heartbeats
+from hpctrain.rundir import RunDir
+from hpctrain.rundir import checkpoints as checkpoint_layout
+from hpctrain.rundir.files import atomic_write
+from hpctrain.rundir.records import read_error_record, write_error_record
+
+log = logging.getLogger(__name__)
+
+AGENT_PID_ENV = "HPCTRAIN_AGENT_PID"
+WORKER_MODULE = "hpctrain.worker"
+POLL_S = 0.05
+STOPPED = "stop"  # the generation file's word for "the run stopped: no more restarts" (a crash loop)
+# A worker that failed because a peer went away (a connection error) waits this long for the peer's agent
+# to claim the restart with the real cause before claiming it itself.
+SYMPTOM_WAIT_S = 1.5
+EXIT_CRASH_LOOP = 4
+# Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked.
+FINAL_ERRORS = ("NonFiniteStop",)
+
+
+@dataclass
+class Outcome:
+    """How one generation of the workers ended, as its agent (or the local launcher) saw it."""
+
+    rank: int | None
+    host: str | None
+    cause: str
+    peer_symptom: bool = False
+
+
+class RestartBook:
+    """The run directory's record of restarts and the decisions on them, for one job start (``job``):
+    shared by the local launcher and the Slurm agents (which meet only through these files)."""
+
+    def __init__(self, run_dir: Path, job: str, max_restarts: int, max_no_progress: int) -> None:
+        self.rd = RunDir(run_dir)
+        self.job = job
+        self.max_restarts = max_restarts
+        self.max_no_progress = max_no_progress
+        self.rd.agents.mkdir(parents=True, exist_ok=True)
+
+    def generation(self) -> int | None:
+        """The job start's current generation (0 before any restart); None when the run was stopped."""
+        try:
+            text = self.rd.agent_generation(self.job).read_text().strip()
+        except FileNotFoundError:
+            return 0
+        if text == STOPPED:
+            return None
+        try:
+            return int(text)
+        except ValueError:  # being replaced: atomic_write makes this impossible, but never crash an agent
+            return 0
+
+    def claim(self, generation: int) -> bool:
+        """Claim the restart that ends ``generation``: an exclusive create succeeds for one agent only."""
+        try:
+            fd = os.open(self.rd.agent_claim(self.job, generation), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def resume_step(self) -> int:
+        """The step the next generation resumes from: the newest committed shared checkpoint (0: none). A
+        newer fast-tier copy, when there is one, is what the workers load; they log which."""
+        found = checkpoint_layout.committed(self.rd.checkpoints)
+        return checkpoint_layout.step_of(found[0]) if found else 0  # newest first
+
+    def no_progress_run(self) -> int:
+        """How many attempts in a row, up to the last recorded one, ended without a new step."""
+        count = 0
+        for record in reversed(self.rd.read_restarts()):
+            if record.get("progress", True):
+                break
+            count += 1
+        return count
+
+    def decide(self, generation: int, outcome: Outcome, started: float, first_step: int, key: str) -> bool:
+        """Record how ``generation`` ended and whether the next one starts: True: restart now (the generation
+        file moved on); False: no restart (used up: the worker's own answer stands; or a crash loop: the run
+        was stopped, recorded, and every agent stops)."""
+        progress = attempt_progress(self.rd.path, key, first_step)
+        record: dict[str, Any] = {
+            "time": time.time(),
+            "job": self.job,
+            "generation": generation,
+            "cause": outcome.cause,
+            "rank": outcome.rank,
+            "host": outcome.host,
+            "progress": progress,
+            "attempt_s": round(time.time() - started, 3),
+        }
+        in_a_row = 0 if progress else self.no_progress_run() + 1
+        if in_a_row >= self.max_no_progress:
+            record["action"] = "stopped"
+            record["why"] = (
+                f"crash loop: {in_a_row} attempt{'s' * (in_a_row > 1)} in a row without a new step "
+                f"(cluster.max_no_progress={self.max_no_progress}); last: {outcome.cause}"
+            )
+            self.rd.append_restart(record)
+            atomic_write(self.rd.agent_generation(self.job), STOPPED)
+            log.error("hpctrain: %s", record["why"])
+            return False
+        if generation >= self.max_restarts:
+            record["action"] = "none: restarts used up"
+            self.rd.append_restart(record)
+            log.error(
+                "No restart inside the allocation: %d of cluster.max_restarts=%d used; %s",
+                generation,
+                self.max_restarts,
+                outcome.cause,
+            )
+            return False
+        record["action"] = "restart"
+        record["resume_step"] = self.resume_step()
+        self.rd.append_restart(record)
+        atomic_write(self.rd.agent_generation(self.job), str(generation + 1))
+        where = f"rank {outcome.rank} on {outcome.host}" if outcome.rank is not None else "a rank"
+        log.warning(
+            "Restart %d of at most %d inside the allocation: %s %s; resuming from step %d",
+            generation + 1,
+            self.max_restarts,
+            where,
+            outcome.cause,
+            record["resume_step"],
+        )
+        return True
+
+
+def attempt_progress(run_dir: Path, key: str, first_step: int) -> bool:
+    """Whether an attempt trained a step beyond ``first_step`` (the checkpoint it resumed from), from its
+    ranks' heartbeats (``key``: its job key) or a newer committed checkpoint."""
+    done = first_step
+    for beat in read_heartbeats(run_dir, key):
+        # A rank in step s's data or compute phase finished s - 1; in its report or checkpoint, s.
+        finished = beat.step if beat.phase in PHASES[3:] else beat.step - 1
+        done = max(done, finished)
+    found = checkpoint_layout.committed(RunDir(run_dir).checkpoints)
+    if found:
+        done = max(done, checkpoint_layout.step_of(found[0]))
+    return done > first_step
+
+
+def worker_restart_env(generation: int, max_restarts: int) -> dict[str, str]:
+    """What tells a worker its generation and whether a fault of its own is answered by a restart."""
+    return {RESTART_ENV: str(generation), RESTARTS_LEFT_ENV: str(max(0, max_restarts - generation))}
+
+
+def hang_culprit(run_dir: Path, since: float) -> tuple[int | None, str | None, str] | None:
+    """The culprit a watchdog recorded in faults.jsonl since ``since``: (rank, host, why)."""
+    from hpctrain.rundir.files import read_jsonl
+
+    for record in reversed(read_jsonl(RunDir(run_dir).faults)):
+        if record.get("time", 0) >= since:
+            return record.get("rank"), record.get("host"), f"hung: {record.get('why', '')}"
+    return None
+
+
+def is_final(run_dir: Path, rank: int) -> bool:
+    """Whether the worker of ``rank`` ended with an error that asks for no restart (FINAL_ERRORS)."""
+    record = read_error_record(run_dir, rank)
+    return record is not None and record.get("type") in FINAL_ERRORS
+
+
+def describe_exit(run_dir: Path, rank: int, code: int) -> tuple[str, bool]:
+    """A worker's exit in words, and whether it only reports a peer's failure (a connection error)."""
+    from hpctrain.rundir.records import is_peer_symptom
+
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}", False
+    record = read_error_record(run_dir, rank)
+    if record is None:
+        return f"exited with code {code}", False
+    message = str(record.get("message", ""))
+    return f"failed with exit code {code}: {record.get('type', '')}: {message}", is_peer_symptom(message)
+
+
+# --- one Slurm task's agent -------------------------------------------------------------------------------
+
+
+def slurm_job_start() -> str:
+    """This job start's name for the agents' files: job id (array task) and Slurm's restart count."""
+    env = os.environ
+    job = env.get("SLURM_JOB_ID", "local")
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return f"{job}.r{env.get('SLURM_RESTART_COUNT', '0')}"
+
+
+def run_task(run_dir: Path) -> int:
+    """One Slurm task's rank, with restarts inside the allocation when ``cluster.max_restarts`` > 0: start
+    the worker, watch it and the generation, restart. Returns the task's exit status."""
+    from hpctrain.config.io import load_run_config
+    from hpctrain.launch.forked import ForkServer
+
+    cfg = load_run_config(RunDir(run_dir).config)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    host = os.uname().nodename
+    book = RestartBook(run_dir, slurm_job_start(), cfg.cluster.max_restarts, cfg.cluster.max_no_progress)
+    server: ForkServer | None = None
+    pending: list[int] = []  # signals that reached this agent, forwarded to the worker
+    worker: list[Any] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        pending.append(signum)
+        if worker and worker[0].poll() is None:
+            _signal_group(worker[0].pid, signum)
+
+    for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
+        signal.signal(getattr(signal, name), forward)
+    try:
+        server = _node_server(cfg.cluster.fork_server)
+        generation = book.generation()
+        while generation is not None:
+            unhealthy = health.problem(run_dir, cfg.cluster.health_check, host)
+            if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
+                health.exclude(run_dir, rank, host, unhealthy, cfg.cluster.max_requeues)
+                return health.EXIT_UNHEALTHY
+            env = dict(os.environ)
+            env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
+            env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
+            started = time.time()
+            first_step = book.resume_step()
+            worker[:] = [_start(server, env, run_dir)]
+            code, moved = _watch(worker[0], book, generation)
+            if moved:  # another rank's fault: this worker was killed, the next generation starts
+                generation = book.generation()
+                continue
+            assert code is not None
+            if code == 0 or pending or is_final(run_dir, rank):
+                return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
+            record = read_error_record(run_dir, rank)
+            if record is not None and record.get("type") == health.UNHEALTHY:  # the device failed its check
+                health.exclude(run_dir, rank, host, str(record.get("message", "")), cfg.cluster.max_requeues)
+                return health.EXIT_UNHEALTHY
+            cause, symptom = describe_exit(run_dir, rank, code)
+            outcome = Outcome(rank, host, cause, symptom)
+            hang = hang_culprit(run_dir, started)
+            if hang is not None:
+                outcome = Outcome(*hang)
+            if symptom and _wait_for_move(book, generation, SYMPTOM_WAIT_S):
+                generation = book.generation()
+                continue
+            if not book.claim(generation):  # another agent is deciding: wait for its word
+                _wait_for_move(book, generation, None)
+                generation = book.generation()
+                continue
+            key = job_key({**os.environ, RESTART_ENV: str(generation)})
+            if not book.decide(generation, outcome, started, first_step, key):
+                return _final(book, run_dir, rank, code)
+            generation = book.generation()
+        return _final(book, run_dir, rank, 1)
+    finally:
+        if worker and worker[0].poll() is None:
+            _signal_group(worker[0].pid, signal.SIGKILL)
+        if server is not None:
+            server.close()
+
+
+def _node_server(fork_server: bool) -> Any:
+    """This task's own fork server on this node (None: fresh interpreters). Never one named by an inherited
+    HPCTRAIN_FORKSERVER: that is the submitting machine's (sbatch exports the submitter's environment).
+    Shielded: Slurm's signals reach every process of the step, the server's too (see forkserver.serve)."""
+    from hpctrain.launch.forked import FORKSERVER_ENV, ForkServer, ForkServerError, supported
+
+    if not fork_server or not supported():
+        return None
+    env = {k: v for k, v in os.environ.items() if k != FORKSERVER_ENV}
+    server = ForkServer.start({**env, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
+    try:
+        server.ready()
+    except ForkServerError as err:  # the workers start as fresh interpreters instead
+        server.close()
+        log.warning("No fork server on this node (%s): workers start as fresh interpreters", err)
+        return None
+    return server
+
+
+def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
+    """The task's exit status once no restart follows; a crash loop is recorded as rank 0's error, which
+    ``hpctrain status`` prints, and ends the job FAILED."""
+    if book.generation() is None:
+        records = book.rd.read_restarts()
+        why = next((r["why"] for r in reversed(records) if r.get("action") == "stopped"), "crash loop")
+        if rank == 0:
+            write_error_record(run_dir, 0, "CrashLoop", why)
+        return EXIT_CRASH_LOOP
+    return code or 1
+
+
+def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
+    """The worker, forked from ``server`` (stdout: this task's, i.e. Slurm's output file) or spawned."""
+    import subprocess
+
+    sys.stdout.flush()
+    if server is not None:
+        return server.spawn(WORKER_MODULE, [str(run_dir)], env, sys.stdout.fileno())
+    return subprocess.Popen(
+        [sys.executable, "-u", "-m", WORKER_MODULE, str(run_dir)], env=env, start_new_session=True
+    )
+
+
+def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None, bool]:
+    """Until the worker exits (its status, False) or the generation moves on (None, True: worker killed)."""
+    while True:
+        code = worker.poll()
+        if code is not None:
+            return code, False
+        if book.generation() != generation:
+            _signal_group(worker.pid, signal.SIGKILL)
+            worker.wait()
+            return None, True
+        time.sleep(POLL_S)
+
+
+def _wait_for_move(book: RestartBook, generation: int, timeout: float | None) -> bool:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while book.generation() == generation:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    # The worker leads its own session: its process group holds it and whatever it started.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def restarts_configured(run_dir: Path) -> bool:
+    """Whether a task is its rank's agent: restarts inside the allocation or a site health check (else the
+    task is its worker, as before the agent)."""
+    from hpctrain.config.io import load_run_config
+
+    cluster = load_run_config(RunDir(run_dir).config).cluster
+    return cluster.max_restarts > 0 or cluster.health_check is not None
+
+
+def main(argv: list[str]) -> None:
+    """``python -m hpctrain.launch.agent RUN_DIR``: the srun template's task. Without restarts inside the
+    allocation the task becomes its worker (exec: same process, same signals, same exit status)."""
+    if not restarts_configured(Path(argv[0])):
+        os.execv(sys.executable, [sys.executable, "-u", "-m", WORKER_MODULE, argv[0]])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    code = run_task(Path(argv[0]))
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def summary(records: list[dict[str, Any]]) -> list[str]:
+    """``hpctrain status``'s lines for a run's restarts: how many, the last one, a crash loop."""
+    restarts = [r for r in records if r.get("action") == "restart"]
+    lines = []
+    if restarts:
+        last = restarts[-1]
+        where = f"rank {last.get('rank')} on {last.get('host')}" if last.get("rank") is not None else "a rank"
+        lines.append(
+            f"{len(restarts)} inside the allocation; last {_when(last['time'])}: {where} "
+            f"{last.get('cause', '')} → resumed from step {last.get('resume_step', 0)}"
+        )
+    stopped = [r for r in records if r.get("action") == "stopped"]
+    if stopped:
+        lines.append(str(stopped[-1].get("why", "crash loop")))
+    return lines
+
+
+def _when(stamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

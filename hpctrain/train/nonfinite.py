@@ -1,0 +1,86 @@
+"""The non-finite guard (``trainer.nonfinite``): a step whose loss or gradient norm is not finite on any rank
+changes nothing.
+
+Before ``optimizer.step`` every rank contributes one flag (its loss or its gradient norm is NaN or ±inf) to
+one all-reduce (MAX) over the whole job, so every rank — every data-parallel replica, tensor and pipeline
+stage — takes the same decision at the same step. Under fp16 the gradient scaler already skips steps whose
+gradients overflowed (that is how it finds its scale), so there only the loss is judged.
+
+What follows a bad step (:class:`Guard`):
+
+- ``skip``: no optimizer step, no scheduler step (weights, optimizer state and the learning-rate schedule
+  are bitwise what they were before the step); the batch is consumed and the step counted and logged
+  (``nonfinite: true`` in its metrics record). More than ``trainer.max_nonfinite_skips`` in a row stop the
+  run (:class:`NonFiniteStop`).
+- ``rollback``: the run goes back to its newest checkpoint (rebuilt in this process) and trains on, past the
+  batches that went bad (their steps are skipped as above): for a fault that corrupted state before the guard
+  could see it.
+- ``stop``: the run ends at once with the step named; nothing of that step is saved, and no restart or
+  requeue follows (the same data would fail the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+MODES = ("skip", "rollback", "stop")
+
+
+class NonFiniteStop(RuntimeError):
+    """The run ends at a non-finite step (``trainer.nonfinite=stop``, or too many skips in a row)."""
+
+
+class Rollback(Exception):
+    """Go back to the newest checkpoint and skip ``step`` on the way forward."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"roll back past step {step}")
+        self.step = step
+
+
+def agree_bad(loss: torch.Tensor, grad_norm: torch.Tensor, judge_grads: bool) -> bool:
+    """Whether any rank's loss (or, with ``judge_grads``, gradient norm) is not finite: one all-reduce."""
+    bad = ~torch.isfinite(loss.detach().float())
+    if judge_grads:
+        bad = bad | ~torch.isfinite(grad_norm.detach().float())
+    flag = bad.to(torch.int32).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+class Guard:
+    """One run's answer to its non-finite steps (counting skips in a row)."""
+
+    def __init__(self, mode: str, max_skips: int) -> None:
+        self.mode = mode
+        self.max_skips = max_skips
+        self.in_a_row = 0
+
+    def good(self) -> None:
+        self.in_a_row = 0
+
+    def bad(self, step: int, loss: float, grad_norm: float) -> None:
+        """After a non-finite ``step`` whose update was not applied: return to skip it, or raise."""
+        what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
+        if self.mode == "stop":
+            raise NonFiniteStop(f"non-finite {what}; trainer.nonfinite=stop: nothing of this step is saved")
+        if self.mode == "rollback":
+            log.warning(
+                "Non-finite %s: rolling back to the newest checkpoint, then skipping this batch", what
+            )
+            raise Rollback(step)
+        self.in_a_row += 1
+        if self.in_a_row > self.max_skips:
+            raise NonFiniteStop(
+                f"non-finite {what}: {self.in_a_row} in a row, over trainer.max_nonfinite_skips="
+                f"{self.max_skips}; nothing of these steps is saved"
+            )
+        log.warning(
+            "Non-finite %s: skipped (no optimizer or scheduler step; %d in a row)", what, self.in_a_row
+        )

@@ -1,0 +1,146 @@
+"""Restart inside the allocation, locally (``cluster.max_restarts``): a rank killed with SIGKILL and, in the
+restarted start, a rank stopped with SIGSTOP (a hang: its peer's watchdog notices) are both answered by the
+launcher starting every rank again from the newest checkpoint, in the same launch; the run ends bitwise equal
+to an uninterrupted one, and restarts.jsonl and ``hpctrain status`` say what happened. A crash loop (a rank
+that fails before its first step every time) ends after ``cluster.max_no_progress`` attempts, its cause in
+one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.checkpoint.manager import read_checkpoint
+from hpctrain.rundir import checkpoints as layout
+from tests.support import FAST, hpctrain
+
+STEPS = 12
+RUN = [
+    *FAST,
+    "cluster.nproc=2",
+    "model.dropout=0.1",  # every rank's RNG stream is restored too
+    f"trainer.max_steps={STEPS}",
+    "trainer.ckpt_every=4",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+]
+# A stopped rank's peer waits in a collective: its watchdog calls it a hang after 2 s.
+RESTARTS = ["cluster.max_restarts=2", "trainer.watchdog_min_s=2", "trainer.watchdog_factor=5"]
+
+
+def tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(tree: object, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(tree, torch.Tensor):
+            out[prefix.rstrip(".")] = tree
+
+    walk(read_checkpoint(checkpoint)["model_optim"], "")
+    return out
+
+
+def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path) -> None:
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    done = hpctrain(*RUN, f"hydra.run.dir={reference}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    faulty = hpctrain(*RUN, *RESTARTS, "faults.kill_at=1:6", "faults.stop_at=0:10@1", f"hydra.run.dir={run}")
+    assert faulty.returncode == 0, faulty.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["restart", "restart"], records
+    assert records[0]["rank"] == 1 and "SIGKILL" in records[0]["cause"] and records[0]["resume_step"] == 4
+    assert records[1]["rank"] == 0 and "hung" in records[1]["cause"] and records[1]["resume_step"] == 8
+    final = layout.checkpoint_name(STEPS)
+    ours, theirs = tensors(run / "checkpoints" / final), tensors(reference / "checkpoints" / final)
+    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    status = hpctrain("status", str(run))
+    assert status.returncode == 0 and "2 inside the allocation" in status.stdout, status.stdout
+
+
+def test_a_crash_loop_ends_after_max_no_progress_attempts(tmp_path: Path) -> None:
+    run = tmp_path / "loop"
+    args = [*RUN, "cluster.max_restarts=5", "cluster.max_no_progress=2", "faults.fail_at=0:1"]
+    result = hpctrain(*args, f"hydra.run.dir={run}")
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "crash loop: 2 attempts in a row without a new step" in last and "injected failure" in last, last
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["restart", "stopped"], records
+    status = hpctrain("status", str(run))
+    assert "crash loop" in status.stdout, status.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("cluster.max_restarts=-1", "cluster.max_restarts"),
+        ("cluster.max_no_progress=0", "cluster.max_no_progress"),
+        ("faults.stop_at=1:2@x", "faults.stop_at"),
+    ],
+)
+def test_bad_restart_keys_are_refused_in_one_line(tmp_path: Path, override: str, message: str) -> None:
+    result = hpctrain(*RUN, override, f"hydra.run.dir={tmp_path / 'bad'}")
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+
+
+def test_a_failing_health_check_stops_a_local_run_before_its_ranks_start(tmp_path: Path) -> None:
+    script = tmp_path / "check.sh"
+    script.write_text("#!/bin/sh\necho 'GPU 3 fell off the bus'\nexit 3\n")
+    script.chmod(0o755)
+    run = tmp_path / "run"
+    result = hpctrain(*RUN, f"cluster.health_check={script}", f"hydra.run.dir={run}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "exited 3" in lines[-1] and "GPU 3 fell off the bus" in lines[-1], lines[-1]
+    assert not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("missing.sh", "not an absolute path"),
+        ("/nonexistent/check.sh", "no such file"),
+        ("PLAIN", "not executable"),
+    ],
+)
+def test_bad_health_check_scripts_are_refused_in_one_line(tmp_path: Path, value: str, message: str) -> None:
+    if value == "PLAIN":
+        plain = tmp_path / "plain.sh"
+        plain.write_text("#!/bin/sh\nexit 0\n")
+        value = str(plain)
+    result = hpctrain(*RUN, f"cluster.health_check={value}", f"hydra.run.dir={tmp_path / 'bad'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, result.stderr
+    assert "cluster.health_check" in lines[0] and message in lines[0], lines[0]
+
+
+def test_ckpt_every_auto_chooses_and_logs_the_interval(tmp_path: Path) -> None:
+    run = tmp_path / "auto"
+    # An MTBF of 3.6 s: Young/Daly's interval is a few steps of this tiny model.
+    result = hpctrain(*RUN, "trainer.ckpt_every=auto", "cluster.mtbf_h=0.001", f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "trainer.ckpt_every=auto: a save every" in log and "Young/Daly" in log, log[-2000:]
+    every = int(log.split("a save every ")[1].split(" ")[0])
+    saved = sorted(layout.step_of(p) for p in layout.committed(run / "checkpoints"))
+    assert saved[-1] == STEPS and every >= 1
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [("trainer.ckpt_every=sometimes", "trainer.ckpt_every"), ("cluster.mtbf_h=0", "cluster.mtbf_h")],
+)
+def test_bad_auto_interval_keys_are_refused_in_one_line(tmp_path: Path, override: str, message: str) -> None:
+    result = hpctrain(*RUN, override, f"hydra.run.dir={tmp_path / 'bad'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and message in lines[0], result.stderr

@@ -1,0 +1,133 @@
+"""Recovery on the real test cluster beyond restarts: a crash loop ends after ``cluster.max_no_progress``
+attempts with its cause in one line; a NaN loss is skipped (the state after the step bitwise the state
+before it) while ``hpctrain save`` and ``hpctrain stop`` act on the running job (no requeue); and rolled back
+in the other mode (through the sbatch template)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from hpctrain.checkpoint.manager import read_checkpoint
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.slurm import commands
+from tests.support import FAST, REPO, hpctrain
+
+from .test_preemption import last_step, submit, wait_until
+from .test_submit import wait_final
+
+TRAIN = [*FAST, "cluster=slurm_test", "cluster.exclude=node3", "trainer.log_every=1", "trainer.eval_every=0"]
+
+
+def test_a_script_that_crashes_before_step_1_ends_after_max_no_progress(slurm_cluster, tmp_path: Path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "crash.py").write_text("import a_module_that_is_not_installed  # noqa: F401\n")
+    run = tmp_path / "run"
+    result = hpctrain(
+        "task=script", "task.path=crash.py", "cluster=slurm_test", "cluster.exclude=node3",
+        "cluster.max_restarts=5", "cluster.max_no_progress=2", f"hydra.run.dir={run}", cwd=project,
+        env={"PYTHONPATH": str(REPO)},  # this checkout's hpctrain, from the project's directory
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    assert wait_final([job_id], timeout=240)[job_id].state == "FAILED"
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["restart", "stopped"], records
+    status = hpctrain("status", str(run))
+    crash = [line for line in status.stdout.splitlines() if "crash loop" in line]
+    assert crash and "a_module_that_is_not_installed" in crash[0], status.stdout
+
+
+def tensors(run: Path, step: int) -> dict[str, object]:
+    out: dict[str, object] = {}
+
+    def walk(tree: object, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix.rstrip(".")] = tree
+
+    saved = read_checkpoint(run / "checkpoints" / layout.checkpoint_name(step))
+    walk({k: v for k, v in saved.items() if k in ("model_optim", "scheduler")}, "")
+    return out
+
+
+def same(a: dict[str, object], b: dict[str, object]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k] for k, v in a.items()
+    )
+
+
+def test_nan_skipped_then_save_and_stop_on_a_running_job(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    job_id = submit(
+        run, *TRAIN, "trainer.max_steps=100000", "trainer.ckpt_every=1", "trainer.keep_last=1000",
+        "faults.nan_at=3:3", "cluster.max_restarts=1",
+    )  # fmt: skip
+    wait_until(lambda: last_step(run) >= 6, "training past the NaN step", timeout=240)
+    assert same(tensors(run, 2), tensors(run, 3)) and not same(tensors(run, 3), tensors(run, 4))
+    saved = hpctrain("save", str(run))
+    assert saved.returncode == 0 and "saved a checkpoint of step" in saved.stdout, saved.stderr
+    stopped = hpctrain("stop", str(run))
+    assert stopped.returncode == 0 and "and stopped" in stopped.stdout, stopped.stderr
+    assert wait_final([job_id], timeout=120)[job_id].state == "COMPLETED"
+    assert commands.job_fields(job_id).get("Restarts") == "0"  # no requeue
+    step = int(stopped.stdout.split("of step ")[1].split(" ")[0])
+    assert last_step(run) == step == layout.step_of(layout.committed(run / "checkpoints")[0])
+    assert "stopped by the user" in hpctrain("status", str(run)).stdout
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r.get("nonfinite")] == [3]
+    refused = hpctrain("save", str(run))
+    assert refused.returncode != 0 and "not running" in refused.stderr
+
+
+def test_nan_rolled_back_through_the_sbatch_template(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    job_id = submit(
+        run, *TRAIN, "launcher=sbatch", "trainer.max_steps=6", "trainer.ckpt_every=2",
+        "trainer.nonfinite=rollback", "faults.nan_at=2:3",
+    )  # fmt: skip
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "rolling back to the newest checkpoint" in log and log.count("Resumed from") == 1, log[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6], "every step logged once across the rollback"
+
+
+def test_a_node_failing_its_health_check_is_excluded(slurm_cluster, tmp_path: Path):
+    script = tmp_path / "check.sh"
+    # The job's second node fails in the first start only (a node that is bad until it is left out).
+    script.write_text(
+        "#!/bin/sh\n"
+        'if [ "$SLURM_NODEID" = 1 ] && [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then\n'
+        '  echo "$(hostname): the scratch disk is full"; exit 1\n'
+        "fi\n"
+    )
+    script.chmod(0o755)
+    run = tmp_path / "run"
+    job_id = submit(run, *FAST, "cluster=slurm_test", "trainer.max_steps=4", f"cluster.health_check={script}")
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[0])
+    assert "health check" in fault["why"] and "the scratch disk is full" in fault["why"], fault
+    hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert fault["host"] not in hosts and len(hosts) == 2, (fault, hosts)
+    assert fault["host"] in commands.job_fields(job_id).get("ExcNodeList", "")
+
+
+def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster, tmp_path: Path):
+    run = tmp_path / "run"
+    # Rank 3 is killed at step 1 of every job start: no start ever trains a step.
+    job_id = submit(
+        run, *TRAIN, "trainer.max_steps=10", "faults.kill_at=3:1", "cluster.max_requeues=5",
+        "cluster.max_no_progress=2", "cluster.dist_timeout_s=60",
+    )  # fmt: skip
+    assert wait_final([job_id], timeout=300)[job_id].state == "FAILED"
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["requeue", "stopped"], records
+    assert commands.job_fields(job_id).get("Restarts") == "1"
+    status = hpctrain("status", str(run))
+    assert "crash loop: 2 attempts in a row without a new step" in status.stdout, status.stdout

@@ -1,0 +1,91 @@
+"""Restart inside the allocation on the real test cluster (``cluster.max_restarts``), on both Slurm launch
+paths: a rank killed with SIGKILL, then (in the restarted start) a rank stopped with SIGSTOP, are answered by
+restarting every rank inside the same job — same job id, ``SLURM_RESTART_COUNT`` unchanged, no requeue —
+and the run ends bitwise equal to an uninterrupted one. One job per launch path, both faults in each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.checkpoint.manager import read_checkpoint
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.slurm import commands
+from tests.support import FAST, REPO, hpctrain
+
+from .test_preemption import submit
+from .test_submit import wait_final
+
+STEPS = 20
+RUN = [
+    *FAST,
+    f"trainer.max_steps={STEPS}",
+    "trainer.ckpt_every=4",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "model.dropout=0.1",
+]
+FAULTS = [
+    "cluster.max_restarts=2",
+    "faults.kill_at=3:6",  # rank 3 (node2) kills itself at step 6: resume from 4
+    "faults.stop_at=1:14@1",  # in the restarted start, rank 1 (node1) stops at step 14: resume from 12
+    "trainer.watchdog_factor=10",
+    "trainer.watchdog_min_s=4",
+    "cluster.dist_timeout_s=60",
+    "cluster.exclude=node3",
+]
+
+
+def tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(tree: object, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                walk(value, f"{prefix}{key}.")
+        elif isinstance(tree, torch.Tensor):
+            out[prefix.rstrip(".")] = tree
+
+    walk(read_checkpoint(checkpoint)["model_optim"], "")
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("restart") / "reference"
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctrain", *RUN, "cluster.nproc=4", f"hydra.run.dir={run}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("launch", [["launcher=auto"], ["launcher=sbatch"]], ids=["submitit", "sbatch"])
+def test_killed_and_stopped_ranks_restart_inside_the_job(
+    slurm_cluster, reference: Path, tmp_path: Path, launch: list[str]
+) -> None:
+    run = tmp_path / "run"
+    job_id = submit(run, "cluster=slurm_test", *RUN, *FAULTS, *launch)
+    state = wait_final([job_id], timeout=420)[job_id]
+    assert state.state == "COMPLETED", (state, (run / "restarts.jsonl").read_text())
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["restart", "restart"], records
+    assert {r["job"] for r in records} == {f"{job_id}.r0"}  # one job start: no requeue
+    assert commands.job_fields(job_id).get("Restarts") == "0"
+    ranks = {r["rank"]: r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert (records[0]["rank"], records[0]["host"], records[0]["resume_step"]) == (3, ranks[3], 4)
+    assert "SIGKILL" in records[0]["cause"]
+    assert (records[1]["rank"], records[1]["host"], records[1]["resume_step"]) == (1, ranks[1], 12)
+    assert "hung" in records[1]["cause"]
+    final = layout.checkpoint_name(STEPS)
+    ours, theirs = tensors(run / "checkpoints" / final), tensors(reference / "checkpoints" / final)
+    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    status = hpctrain("status", str(run))
+    assert "2 inside the allocation" in status.stdout and "COMPLETED" in status.stdout, status.stdout
