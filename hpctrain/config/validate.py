@@ -12,6 +12,7 @@ from pathlib import Path
 from hpctrain.config.rules.cluster import check_cluster
 from hpctrain.config.rules.parallel import check_parallel
 from hpctrain.config.rules.run import (
+    check_adapters,
     check_batch,
     check_data,
     check_init_from,
@@ -32,6 +33,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_finite(cfg)
     check_data(cfg.data)
     check_init_from(cfg.model.init_from)
+    check_adapters(cfg.model)
     check_task(cfg)
     check_cluster(cfg)
     check_parallel(cfg)

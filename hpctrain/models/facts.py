@@ -45,6 +45,14 @@ class ParamFact:
     # A copy of a weight tied to another stage's (Megatron's embedding group: the last pipeline stage's LM
     # head holds its own copy of the token embedding): held and trained there, not a distinct parameter.
     copy: bool = False
+    # The dimension expert parallelism splits (an expert's grouped weight: 0), None: on every rank. Such a
+    # tensor is sharded by FSDP over the ranks holding the same experts only (Degrees.expert_fsdp).
+    ep_dim: int | None = None
+    # Of every token's computation, the share that uses this tensor (an expert's: top_k / experts; the
+    # active parameters of a mixture of experts).
+    active: float = 1.0
+    # Trained (False: frozen, as a LoRA run's base weights: no gradient, no optimizer state).
+    trainable: bool = True
 
     @property
     def numel(self) -> int:
@@ -75,6 +83,15 @@ class Ends:
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    """A mixture of experts in place of a block's MLP (``hpctrain.models.moe.MoE``)."""
+
+    experts: int
+    top_k: int
+    capacity: float  # 0: dropless
+
+
+@dataclass(frozen=True)
 class TransformerShape:
     """A declared pre-norm transformer (``hpctrain.models.layers.Block``): what the per-block formulas of
     :mod:`hpctrain.plan.activations` read."""
@@ -85,6 +102,7 @@ class TransformerShape:
     mlp_ratio: int
     dropout: float
     ends: Ends
+    moe: MoEShape | None = None
 
 
 # ------------------------------------------------------------------------------------ measured activations
@@ -158,6 +176,16 @@ class ModelFacts:
     def n_params(self) -> int:
         """Distinct parameters (a tied weight's copy on another stage not counted again)."""
         return sum(p.numel for p in self.params if not p.copy)
+
+    @cached_property
+    def n_active(self) -> int:
+        """Parameters a token uses (a mixture of experts: the router and top_k of the experts)."""
+        return round(sum(p.numel * p.active for p in self.params if not p.copy))
+
+    @cached_property
+    def n_trainable(self) -> int:
+        """Parameters trained (LoRA: the adapters only)."""
+        return sum(p.numel for p in self.params if not p.copy and p.trainable)
 
     @property
     def param_bytes(self) -> int:
