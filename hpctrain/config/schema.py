@@ -115,6 +115,7 @@ TP_ROLES = (
     "rowwise",
     "norm",
     "gather_sequence",
+    "whole_sequence",
     "enter_sequence_shards",
     "vocab_embedding",
     "vocab_head",

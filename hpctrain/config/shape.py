@@ -94,6 +94,11 @@ class Degrees:
         parallel; tensor- and pipeline-parallel peers see the same tokens."""
         return self.dp * self.cp
 
+    def dp_index(self, replicate: int, shard: int, expert: int) -> int:
+        """The data-parallel index (which slice of each global batch) of the rank at these coordinates of
+        dp_replicate, dp_shard and ep (row-major, as the mesh)."""
+        return (replicate * self.dp_shard + shard) * self.ep + expert
+
     def stride(self, dim: str) -> int:
         """How many ranks apart two neighbours of mesh dimension ``dim`` are (the mesh is row-major in
         :data:`MESH_DIMS` order: tp innermost)."""

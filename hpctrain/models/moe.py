@@ -172,8 +172,11 @@ class MoE(nn.Module):
         per_assignment = y.new_zeros(n * k, shape[-1]).index_copy(0, order[:kept], y)
         out = (per_assignment.view(n, k, -1) * gates.unsqueeze(-1)).sum(1)
         aux = self._aux(probs, assigned, n)
-        dropped = (n * k - kept) * torch.ones((), dtype=torch.long, device=x.device)
-        self.stats.add(assigned.detach(), dropped, aux.detach())
+        # Counted once per training forward: not in evaluation, nor when activation checkpointing runs the
+        # forward again inside the backward.
+        if self.training and torch._C._current_graph_task_id() == -1:
+            dropped = (n * k - kept) * torch.ones((), dtype=torch.long, device=x.device)
+            self.stats.add(assigned.detach(), dropped, aux.detach())
         out = self.dropout(out).reshape(shape)
         if self.training and self.aux_loss_weight > 0:
             out = AuxLoss.apply(out, aux * self.aux_loss_weight)

@@ -96,7 +96,7 @@ def require_tp_plan(model: nn.Module, configured: dict[str, str] | None, tp: int
             raise ConfigError(
                 f"{source}[{pattern}]", role, "not a tensor-parallel role", valid=", ".join(TP_ROLES)
             )
-        if not _modules(model, pattern):
+        if not pattern_modules(model, pattern):
             raise ConfigError(
                 f"{source}[{pattern}]", role, f"the pattern names no module of {type(model).__name__}"
             )
@@ -144,7 +144,10 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
     sequence under sequence parallelism), ``norm`` (runs on sequence shards), ``gather_sequence`` (a module
     that needs the whole sequence), ``enter_sequence_shards`` (the residual stream starts at this module's
     output), ``vocab_embedding`` / ``vocab_head`` (the vocabulary split over the ranks: a masked lookup with
-    an all-reduce; logits gathered for the loss), ``replicated`` (nothing split).
+    an all-reduce; logits gathered for the loss), ``replicated`` (nothing split), ``whole_sequence`` (a
+    module with replicated weights that runs on the whole sequence and returns it: its input gathered, its
+    output split again; the backward of the split gathers its gradient, so every rank computes the same
+    weight gradients, as under no tensor parallelism: a mixture of experts).
     """
     stream = SEQUENCE if sequence_parallel else Replicate()
     if role == "colwise":
@@ -157,7 +160,7 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
         return ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if role == "norm" and sequence_parallel:
         return SequenceParallel(use_local_output=True)
-    if role in ("norm", "gather_sequence", "enter_sequence_shards", "replicated"):
+    if role in ("norm", "gather_sequence", "whole_sequence", "enter_sequence_shards", "replicated"):
         return None
     raise ValueError(f"unknown tensor-parallel role {role!r}")
 
@@ -186,7 +189,7 @@ def apply_tp(
     styles: dict[str, ParallelStyle] = {}
     for pattern, role in plan.items():
         style = style_for(role, sequence_parallel)
-        if style is not None and _modules(model, pattern):
+        if style is not None and pattern_modules(model, pattern):
             styles[pattern] = style
     ties = tied_parameters(model)
     parallelize_module(model, tp_mesh, styles)
@@ -218,8 +221,11 @@ def _hook_sequence(
         return (shards.pad(args[0]), *args[1:])
 
     for pattern, role in plan.items():
-        for module in _modules(model, pattern):
+        for module in pattern_modules(model, pattern):
             if role == "enter_sequence_shards":
+                module.register_forward_hook(scatter_output)
+            elif role == "whole_sequence":  # replicated: the whole sequence in, this rank's shard out
+                module.register_forward_pre_hook(gather_input, prepend=True)
                 module.register_forward_hook(scatter_output)
             elif role in ("gather_sequence", "vocab_head"):
                 module.register_forward_pre_hook(gather_input, prepend=True)
@@ -231,7 +237,7 @@ def _hook_sequence(
         model.register_forward_hook(lambda _m, _args, output: shards.gather(output))
 
 
-def _modules(model: nn.Module, pattern: str) -> list[nn.Module]:
+def pattern_modules(model: nn.Module, pattern: str) -> list[nn.Module]:
     """The modules ``pattern`` (dotted, ``*`` matching one level) names that exist (are not None)."""
     modules = [model]
     for atom in pattern.split("."):

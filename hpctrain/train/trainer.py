@@ -36,6 +36,7 @@ from hpctrain.data.user import build_user_datasets
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.builtin import model_spec
+from hpctrain.models.moe import set_aux_loss_scale
 from hpctrain.observe.loggers import Observer
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
@@ -179,6 +180,7 @@ def fit(
     _start_observer(observer, state, env, t.max_steps)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
     monitors = StepMonitors(cfg, shape, device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults)
+    monitors.router = run.par.router
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step, t.max_steps, f"{facts.n_params:,}", env.world_size, device, cfg.parallel.name,
@@ -276,8 +278,10 @@ def train_step(
         loss = objective.loss(logits, (None, target))
         return loss, scaler.scale(loss / pipeline_parts)
 
+    if par.router is not None:  # a mixture of experts' auxiliary losses are back-propagated as the loss is
+        set_aux_loss_scale(float(scaler.get_scale()) / (pipeline_parts if par.pipeline else len(passes)))
     for i, batch in enumerate(passes):
-        batch = to_device(batch, device)
+        batch = par.local_batch(to_device(batch, device), objective.target_key)
         if par.pipeline is not None:
             inputs, targets = pipeline_pair(batch, objective.target_key)
             with autocast:
@@ -329,7 +333,7 @@ def evaluate(run: Run) -> dict[str, float]:
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
         for chunk in split_micro_batches(indices, run.shape.rank_samples_per_pass):
-            batch = to_device(val_set.get_batch(chunk), device)
+            batch = par.local_batch(to_device(val_set.get_batch(chunk), device), objective.target_key)
             with autocast:
                 if par.pipeline is None:
                     outputs = objective.outputs(model, batch)

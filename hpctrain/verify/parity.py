@@ -132,7 +132,29 @@ EXTRA_CASES = [
         name="fsdp + compile",
     ),
 ]
-REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8",), name="1 process")
+# Context parallelism at seq 1024 (cp 2, cp 4, with TP and with FSDP), and a 4-expert top-2 mixture of
+# experts under expert parallelism (alone, with FSDP, with TP), tensor parallelism (the experts run whole on
+# the gathered sequence) and 4d (pp × cp × tp: experts, ring attention, pipeline and TP in one run).
+CP, MOE = ("gpt_long",), ("gpt_moe",)
+CASES += [
+    Case(_L["cp 2"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 4"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 2 × tp 2"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 2 × fsdp 2"], ("trainer.micro_batch_size=4",), CP),
+    Case(_L["ep 2"], ("trainer.micro_batch_size=4",), MOE),
+    Case(_L["ep 2 × fsdp 2"], ("trainer.micro_batch_size=2",), MOE),
+    Case(_L["ep 2 × tp 2"], ("trainer.micro_batch_size=4",), MOE),
+    Case(_L["tp + sp"], ("trainer.micro_batch_size=8",), MOE, name="tp + sp, experts whole"),
+]
+REFERENCE = Case(
+    _L["none"], ("trainer.micro_batch_size=8",), ("gpt", "vit", "gpt_long", "gpt_moe"), name="1 process"
+)
+# The load-balancing loss is a product of shares over the tokens of one forward, not a sum over them: a
+# pipeline's micro-batches are compared with one process accumulating micro-batches of the same size.
+MICRO_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=4",), MOE, name="1 process, micro-batches of 4")
+CASES.append(
+    Case(_L["4d (pp 2 × cp 2 × tp 2)"], ("trainer.micro_batch_size=4",), MOE, reference=MICRO_REFERENCE.name)
+)
 # GPT-2's tied embedding and LM head under tensor parallelism: one vocabulary-split weight for both.
 TIED = "model.tie_embeddings=true"
 TIED_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8", TIED), ("gpt",), name="1 process, tied")
@@ -219,9 +241,14 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
 def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
     """Train every case (and the single-process references); return records keyed ``"model: case"``."""
     by_world: dict[int, list[tuple[str, str, list[str]]]] = {}
-    references = [r for r in (REFERENCE, TIED_REFERENCE) if any(c.reference == r.name for c in cases)]
+    needed = {(c.reference, model) for c in cases for model in c.models}
+    references = [
+        r for r in (REFERENCE, TIED_REFERENCE, MICRO_REFERENCE) if any(c.reference == r.name for c in cases)
+    ]
     for case in [*references, *cases]:
         for model in case.models:
+            if case in references and (case.name, model) not in needed:
+                continue  # a reference only for the models compared with it
             by_world.setdefault(case.ranks, []).append(
                 (f"{model}: {case.name}", model, overrides(case, model))
             )
