@@ -35,6 +35,7 @@ from hpctrain.data.stream import BatchStream
 from hpctrain.data.user import build_user_datasets
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
+from hpctrain.models.adapters import add_lora
 from hpctrain.models.builtin import model_spec
 from hpctrain.models.moe import set_aux_loss_scale
 from hpctrain.observe.loggers import Observer
@@ -105,8 +106,16 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
     model = build_model(cfg.model)
+    # With adapters the base weights stay as init_from gave them: it is read on a resume too, and the
+    # checkpoints hold only what trains (the adapters, their optimizer state).
+    adapters = cfg.model.adapters != "none"
+    base_from_init = adapters and cfg.model.init_from is not None
     if cfg.model.init_from is not None:
-        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank)
+        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank, base_from_init)
+    if adapters:
+        adapted = add_lora(model, cfg.model.lora)
+        if env.rank == 0:
+            log.info("LoRA adapters on %d module(s): %s", len(adapted), ", ".join(adapted[:4]))
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
@@ -129,7 +138,9 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
 
     state = TrainState()
     resumable: dict[str, Any] = {
-        "model_optim": ModelOptimizerState(par.model, optimizer, par.saved_names),
+        "model_optim": ModelOptimizerState(
+            par.model, optimizer, par.saved_names, trainable_only=base_from_init
+        ),
         "scheduler": scheduler,
         "grad_scaler": scaler,
         "sampler": sampler,

@@ -101,6 +101,17 @@ MODELS = {
         "model.seq_len=1024",
         "model.tie_embeddings=false",
     ],
+    # GPT with LoRA adapters on its attention's q and v (the base frozen; from its own init here).
+    "gpt_lora": [
+        "model=gpt",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.tie_embeddings=false",
+        "model.adapters=lora",
+        "model.lora.rank=4",
+    ],
     # A 4-expert top-2 mixture of experts in every block (dropless).
     "gpt_moe": [
         "model=gpt_moe",

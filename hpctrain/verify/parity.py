@@ -147,8 +147,19 @@ CASES += [
     Case(_L["tp + sp"], ("trainer.micro_batch_size=8",), MOE, name="tp + sp, experts whole"),
 ]
 REFERENCE = Case(
-    _L["none"], ("trainer.micro_batch_size=8",), ("gpt", "vit", "gpt_long", "gpt_moe"), name="1 process"
+    _L["none"],
+    ("trainer.micro_batch_size=8",),
+    ("gpt", "vit", "gpt_long", "gpt_moe", "gpt_lora"),
+    name="1 process",
 )
+# LoRA adapters (base frozen) under data parallelism, FSDP (frozen and trained parameters in one unit) and a
+# pipeline.
+LORA = ("gpt_lora",)
+CASES += [
+    Case(_L["ddp"], ("trainer.micro_batch_size=4",), LORA, name="ddp, lora"),
+    Case(_L["fsdp zero3"], ("trainer.micro_batch_size=4",), LORA, name="fsdp, lora"),
+    Case(_L["pp 1f1b"], ("trainer.micro_batch_size=2",), LORA, name="pp 1f1b, lora"),
+]
 # The load-balancing loss is a product of shares over the tokens of one forward, not a sum over them: a
 # pipeline's micro-batches are compared with one process accumulating micro-batches of the same size.
 MICRO_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=4",), MOE, name="1 process, micro-batches of 4")
