@@ -26,16 +26,9 @@ from torch import nn
 
 from hpctrain.config.schema import LoraConfig
 from hpctrain.errors import ConfigError
+from hpctrain.models.facts import module_matches
 
 ADAPTER_NAMES = ("lora_A", "lora_B")
-
-
-def matches(name: str, pattern: str) -> bool:
-    """Whether module ``name`` ends with ``pattern``'s atoms (``*`` any one atom)."""
-    atoms, parts = pattern.split("."), name.split(".")
-    if len(atoms) > len(parts):
-        return False
-    return all(a == "*" or a == p for a, p in zip(atoms, parts[len(parts) - len(atoms) :], strict=True))
 
 
 def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Linear]]:
@@ -49,7 +42,7 @@ def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Linea
         )  # fmt: skip
     found: dict[str, nn.Linear] = {}
     for pattern in patterns:
-        hits = [(n, m) for n, m in model.named_modules() if n and matches(n, pattern)]
+        hits = [(n, m) for n, m in model.named_modules() if n and module_matches(n, pattern)]
         if not hits:
             raise ConfigError("model.lora.targets", pattern, f"names no module of {name}")
         for module_name, module in hits:

@@ -31,6 +31,7 @@ class GPTSpec(TransformerSpec):
     tie_embeddings: bool = True
     input_kind: ClassVar[str | None] = "tokens"
     context_parallel: ClassVar[bool] = True  # GPT.CONTEXT_PLAN
+    lora_targets: ClassVar[tuple[str, ...]] = ("attn.q", "attn.v")  # GPT.LORA_TARGETS
 
     @property
     def tokens_per_sample(self) -> int:

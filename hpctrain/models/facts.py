@@ -20,6 +20,7 @@ tensor-parallel plan), which the caller gives when it makes the sheet.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -234,3 +235,43 @@ class ModelFacts:
 
 # The sheet of a measured model, by the name its callers in hpctrain.submit use.
 MeasuredModel = ModelFacts
+
+
+# ------------------------------------------------------------------------------------------------- adapters
+def module_matches(name: str, pattern: str) -> bool:
+    """Whether module ``name`` ends with ``pattern``'s atoms (``*`` any one atom), as PEFT's
+    ``target_modules`` match (:mod:`hpctrain.models.adapters`)."""
+    atoms, parts = pattern.split("."), name.split(".")
+    if len(atoms) > len(parts):
+        return False
+    return all(a == "*" or a == p for a, p in zip(atoms, parts[len(parts) - len(atoms) :], strict=True))
+
+
+def with_lora(facts: ModelFacts, rank: int, patterns: tuple[str, ...] | list[str]) -> ModelFacts:
+    """``facts`` with LoRA adapters (:mod:`hpctrain.models.adapters`): every parameter frozen, and beside
+    each matrix of a targeted module its ``lora_A`` [rank, in] (replicated) and ``lora_B`` [out, rank]
+    (split as the matrix's output dimension), trained, in the same FSDP unit and stages."""
+    params: list[ParamFact] = []
+    for q in facts.params:
+        params.append(dataclasses.replace(q, trainable=False))
+        module = q.name.rsplit(".", 1)[0]
+        if not q.name.endswith(".weight") or len(q.shape) != 2 or q.copy:
+            continue
+        if not any(module_matches(module, pattern) for pattern in patterns):
+            continue
+        out, inp = q.shape
+        a_tp = 1 if q.tp_dim == 1 else None  # a row-wise split splits A's input dimension
+        b_tp = 0 if q.tp_dim == 0 else None
+        for suffix, shape, tp_dim in (("lora_A", (rank, inp), a_tp), ("lora_B", (out, rank), b_tp)):
+            params.append(
+                dataclasses.replace(
+                    q,
+                    name=f"{module}.{suffix}.weight",
+                    shape=shape,
+                    tp_dim=tp_dim,
+                    autocast_copy=False,
+                    whole_grad_under_tp=False,
+                    trainable=True,
+                )
+            )
+    return dataclasses.replace(facts, params=tuple(params))

@@ -63,6 +63,8 @@ class ModelSpec:
     target: str = ""
     input_kind: ClassVar[str | None] = None  # "tokens" (int ids [B, T]) | "images" (float [B, C, H, W])
     transformer: ClassVar[bool] = False  # the planner's shapes (n_layers, d_model, ...) are declared
+    # The modules LoRA adapts when model.lora.targets names none (the model class's LORA_TARGETS).
+    lora_targets: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:

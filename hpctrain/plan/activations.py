@@ -124,10 +124,38 @@ def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None 
     norms = 2 * block_input + 2 * 2 * shard * FP32
     linear_inputs = (dt.qkv_input_copies + 1) * n * d * dt.matmul_in
     mlp = 2 * r * n * d // tp * dt.matmul_out
+    if getattr(model, "moe", None) is not None:  # a spec of a dense model has no such field
+        mlp = moe_activation_bytes(model, lay)
     # Dropout after o and after fc_out keeps a 1-byte mask of its [N, d] output (CUDA's fused dropout;
     # attention dropout inside the fused kernels keeps only an RNG offset).
     masks = 2 * shard * d if model.dropout > 0 else 0
     return norms + linear_inputs + qkv + attention_out + log_sum_exp + mlp + masks
+
+
+def moe_activation_bytes(model: TransformerShape, lay: Layout) -> int:
+    """What a mixture of experts in place of the MLP saves per micro-batch (``hpctrain.models.moe.MoE``; it
+    runs whole on the gathered sequence under tensor parallelism): the router's fp32 probabilities [N, E]
+    and the top-k indices and gates, the k·N routed rows (each expert's input), each expert's GELU input
+    and output (r·d wide per row) and the per-assignment outputs the gates weigh. An expert-parallel rank
+    computes the rows its experts were sent: k·N on average."""
+    assert model.moe is not None
+    dt = dtypes(lay.regime)
+    n, d, r = lay.n_tokens, model.d_model, model.mlp_ratio
+    k, experts = model.moe.top_k, model.moe.experts
+    router = n * experts * FP32 + n * k * (INT64 + FP32)
+    rows = k * n * d * (dt.matmul_in + dt.matmul_out)  # routed inputs, per-assignment outputs
+    return router + rows + 2 * r * k * n * d * dt.matmul_out
+
+
+def context_buffers(model: TransformerShape, lay: Layout) -> int:
+    """Ring attention's buffers (:mod:`hpctrain.parallel.context`) at their peak, the backward of one
+    block: the stacked keys and values held and received, their fp32 gradients travelling the ring, and the
+    fp32 score blocks of one query share against one key share (scores, probabilities, their gradient)."""
+    dt = dtypes(lay.regime)
+    n, d = lay.n_tokens, model.d_model
+    kv = 2 * n * d
+    scores = lay.micro_batch * model.n_heads * lay.tokens * lay.tokens * FP32
+    return 2 * kv * dt.matmul_out + 2 * kv * FP32 + 3 * scores
 
 
 def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[int], flying: int) -> Held:
@@ -153,7 +181,8 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
     loss_flying = lay.microbatches if cfg.parallel.schedule == "gpipe" else 1
     if first and model.dropout > 0:  # the embedding dropout's mask, per micro-batch in flight
         parts["input"] = min(flying, lay.microbatches) * n * width
-    rows = lay.micro_batch * ends.head_positions  # the rows of logits one micro-batch gives
+    # The rows of logits one micro-batch gives (context parallelism: of this rank's share of the positions).
+    rows = lay.micro_batch * ends.head_positions // d.cp
     if first:
         # The batch as the data gives it (token ids saved by the embedding's backward, or the images) and
         # what is saved once per forward (the positions a learned-position lookup saves).
@@ -178,6 +207,11 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
             # The schedule keeps every micro-batch's output (the logits) until the step ends.
             parts["pipeline outputs"] = lay.microbatches * rows * ends.head_width * dt.logits
     buffers: dict[str, int] = {}
+    if d.cp > 1:
+        buffers["CP ring attention"] = context_buffers(model, lay)
+    if d.ep > 1 and model.moe is not None:
+        # The rows received for this rank's experts, regrouped by expert, and the results sent back.
+        buffers["EP all-to-all"] = 3 * model.moe.top_k * n * width * dt.matmul_out
     if d.tp > 1:
         buffers["TP/SP collectives"] = 2 * n * width * dt.matmul_out  # a gathered input and a partial output
     if d.pp > 1:
@@ -200,8 +234,9 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
 def model_parallel_volumes(
     lay: Layout, facts: ModelFacts, blocks: int, stages: tuple[int, ...]
 ) -> dict[str, float]:
-    """Bytes one rank sends per step over its tensor- and pipeline-parallel groups (the rank holding
-    ``blocks`` blocks of ``stages``); counted from declared shapes only (a measured model's: none).
+    """Bytes one rank sends per step over its tensor-, context-, expert- and pipeline-parallel groups (the
+    rank holding ``blocks`` blocks of ``stages``); counted from declared shapes only (a measured model's:
+    none).
 
     Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the same
     bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's. A pipeline sends each
@@ -223,6 +258,18 @@ def model_parallel_volumes(
             volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
             volume += (d.tp - 1) / d.tp * n * model.ends.head_width * dt.logits
         volumes["TP collectives"] = volume * forward_passes
+    recompute = 1 if lay.ac in ("full", "selective") else 0  # the forward's exchanges again
+    if d.cp > 1:
+        # Per block: the keys and values go cp − 1 hops in the forward (and again when recomputed) and in
+        # the backward, where their fp32 gradients go cp hops.
+        kv = 2 * lay.n_tokens * model.d_model
+        per_block = (2 + recompute) * (d.cp - 1) * kv * dt.matmul_out + d.cp * kv * FP32
+        volumes["CP ring"] = forward_passes * blocks * per_block
+    if d.ep > 1 and model.moe is not None:
+        # Per block: dispatch and combine of the k·N routed rows, (ep − 1)/ep of them to other ranks, in the
+        # forward (again when recomputed) and reversed in the backward.
+        rows = model.moe.top_k * lay.n_tokens * model.d_model * dt.matmul_out
+        volumes["EP all-to-all"] = forward_passes * blocks * (4 + 2 * recompute) * (d.ep - 1) / d.ep * rows
     if d.pp > 1:
         stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
         boundaries = sum(1 for s in stages if s != lay.n_stages - 1) + sum(1 for s in stages if s != 0)
