@@ -72,12 +72,30 @@ def held(cfg: Config, lay: Layout, facts: ModelFacts, stages: list[int], blocks:
     """The activations of the rank holding pipeline ``stages`` and ``blocks`` of the model's blocks, with
     ``flying`` micro-batches in flight, and the buffers that depend on them."""
     if isinstance(facts.activations, TransformerShape):
-        return _declared(cfg, lay, facts.activations, stages, flying)
+        return _declared(cfg, lay, facts.activations, stages, flying, frozen_inputs(facts))
     return _measured(lay, facts, facts.activations, stages, blocks, flying)
 
 
 # ------------------------------------------------------------------------------------- declared shapes
-def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None = None) -> int:
+def frozen_inputs(facts: ModelFacts) -> frozenset[str]:
+    """The Linear layers (of a block, by their name in it, or the head) whose input nothing saves: frozen,
+    with no adapter (LoRA's base; a frozen weight needs no input for its gradient, and the gradient of
+    the input needs the weight only)."""
+    trains: dict[str, bool] = {}
+    for q in facts.params:
+        module, _, kind = q.name.rpartition(".")
+        parts = module.split(".")
+        if parts[0] == "layers" and len(parts) > 2:
+            module = ".".join(parts[2:])
+        owner = module.removesuffix(".lora_A").removesuffix(".lora_B")
+        if kind == "weight":
+            trains[owner] = trains.get(owner, False) or q.trainable
+    return frozenset(name for name, trained in trains.items() if not trained)
+
+
+def block_activation_bytes(
+    model: TransformerShape, lay: Layout, ac: str | None = None, frozen: frozenset[str] = frozenset()
+) -> int:
     """Bytes one block saves for its backward, per micro-batch on one rank.
 
     Without checkpointing (``hpctrain.models.layers.Block``; N tokens, width d, MLP ratio r, H heads):
@@ -96,6 +114,9 @@ def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None 
     (``hpctrain.parallel.recompute``) keeps the input and the outputs of the matmuls and the attention
     kernel (and the sequence-parallel reduce-scatters), recomputing the rest: row-wise (o, fc_out) outputs
     are whole [N, d] partial sums under TP.
+
+    ``frozen`` (:func:`frozen_inputs`): MLP Linear layers whose inputs are not saved (LoRA's frozen base:
+    fc_in's input, the second LayerNorm's output; fc_out's, GELU's output).
     """
     ac = lay.ac if ac is None else ac
     dt = dtypes(lay.regime)
@@ -122,8 +143,8 @@ def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None 
             + reduce_scatters
         )
     norms = 2 * block_input + 2 * 2 * shard * FP32
-    linear_inputs = (dt.qkv_input_copies + 1) * n * d * dt.matmul_in
-    mlp = 2 * r * n * d // tp * dt.matmul_out
+    linear_inputs = (dt.qkv_input_copies + ("mlp.fc_in" not in frozen)) * n * d * dt.matmul_in
+    mlp = (2 - ("mlp.fc_out" in frozen)) * r * n * d // tp * dt.matmul_out
     if getattr(model, "moe", None) is not None:  # a spec of a dense model has no such field
         mlp = moe_activation_bytes(model, lay)
     # Dropout after o and after fc_out keeps a 1-byte mask of its [N, d] output (CUDA's fused dropout;
@@ -158,7 +179,14 @@ def context_buffers(model: TransformerShape, lay: Layout) -> int:
     return 2 * kv * dt.matmul_out + 2 * kv * FP32 + 3 * scores
 
 
-def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[int], flying: int) -> Held:
+def _declared(
+    cfg: Config,
+    lay: Layout,
+    model: TransformerShape,
+    stages: list[int],
+    flying: int,
+    frozen: frozenset[str] = frozenset(),
+) -> Held:
     """The blocks' activations times the micro-batches in flight, the ends' (the model's :class:`Ends`),
     and the buffers of the tensors they move: TP/SP gathers, pipeline receive buffers, the loss's gradient,
     the block being recomputed."""
@@ -170,7 +198,7 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
     stream = n * width // lay.seq_shards * dt.residual  # one [N, d] residual-stream tensor (SP: its shard)
     pass_samples = lay.micro_batch * lay.microbatches  # the batch tensor one pass hands the model
     parts: dict[str, int] = {}
-    parts["blocks"] = flying * blocks_per_stage * block_activation_bytes(model, lay)
+    parts["blocks"] = flying * blocks_per_stage * block_activation_bytes(model, lay, frozen=frozen)
     if d.pp > 1:
         # A later stage's input is its persistent receive buffer (counted under buffers), not a new tensor;
         # an earlier stage keeps its output for its backward (torch.distributed.pipelining's fwd_cache).
@@ -200,6 +228,8 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
         # The head's input: under autocast the 16-bit copy of the rows it reads; else the normed sequence
         # (gathered whole under TP; a head reading one position keeps the whole tensor its view is of).
         head_input = rows * width * HALF if lay.regime == "autocast" else n * width * dt.residual
+        if "head" in frozen:  # a frozen head keeps no input for its weight's gradient
+            head_input = 0
         log_probs = rows * ends.head_width * FP32  # the loss runs in fp32 (trainer.loss_of)
         parts["head and loss"] = loss_flying * (final_norm + head_input + log_probs + FP32)
         parts["head and loss"] += pass_samples * ends.head_positions * INT64  # targets

@@ -91,6 +91,7 @@ class RankParams:
     autocast_copies: int  # TP-local elements of the tensors autocast keeps a 16-bit copy of
     trained_bytes: int = 0  # of param_bytes, what trains (the optimizer's state is shaped like it)
     trained_tensors: int = 0
+    trained_numel: int = 0
 
     @property
     def unsharded(self) -> int:
@@ -115,7 +116,8 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
     cached = _RANK_PARAMS.get(key)
     if cached is not None and cached[0] is facts:
         return cached[1]
-    numel = grad_numel = param_bytes = grad_bytes = root = copies = trained_bytes = trained_tensors = 0
+    numel = grad_numel = param_bytes = grad_bytes = root = copies = 0
+    trained_bytes = trained_tensors = trained_numel = 0
     by_unit: dict[int, int] = {}
     mine = params_on(facts, lay, stages)
     for q in mine:
@@ -123,7 +125,9 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
             split = list(q.shape)
             split[q.ep_dim] //= d.ep
             q = dataclasses.replace(q, shape=tuple(split))
-            local = local_numel(q, d.tp, expert_shards, shard_rank % expert_shards)
+            # shard_rank indexes dp_shard × ep × cp (row-major); the experts' group drops the ep index.
+            expert_rank = (shard_rank // (d.ep * d.cp)) * d.cp + shard_rank % d.cp
+            local = local_numel(q, d.tp, expert_shards, expert_rank if lay.sharded else 0)
         else:
             local = local_numel(q, d.tp, shards, shard_rank)
         tp_local = local_numel(q, d.tp, 1, 0)
@@ -134,6 +138,7 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
             grad_numel += local + whole
             grad_bytes += (local + whole) * q.itemsize
             trained_bytes += local * q.itemsize
+            trained_numel += local
             trained_tensors += 1
         if q.unit >= 0:
             by_unit[q.unit] = by_unit.get(q.unit, 0) + tp_local
@@ -144,7 +149,7 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
     units = tuple(sorted((u for u in by_unit.values() if u), reverse=True))
     found = RankParams(
         len(mine), numel, grad_numel, param_bytes, grad_bytes, root, units, len(by_unit), copies,
-        trained_bytes, trained_tensors,
+        trained_bytes, trained_tensors, trained_numel,
     )  # fmt: skip
     # The search estimates many variants (checkpointing, micro-batch sizes) of each split: count it once.
     if len(_RANK_PARAMS) >= 4096:
@@ -163,6 +168,8 @@ class ModelState:
     param_numel: int
     grad_numel: int
     tensors: int
+    trained_numel: int  # what the optimizer keeps state for (all but frozen parameters)
+    trained_tensors: int
 
 
 def model_state_numel(
@@ -172,7 +179,13 @@ def model_state_numel(
     declared sheet unless ``facts`` are given)."""
     facts = declared_facts(cfg) if facts is None else facts
     counted = counted_params(facts, lay, stages_of(cfg, lay, pp_rank), shard_rank)
-    return ModelState(counted.param_numel, counted.grad_numel, counted.tensors)
+    return ModelState(
+        counted.param_numel,
+        counted.grad_numel,
+        counted.tensors,
+        counted.trained_numel,
+        counted.trained_tensors,
+    )
 
 
 def optimizer_state(cfg: Config, param_bytes: int, tensors: int) -> int:
