@@ -152,13 +152,15 @@ REFERENCE = Case(
     ("gpt", "vit", "gpt_long", "gpt_moe", "gpt_lora"),
     name="1 process",
 )
-# LoRA adapters (base frozen) under data parallelism, FSDP (frozen and trained parameters in one unit) and a
-# pipeline.
+# LoRA adapters (base frozen) under data parallelism, FSDP (frozen and trained parameters in one unit), a
+# pipeline and tensor parallelism (the adapters split as the Linear they adapt).
 LORA = ("gpt_lora",)
 CASES += [
     Case(_L["ddp"], ("trainer.micro_batch_size=4",), LORA, name="ddp, lora"),
     Case(_L["fsdp zero3"], ("trainer.micro_batch_size=4",), LORA, name="fsdp, lora"),
     Case(_L["pp 1f1b"], ("trainer.micro_batch_size=2",), LORA, name="pp 1f1b, lora"),
+    Case(_L["tp"], ("trainer.micro_batch_size=8",), LORA, name="tp, lora"),
+    Case(_L["tp + sp"], ("trainer.micro_batch_size=8",), LORA, name="tp + sp, lora"),
 ]
 # The load-balancing loss is a product of shares over the tokens of one forward, not a sum over them: a
 # pipeline's micro-batches are compared with one process accumulating micro-batches of the same size.

@@ -53,13 +53,6 @@ def check_parallel(cfg: Config) -> None:
             valid="parallel=fsdp, hsdp, 2d, 3d, 4d or cp",
         )
     _check_context_and_experts(cfg, d.cp, d.ep)
-    if cfg.model.adapters != "none" and d.tp > 1:
-        # The adapters' hooks run on the local tensors of the Linear they adapt: tensor parallelism's
-        # DTensor inputs and sharded outputs would need the adapters split alike (not built).
-        raise ConfigError(
-            "model.adapters", cfg.model.adapters, f"adapters are not split by tensor parallelism (tp={d.tp})",
-            valid="parallel=ddp, fsdp, hsdp or pp with adapters",
-        )  # fmt: skip
     for pattern, role in p.tp_plan.items():
         key = f"parallel.tp_plan[{pattern}]"
         check_text(key, str(pattern))
