@@ -4,7 +4,7 @@ base is read from init_from at every start); a run killed after its step-4 check
 of an uninterrupted one; ``hpctrain export --merge`` writes the base with the adapters folded in, and
 ``--adapters-only`` a PEFT folder that ``PeftModel.from_pretrained`` puts on the base to the same logits. A
 transformers Llama takes adapters by its own module names, and its merged export loads with
-``from_pretrained``."""
+``from_pretrained``; a user's ``_target_`` returning a PEFT model trains its adapters only."""
 
 from __future__ import annotations
 
@@ -138,3 +138,39 @@ def test_a_transformers_llama_takes_adapters_by_its_own_names(project: Path, tmp
     adapted = peft.PeftModel.from_pretrained(base, str(adapters))
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(_logits(adapted, x), _logits(theirs, x), rtol=1e-5, atol=1e-5)
+
+
+PEFT_MODEL = """
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama_lora(rank: int = 4):
+    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return get_peft_model(LlamaForCausalLM(config), LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]))
+"""
+
+
+def test_a_peft_model_as_target_trains_its_adapters_only(project: Path, tmp_path: Path) -> None:  # noqa: F811
+    """A user's ``_target_`` that returns a PEFT model: its base arrives frozen and stays as built."""
+    from hpctrain.checkpoint.state import seed_everything
+
+    (project / "mynets" / "peft_llama.py").write_text(PEFT_MODEL)
+    (project / "conf" / "model" / "peft_llama.yaml").write_text("_target_: mynets.peft_llama.llama_lora\n")
+    run = tmp_path / "run"
+    done = user(project, "model=peft_llama", "data=bytes", "data.max_bytes=60000", "trainer.max_steps=2",
+                "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.eval_every=0",
+                "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=2", "parallel=fsdp", "optim.lr=1e-2",
+                f"hydra.run.dir={run}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = read_checkpoint_model(run / "checkpoints" / "step_00000002")
+    sys.path.insert(0, str(project))
+    cfg = load_run_config(RunDir(run).config)
+    seed_everything(cfg.trainer.seed)  # the trainer's seed before it builds the model
+    built = build_model(cfg.model).state_dict()
+    trained = [n for n in saved if ".lora_" in n]
+    assert trained and all(not torch.equal(saved[n], built[n]) for n in trained if "lora_B" in n)
+    for name, tensor in saved.items():
+        if ".lora_" not in name:
+            assert torch.equal(tensor, built[name]), name
