@@ -30,7 +30,7 @@ def test_every_layout_matches_one_process():
     for line in result.stdout.splitlines():
         model, _, rest = line.partition(" ")
         name = next((n for n in names if rest.lstrip().startswith(n + " ")), None)
-        if model in ("gpt", "vit") and name is not None:
+        if model in MODELS and name is not None:
             rows[(model, name)] = line
     expected = [(model, case.name) for case in [*CASES, *EXTRA_CASES] for model in case.models]
     missing = [key for key in expected if key not in rows]
