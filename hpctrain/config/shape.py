@@ -99,6 +99,16 @@ class Degrees:
         dp_replicate, dp_shard and ep (row-major, as the mesh)."""
         return (replicate * self.dp_shard + shard) * self.ep + expert
 
+    def fsdp_index(self, shard: int, expert: int, context: int) -> int:
+        """A rank's index in FSDP's group (dp_shard × ep × cp flattened, row-major as the mesh): which
+        chunk of every dense weight it holds."""
+        return (shard * self.ep + expert) * self.cp + context
+
+    def expert_fsdp_index(self, fsdp_index: int) -> int:
+        """The rank at ``fsdp_index``'s index among the ranks holding the same experts (dp_shard × cp, the
+        ep coordinate dropped): which chunk of its experts it holds."""
+        return (fsdp_index // (self.ep * self.cp)) * self.cp + fsdp_index % self.cp
+
     def stride(self, dim: str) -> int:
         """How many ranks apart two neighbours of mesh dimension ``dim`` are (the mesh is row-major in
         :data:`MESH_DIMS` order: tp innermost)."""

@@ -125,8 +125,8 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
             split = list(q.shape)
             split[q.ep_dim] //= d.ep
             q = dataclasses.replace(q, shape=tuple(split))
-            # shard_rank indexes dp_shard × ep × cp (row-major); the experts' group drops the ep index.
-            expert_rank = (shard_rank // (d.ep * d.cp)) * d.cp + shard_rank % d.cp
+            # shard_rank indexes dp_shard × ep × cp; the experts' group drops the ep index.
+            expert_rank = d.expert_fsdp_index(shard_rank)
             local = local_numel(q, d.tp, expert_shards, expert_rank if lay.sharded else 0)
         else:
             local = local_numel(q, d.tp, shards, shard_rank)

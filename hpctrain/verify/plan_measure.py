@@ -272,10 +272,10 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     return {
         "pp_rank": par.dims.pp_rank,
-        # FSDP's chunk: this rank's index in dp_shard × ep × cp (row-major, as the flattened mesh).
-        "shard_rank": (par.dims.coordinate("dp_shard") * par.dims.degrees.ep + par.dims.coordinate("ep"))
-        * par.dims.degrees.cp
-        + par.dims.coordinate("cp"),
+        # FSDP's chunk: this rank's index in dp_shard × ep × cp (as the flattened mesh).
+        "shard_rank": par.dims.degrees.fsdp_index(
+            par.dims.coordinate("dp_shard"), par.dims.coordinate("ep"), par.dims.coordinate("cp")
+        ),
         "params": sum(_local_bytes(p) for p in unique.values()),
         "grads": grads,
         "optimizer": sum(_local_bytes(v) for v in state),
