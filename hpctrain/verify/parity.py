@@ -16,7 +16,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -327,9 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")
+    parser.add_argument("--models", nargs="*", choices=sorted(MODELS), help="run only these models' rows")
     args = parser.parse_args(argv)
     every = CASES if args.fp32_only else [*CASES, *EXTRA_CASES]
     cases = [c for c in every if not args.only or any(word in c.name for word in args.only)]
+    if args.models:
+        kept = [replace(c, models=tuple(m for m in c.models if m in args.models)) for c in cases]
+        cases = [c for c in kept if c.models]
     with tempfile.TemporaryDirectory(prefix="hpctrain-parity-") as tmp:
         rows = compare(run_cases(cases, Path(tmp)), cases)
     print(format_table(rows))
