@@ -23,6 +23,17 @@ from hpctrain.checkpoint.safe import UnsafeCheckpoint, decode, encode
 # pipeline stages hold different parameters, so a nested "param_groups" list would differ between ranks and
 # only one rank's would be saved; per-parameter entries merge, and load under any other layout.
 STATE_DICT_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+# Loading the trainable parameters alone (the frozen ones came from model.init_from).
+PARTIAL_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+
+
+def _clean(name: str) -> str:
+    """A parameter's name without the wrappers' parts (DDP's leading ``module.``, compile's ``_orig_mod.``,
+    activation checkpointing's ``_checkpoint_wrapped_module.``), as the state dict names it."""
+    atoms = name.split(".")
+    if atoms[0] == "module":
+        atoms = atoms[1:]
+    return ".".join(a for a in atoms if a not in ("_orig_mod", "_checkpoint_wrapped_module"))
 
 
 class ModelOptimizerState:
@@ -34,25 +45,41 @@ class ModelOptimizerState:
     name (GPT's ``head.weight``, which torch's model state dict lists too) and a pipeline stage's copy of a
     weight another stage holds (the last stage's LM head under tied embeddings: Megatron's embedding group)
     are saved under the whole model's name (``tok_emb.weight``) and filled from it on load. Ranks that save
-    the same name and piece write it once (DCP de-duplicates), and the copies are equal."""
+    the same name and piece write it once (DCP de-duplicates), and the copies are equal.
+
+    ``trainable_only``: the model part holds the parameters that train, nothing frozen (adapters over base
+    weights read from ``model.init_from`` at every start: what changed is what a checkpoint holds)."""
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, saved_names: dict[str, str] | None = None
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        saved_names: dict[str, str] | None = None,
+        trainable_only: bool = False,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.saved_names = dict(saved_names or {})
+        self.trainable_only = trainable_only
         self._local_keys: dict[str, list[str]] = {}
         self._info: Any = None  # torch's structural look at model and optimizer (see _get_state_dict)
 
+    def _model_state(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        if not self.trainable_only:
+            return model_sd
+        # Wrappers' names (DDP's module., compile's, checkpointing's) are not in the state dict's keys.
+        trainable = {_clean(n) for n, p in self.model.named_parameters() if p.requires_grad}
+        return {k: v for k, v in model_sd.items() if k in trainable}
+
     def model_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every model tensor's global shape by parameter name (the names and shapes a checkpoint holds)."""
-        model_sd = get_model_state_dict(self.model, options=STATE_DICT_OPTIONS)
+        model_sd = self._model_state(get_model_state_dict(self.model, options=STATE_DICT_OPTIONS))
         shapes = {name: tuple(t.shape) for name, t in model_sd.items() if isinstance(t, torch.Tensor)}
         return {self.saved_names.get(name, name): shape for name, shape in shapes.items()}
 
     def state_dict(self) -> dict[str, Any]:
         model_sd, optim_sd = self._get_state_dict()
+        model_sd = self._model_state(model_sd)
         self._local_keys = {"model": list(model_sd), "optim": list(optim_sd)}
         return {"model": self._to_saved(model_sd, ("",)), "optim": self._to_saved(optim_sd, OPTIM_PREFIXES)}
 
@@ -97,7 +124,7 @@ class ModelOptimizerState:
             self.optimizer,
             model_state_dict=local["model"],
             optim_state_dict=local["optim"],
-            options=STATE_DICT_OPTIONS,
+            options=PARTIAL_OPTIONS if self.trainable_only else STATE_DICT_OPTIONS,
         )
 
     def _to_saved(self, state: dict[str, Any], prefixes: tuple[str, ...]) -> dict[str, Any]:

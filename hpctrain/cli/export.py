@@ -4,8 +4,10 @@ Consolidates a checkpoint saved under any layout into one model in ``DIR``: safe
 ``--max-shard-gb`` with transformers' index when larger), a transformers folder that ``from_pretrained``
 loads (config included; transformers models only), or a torch state dict. Beside the weights,
 ``hpctrain.json`` records the model's ``_target_`` and arguments, so ``model.init_from``, ``hpctrain
-generate`` and people find what the weights belong to. The folder appears whole or not at all (written
-beside it, then renamed). Imports torch when it runs (not on the submit path).
+generate`` and people find what the weights belong to. A run that trained adapters (``model.adapters``)
+exports them ``--merge``d into the base weights, or ``--adapters-only`` as a PEFT adapter folder. The
+folder appears whole or not at all (written beside it, then renamed). Imports torch when it runs (not on
+the submit path).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp32", help="fp32 (default), bf16 or fp16")
     p.add_argument("--max-shard-gb", type=float, default=5.0, help="largest safetensors file (default 5)")
     p.add_argument("--trust-code", action="store_true", help=TRUST_HELP)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--merge", action="store_true", help="adapters folded into the base weights")
+    which.add_argument("--adapters-only", action="store_true", help="the adapters alone, as a PEFT folder")
     return p
 
 
@@ -62,6 +67,7 @@ def run(name: str, argv: list[str]) -> int:
             args.dtype,
             args.max_shard_gb,
             args.trust_code,
+            "merge" if args.merge else "only" if args.adapters_only else "none",
         )
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)

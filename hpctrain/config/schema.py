@@ -20,6 +20,19 @@ from hpctrain.faults import FaultsConfig
 
 
 @dataclass
+class LoraConfig:
+    """LoRA (Hu et al. 2021): ``W x + (alpha / rank) · B A x`` for each targeted Linear, A (rank × in) and B
+    (out × rank) trained, W frozen. ``targets``: module-name patterns (dotted, ``*`` one level; a pattern
+    also matches the end of a longer name, as PEFT's ``target_modules`` do); empty: the model's declared
+    ``LORA_TARGETS``."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ModelConfig:
     """The model: ``target`` (the group's ``_target_``: an importable callable returning an ``nn.Module``)
     called with ``args`` (the group's other keys; nested ``_target_``s are instantiated, as in Hydra's
@@ -33,10 +46,20 @@ class ModelConfig:
     # (hpctrain.weights.load). Ignored once the run directory holds a checkpoint of its own.
     init_from: str | None = None
     init_strict: bool = True  # false: load the names that fit, report the rest
+    # Parameter-efficient fine-tuning: "none", or "lora" (low-rank adapters beside the modules
+    # ``lora.targets`` names, the base weights frozen: hpctrain.models.adapters).
+    adapters: str = "none"
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
+ADAPTERS = ("none", "lora")
 # The model group's own keys (in every composed config: model.init_from=... needs no +).
-MODEL_KEYS: dict[str, Any] = {"init_from": None, "init_strict": True}
+MODEL_KEYS: dict[str, Any] = {
+    "init_from": None,
+    "init_strict": True,
+    "adapters": "none",
+    "lora": {"rank": 8, "alpha": 16.0, "dropout": 0.0, "targets": []},
+}
 
 
 @dataclass
@@ -98,6 +121,7 @@ TP_ROLES = (
     "rowwise",
     "norm",
     "gather_sequence",
+    "whole_sequence",
     "enter_sequence_shards",
     "vocab_embedding",
     "vocab_head",
@@ -111,8 +135,10 @@ class ParallelConfig:
 
     ``name`` picks the mesh dimensions that exist: ``none`` (one process), ``ddp`` / ``fsdp`` (data parallel:
     replicas / shards over every rank), ``hsdp`` (replicate × shard), ``tp`` (tensor parallel over every
-    rank), ``pp`` (pipeline over every rank), ``2d`` (FSDP × TP), ``3d`` (PP × FSDP × TP). A degree of 0 is
-    derived: the one dimension left open takes world size / (product of the others).
+    rank), ``pp`` (pipeline over every rank), ``2d`` (FSDP × TP), ``3d`` (PP × FSDP × TP), ``cp`` (context
+    parallel over every rank), ``4d`` (PP × FSDP × CP × TP). A degree of 0 is derived: the one dimension left
+    open takes world size / (product of the others). ``ep`` and ``cp`` are added to the sharding strategies
+    when given.
     """
 
     name: str = "ddp"
@@ -121,6 +147,13 @@ class ParallelConfig:
     dp_replicate: int = 0
     dp_shard: int = 0
     tp: int = 0
+    # Expert parallelism: a mixture-of-experts model's experts spread over ep data-parallel ranks, tokens
+    # sent to their experts and back by all-to-all (hpctrain.parallel.moe). Given, never derived (0 or 1:
+    # none); fsdp, hsdp, 2d, 3d, 4d and cp take it.
+    ep: int = 0
+    # Context parallelism: every sample's sequence split over cp ranks, attention by a ring of keys and
+    # values (hpctrain.parallel.context). Derived under parallel=cp; given elsewhere (4d: 2).
+    cp: int = 0
     # --- ddp
     bucket_cap_mb: float = 25.0
     gradient_as_bucket_view: bool = True

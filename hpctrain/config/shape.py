@@ -4,9 +4,18 @@
 data-parallel size, pipeline stages, samples per pass, global batch). Validation, the
 planner, the trainer and the reports read it; nothing else re-derives these numbers.
 
-The device mesh is ``pp × dp_replicate × dp_shard × tp`` (outermost first, torchtitan's order): tensor
-parallelism, the chattiest, stays innermost so its ranks are neighbours (one node, NVLink); pipeline
-parallelism, which only sends activations between neighbouring stages, is outermost and crosses nodes.
+The device mesh is ``pp × dp_replicate × dp_shard × ep × cp × tp`` (outermost first, torchtitan's order):
+tensor parallelism, the chattiest, stays innermost so its ranks are neighbours (one node, NVLink); context
+parallelism's ring (a block of keys and values per attention layer and step) next to it; expert
+parallelism's all-to-all among data-parallel neighbours; pipeline parallelism, which only sends activations
+between neighbouring stages, is outermost and crosses nodes.
+
+Expert parallelism places a mixture-of-experts model's experts on ``ep`` ranks that train different samples
+(data-parallel ranks, as torchtitan and DeepSpeed-MoE borrow it from data parallelism): the data-parallel
+size is ``dp_replicate × dp_shard × ep``. Context parallelism splits each sample's sequence over ``cp``
+ranks that train the same samples. The gradients of a weight every rank holds are averaged over every rank
+that saw other tokens of the step (``dp_shard × ep × cp``: FSDP over them, :attr:`Degrees.fsdp`), an
+expert's over the ranks that hold the same expert (``dp_shard × cp``: :attr:`Degrees.expert_fsdp`).
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from hpctrain.config.schema import Config, ParallelConfig
 from hpctrain.errors import ConfigError
 from hpctrain.precision import regime
 
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "ep", "cp", "tp")
 
 # The mesh dimensions each strategy has. Every other dimension has size 1.
 STRATEGY_DIMS: dict[str, tuple[str, ...]] = {
@@ -30,7 +39,14 @@ STRATEGY_DIMS: dict[str, tuple[str, ...]] = {
     "pp": ("pp",),
     "2d": ("dp_shard", "tp"),
     "3d": ("pp", "dp_shard", "tp"),
+    "cp": ("cp",),
+    "4d": ("pp", "dp_shard", "cp", "tp"),
 }
+# Dimensions a strategy may add, given (never derived): expert and context parallelism. Both need FSDP over
+# the ranks that see other tokens (a rank's gradients are partial sums), so only the strategies that shard
+# (or CP's own) take them.
+EXTRA_DIMS = ("ep", "cp")
+TAKES_EXTRA = ("fsdp", "hsdp", "2d", "3d", "4d", "cp")
 
 # Pipeline schedules (torch.distributed.pipelining) → how many stages each rank holds (0: any number ≥ 2).
 PIPELINE_SCHEDULES = {
@@ -48,15 +64,50 @@ class Degrees:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    ep: int = 1
+    cp: int = 1
 
     @property
     def dp(self) -> int:
-        """Data-parallel size: how many different slices of each global batch are processed at once."""
-        return self.dp_replicate * self.dp_shard
+        """Data-parallel size: how many different slices of each global batch are processed at once (expert
+        parallel ranks train different samples)."""
+        return self.dp_replicate * self.dp_shard * self.ep
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def fsdp(self) -> int:
+        """Ranks FSDP shards a weight every rank holds over (and averages its gradients over, times the
+        replicas): every rank of a replica that saw other tokens of the step."""
+        return self.dp_shard * self.ep * self.cp
+
+    @property
+    def expert_fsdp(self) -> int:
+        """Ranks FSDP shards an expert over: those holding the same experts (the ep ranks hold others)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def token_ranks(self) -> int:
+        """Ranks whose tokens differ in a step (a router's counts are summed over them): data and context
+        parallel; tensor- and pipeline-parallel peers see the same tokens."""
+        return self.dp * self.cp
+
+    def dp_index(self, replicate: int, shard: int, expert: int) -> int:
+        """The data-parallel index (which slice of each global batch) of the rank at these coordinates of
+        dp_replicate, dp_shard and ep (row-major, as the mesh)."""
+        return (replicate * self.dp_shard + shard) * self.ep + expert
+
+    def fsdp_index(self, shard: int, expert: int, context: int) -> int:
+        """A rank's index in FSDP's group (dp_shard × ep × cp flattened, row-major as the mesh): which
+        chunk of every dense weight it holds."""
+        return (shard * self.ep + expert) * self.cp + context
+
+    def expert_fsdp_index(self, fsdp_index: int) -> int:
+        """The rank at ``fsdp_index``'s index among the ranks holding the same experts (dp_shard × cp, the
+        ep coordinate dropped): which chunk of its experts it holds."""
+        return (fsdp_index // (self.ep * self.cp)) * self.cp + fsdp_index % self.cp
 
     def stride(self, dim: str) -> int:
         """How many ranks apart two neighbours of mesh dimension ``dim`` are (the mesh is row-major in
@@ -85,12 +136,17 @@ def resolve_degrees(parallel: ParallelConfig, world_size: int) -> Degrees:
         value = getattr(parallel, dim)
         if value < 0:
             raise ConfigError(f"parallel.{dim}", value, "must be ≥ 0 (0: derived from the world size)")
-        if dim not in dims and value > 1:
-            having = [s for s, d in STRATEGY_DIMS.items() if dim in d]
+        extra = dim in EXTRA_DIMS and name in TAKES_EXTRA
+        if dim not in dims and value > 1 and not extra:
+            having = [
+                s for s, d in STRATEGY_DIMS.items() if dim in d or (dim in EXTRA_DIMS and s in TAKES_EXTRA)
+            ]
             raise ConfigError(
                 f"parallel.{dim}", value, f"parallel={name} has no {dim} dimension", valid=", ".join(having)
             )
     given = {dim: getattr(parallel, dim) for dim in dims if getattr(parallel, dim) > 0}
+    # The extra dimensions a strategy takes are given or 1, never derived.
+    given.update({d: getattr(parallel, d) for d in EXTRA_DIMS if d not in dims and getattr(parallel, d) > 1})
     open_dims = [dim for dim in dims if dim not in given]
     product = math.prod(given.values())
     spelled = " × ".join(f"{d}={v}" for d, v in given.items())
@@ -103,10 +159,13 @@ def resolve_degrees(parallel: ParallelConfig, world_size: int) -> Degrees:
         )
     if open_dims:
         if world_size % product:
+            # Name a degree that does not divide the world size itself, else the last one given.
+            culprit = next((d for d, v in given.items() if world_size % v), list(given)[-1])
             raise ConfigError(
-                f"parallel.{next(iter(given))}",
-                given[next(iter(given))],
+                f"parallel.{culprit}",
+                given[culprit],
                 f"world size {world_size} is not divisible by {spelled} = {product}",
+                valid=f"degrees whose product divides {world_size}",
             )
         given[open_dims[0]] = world_size // product
     elif product != world_size:
@@ -209,5 +268,5 @@ def run_shape(cfg: Config) -> RunShape:
         microbatches=cfg.parallel.microbatches if d.pp > 1 else 1,
         micro_batch_size=cfg.trainer.micro_batch_size,
         global_batch_size=global_batch_size(cfg),
-        regime=regime(cfg.trainer.precision, sharded=d.dp_shard > 1),
+        regime=regime(cfg.trainer.precision, sharded=d.fsdp > 1),
     )

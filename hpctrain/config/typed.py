@@ -15,7 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
 from hpctrain.config.redact import declare_secret, env_references
-from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, Config, DataConfig, LossConfig, ModelConfig
+from hpctrain.config.schema import (
+    DATA_KEYS,
+    MODEL_KEYS,
+    Config,
+    DataConfig,
+    LoraConfig,
+    LossConfig,
+    ModelConfig,
+)
 from hpctrain.errors import ConfigError
 
 T = TypeVar("T")
@@ -88,7 +96,24 @@ def _model(node: Any) -> ModelConfig:
                 valid=f"a save_pretrained folder (holding {HF_CONFIG}), or model.config={{_target_: "
                 "transformers.GPT2Config, ...}",
             )  # fmt: skip
-    return ModelConfig(target=target, args=raw, **own)
+    adapters = own.get("adapters", "none")
+    if not isinstance(adapters, str):
+        raise ConfigError("model.adapters", adapters, "expected a string", valid="none, lora")
+    lora = own.pop("lora", None) or {}
+    if not isinstance(lora, dict):
+        raise ConfigError("model.lora", lora, "must be a mapping", valid="rank, alpha, dropout, targets")
+    for key in lora:
+        if key not in MODEL_KEYS["lora"]:
+            raise ConfigError(f"model.lora.{key}", lora[key], "unknown key of model.lora",
+                              valid="rank, alpha, dropout, targets")  # fmt: skip
+    targets = lora.get("targets", [])
+    if isinstance(targets, str):
+        targets = [targets]
+    if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+        raise ConfigError("model.lora.targets", targets, "expected a list of module-name patterns")
+    typed = typed_from(LoraConfig, {k: v for k, v in lora.items() if k != "targets"}, "model.lora")
+    typed.targets = list(targets)
+    return ModelConfig(target=target, args=raw, lora=typed, **own)
 
 
 def _loss(plain: dict[str, Any]) -> LossConfig:
@@ -119,6 +144,9 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
     """``schema`` filled with ``values``, each checked against its field's type (a ConfigError naming
     ``group.key`` otherwise); the caller has checked that every key is a field."""
     fields = {f.name: f.type for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    nested = _nested_values(schema, values, group)
+    if nested:  # a mapping for a field that is a dataclass itself (model.moe): typed on its own first
+        values = {**values, **nested}
     plain = _plain_values(fields, values)
     if plain is not None:  # the planner's search builds thousands of specs: skip OmegaConf when it can
         return schema(**plain)
@@ -130,6 +158,24 @@ def typed_from(schema: type[T], values: dict[str, Any], group: str) -> T:
             raise ConfigError(f"{group}.{key}", value, f"expected {fields[key]}") from None
     out = OmegaConf.to_object(node)
     assert isinstance(out, schema)
+    return out
+
+
+def _nested_values(schema: type, values: dict[str, Any], group: str) -> dict[str, Any]:
+    """The values given as mappings for fields whose type is a dataclass, each typed as that dataclass."""
+    import typing
+
+    hints = typing.get_type_hints(schema)
+    out = {}
+    for key, value in values.items():
+        kind = hints.get(key)
+        if isinstance(value, dict) and dataclasses.is_dataclass(kind) and isinstance(kind, type):
+            known = {f.name for f in dataclasses.fields(kind)}
+            for name in value:
+                if name not in known:
+                    raise ConfigError(f"{group}.{key}.{name}", value[name], f"unknown key of {group}.{key}",
+                                      valid=", ".join(sorted(known)))  # fmt: skip
+            out[key] = typed_from(kind, value, f"{group}.{key}")
     return out
 
 

@@ -13,6 +13,7 @@ from hpctrain.config.rules.checkpoint import check_checkpoint
 from hpctrain.config.rules.cluster import check_cluster
 from hpctrain.config.rules.parallel import check_parallel
 from hpctrain.config.rules.run import (
+    check_adapters,
     check_batch,
     check_data,
     check_init_from,
@@ -33,6 +34,7 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     check_finite(cfg)
     check_data(cfg.data)
     check_init_from(cfg.model.init_from)
+    check_adapters(cfg.model)
     check_task(cfg)
     check_cluster(cfg)
     check_parallel(cfg)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from hpctrain.config.schema import ModelConfig
 from hpctrain.config.typed import typed_from
 from hpctrain.errors import ConfigError
-from hpctrain.models.facts import Ends
+from hpctrain.models.facts import Ends, MoEShape
 from hpctrain.models.spec import ConfiguredSpec, ModelSpec, ParamSpec, TransformerSpec, at_least, config_facts
 
 INT64 = 8  # bytes of a token id (torch.long)
@@ -30,6 +30,8 @@ class GPTSpec(TransformerSpec):
     seq_len: int = 64
     tie_embeddings: bool = True
     input_kind: ClassVar[str | None] = "tokens"
+    context_parallel: ClassVar[bool] = True  # GPT.CONTEXT_PLAN
+    lora_targets: ClassVar[tuple[str, ...]] = ("attn.q", "attn.v")  # GPT.LORA_TARGETS
 
     @property
     def tokens_per_sample(self) -> int:
@@ -138,6 +140,80 @@ class GPTSpec(TransformerSpec):
             return dense + head
         embeddings = self.vocab_size * d + self.seq_len * d
         return embeddings + dense + (0 if self.tie_embeddings else head)
+
+
+@dataclass
+class MoESpec:
+    """``model.moe``: the mixture of experts in every block of :class:`GPTMoESpec`'s model."""
+
+    experts: int = 4
+    top_k: int = 2
+    capacity: float = 0.0  # 0: dropless; else each expert keeps ⌈capacity · top_k · tokens / experts⌉
+    aux_loss_weight: float = 0.01  # Switch Transformer's load-balancing loss coefficient (Fedus et al. 2022)
+
+
+@dataclass
+class GPTMoESpec(GPTSpec):
+    """hpctrain.models.gpt.GPTMoE: GPT with a mixture of experts (hpctrain.models.moe.MoE) in place of every
+    MLP: ``model.moe.experts`` experts of the MLP's shape, each token routed to ``top_k`` of them."""
+
+    target: str = "hpctrain.models.gpt.GPTMoE"
+    moe: MoESpec = dataclasses.field(default_factory=MoESpec)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # the model group's keyword arguments
+            self.moe = typed_from(MoESpec, self.moe, "model.moe")
+
+    @property
+    def experts(self) -> int:
+        return int(self.moe.experts)
+
+    def check(self) -> None:
+        super().check()
+        m = self.moe
+        at_least("model.moe.experts", m.experts, 1)
+        at_least("model.moe.top_k", m.top_k, 1)
+        if m.top_k > m.experts:
+            raise ConfigError(
+                "model.moe.top_k", m.top_k, f"routes each token to more than the {m.experts} experts",
+                valid=f"1 … {m.experts}",
+            )  # fmt: skip
+        if not m.capacity >= 0:
+            raise ConfigError(
+                "model.moe.capacity", m.capacity, "must be ≥ 0",
+                valid="0 (dropless), or a capacity factor such as 1.25",
+            )  # fmt: skip
+        if not m.aux_loss_weight >= 0:
+            raise ConfigError(
+                "model.moe.aux_loss_weight", m.aux_loss_weight, "must be ≥ 0", valid="e.g. 0.01"
+            )
+
+    def describe(self) -> str:
+        m = self.moe
+        dropping = f", capacity {m.capacity:g}" if m.capacity else ", dropless"
+        return f"{super().describe()}, {m.experts} experts top-{m.top_k}{dropping}"
+
+    def mlp_param_specs(self) -> tuple[ParamSpec, ...]:
+        """The router (replicated) and the experts' grouped weights (split over ep along the experts; whole
+        under tensor parallelism, which runs the mixture on the gathered sequence)."""
+        d, hidden, e = self.d_model, self.d_model * self.mlp_ratio, self.experts
+        share = self.moe.top_k / e
+        return (
+            ParamSpec("mlp.router.weight", (e, d), None, True),
+            ParamSpec("mlp.experts.w_in", (e, d, hidden), None, True, ep_dim=0, active=share),
+            ParamSpec("mlp.experts.b_in", (e, hidden), None, False, ep_dim=0, active=share),
+            ParamSpec("mlp.experts.w_out", (e, hidden, d), None, True, ep_dim=0, active=share),
+            ParamSpec("mlp.experts.b_out", (e, d), None, False, ep_dim=0, active=share),
+        )
+
+    def mlp_params(self) -> int:
+        return self.d_model * self.experts + self.experts * super().mlp_params()
+
+    def active_mlp_params(self) -> int:
+        return self.d_model * self.experts + self.moe.top_k * super().mlp_params()
+
+    def moe_shape(self) -> MoEShape:
+        return MoEShape(self.experts, self.moe.top_k, self.moe.capacity)
 
 
 @dataclass
@@ -253,6 +329,7 @@ class ViTSpec(TransformerSpec):
 # The built-in models' specs, by the ``_target_`` that builds them.
 BUILTIN: dict[str, type[TransformerSpec]] = {
     "hpctrain.models.gpt.GPT": GPTSpec,
+    "hpctrain.models.gpt.GPTMoE": GPTMoESpec,
     "hpctrain.models.vit.ViT": ViTSpec,
 }
 

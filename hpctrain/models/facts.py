@@ -20,6 +20,7 @@ tensor-parallel plan), which the caller gives when it makes the sheet.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -45,6 +46,14 @@ class ParamFact:
     # A copy of a weight tied to another stage's (Megatron's embedding group: the last pipeline stage's LM
     # head holds its own copy of the token embedding): held and trained there, not a distinct parameter.
     copy: bool = False
+    # The dimension expert parallelism splits (an expert's grouped weight: 0), None: on every rank. Such a
+    # tensor is sharded by FSDP over the ranks holding the same experts only (Degrees.expert_fsdp).
+    ep_dim: int | None = None
+    # Of every token's computation, the share that uses this tensor (an expert's: top_k / experts; the
+    # active parameters of a mixture of experts).
+    active: float = 1.0
+    # Trained (False: frozen, as a LoRA run's base weights: no gradient, no optimizer state).
+    trainable: bool = True
 
     @property
     def numel(self) -> int:
@@ -75,6 +84,15 @@ class Ends:
 
 
 @dataclass(frozen=True)
+class MoEShape:
+    """A mixture of experts in place of a block's MLP (``hpctrain.models.moe.MoE``)."""
+
+    experts: int
+    top_k: int
+    capacity: float  # 0: dropless
+
+
+@dataclass(frozen=True)
 class TransformerShape:
     """A declared pre-norm transformer (``hpctrain.models.layers.Block``): what the per-block formulas of
     :mod:`hpctrain.plan.activations` read."""
@@ -85,6 +103,7 @@ class TransformerShape:
     mlp_ratio: int
     dropout: float
     ends: Ends
+    moe: MoEShape | None = None
 
 
 # ------------------------------------------------------------------------------------ measured activations
@@ -159,6 +178,16 @@ class ModelFacts:
         """Distinct parameters (a tied weight's copy on another stage not counted again)."""
         return sum(p.numel for p in self.params if not p.copy)
 
+    @cached_property
+    def n_active(self) -> int:
+        """Parameters a token uses (a mixture of experts: the router and top_k of the experts)."""
+        return round(sum(p.numel * p.active for p in self.params if not p.copy))
+
+    @cached_property
+    def n_trainable(self) -> int:
+        """Parameters trained (LoRA: the adapters only)."""
+        return sum(p.numel for p in self.params if not p.copy and p.trainable)
+
     @property
     def param_bytes(self) -> int:
         return sum(p.numel * p.itemsize for p in self.params if not p.copy)
@@ -206,3 +235,43 @@ class ModelFacts:
 
 # The sheet of a measured model, by the name its callers in hpctrain.submit use.
 MeasuredModel = ModelFacts
+
+
+# ------------------------------------------------------------------------------------------------- adapters
+def module_matches(name: str, pattern: str) -> bool:
+    """Whether module ``name`` ends with ``pattern``'s atoms (``*`` any one atom), as PEFT's
+    ``target_modules`` match (:mod:`hpctrain.models.adapters`)."""
+    atoms, parts = pattern.split("."), name.split(".")
+    if len(atoms) > len(parts):
+        return False
+    return all(a == "*" or a == p for a, p in zip(atoms, parts[len(parts) - len(atoms) :], strict=True))
+
+
+def with_lora(facts: ModelFacts, rank: int, patterns: tuple[str, ...] | list[str]) -> ModelFacts:
+    """``facts`` with LoRA adapters (:mod:`hpctrain.models.adapters`): every parameter frozen, and beside
+    each matrix of a targeted module its ``lora_A`` [rank, in] (replicated) and ``lora_B`` [out, rank]
+    (split as the matrix's output dimension), trained, in the same FSDP unit and stages."""
+    params: list[ParamFact] = []
+    for q in facts.params:
+        params.append(dataclasses.replace(q, trainable=False))
+        module = q.name.rsplit(".", 1)[0]
+        if not q.name.endswith(".weight") or len(q.shape) != 2 or q.copy:
+            continue
+        if not any(module_matches(module, pattern) for pattern in patterns):
+            continue
+        out, inp = q.shape
+        a_tp = 1 if q.tp_dim == 1 else None  # a row-wise split splits A's input dimension
+        b_tp = 0 if q.tp_dim == 0 else None
+        for suffix, shape, tp_dim in (("lora_A", (rank, inp), a_tp), ("lora_B", (out, rank), b_tp)):
+            params.append(
+                dataclasses.replace(
+                    q,
+                    name=f"{module}.{suffix}.weight",
+                    shape=shape,
+                    tp_dim=tp_dim,
+                    autocast_copy=False,
+                    whole_grad_under_tp=False,
+                    trainable=True,
+                )
+            )
+    return dataclasses.replace(facts, params=tuple(params))

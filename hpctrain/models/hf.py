@@ -1,4 +1,4 @@
-"""transformers models: their own pipeline plans, read for hpctrain's pipeline split.
+"""transformers models: their own pipeline plans, read for hpctrain's pipeline split and context parallelism.
 
 A transformers decoder (Llama, Mistral, Qwen2, ...) declares ``base_model_pp_plan``: the base model's
 modules in forward order with what each takes and returns (``embed_tokens``: input ids → embeddings;
@@ -57,3 +57,28 @@ def pipeline_split(model: nn.Module) -> PipelineSplit | None:
         return kwargs
 
     return PipelineSplit(tuple(names[:at]), blocks, (*names[at + 1 :], *head), keep, block_kwargs)
+
+
+def context_plan(model: nn.Module) -> dict[str, str] | None:
+    """Where context parallelism (:mod:`hpctrain.parallel.context`) splits a transformers decoder: the
+    hidden states at its first layer's input (the base model computed positions, rotary embeddings and mask
+    from the whole sequence before), the per-position arguments every layer takes (the rotary embeddings,
+    the position ids), and each layer's attention (its ``*Attention`` child: scaled_dot_product_attention,
+    causal, when the model runs with ``attn_implementation="sdpa"``). None for anything else."""
+    split = pipeline_split(model)
+    config = getattr(model, "config", None)
+    if split is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return None
+    layers = model.get_submodule(split.blocks)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        return None
+    attention = [
+        name for name, child in layers[0].named_children() if type(child).__name__.endswith("Attention")
+    ]
+    if len(attention) != 1:
+        return None
+    return {
+        f"{split.blocks}.0": "enter_input",
+        f"{split.blocks}.*": "positions",
+        f"{split.blocks}.*.{attention[0]}": "attention",
+    }

@@ -89,13 +89,20 @@ class Block(nn.Module):
     """Pre-norm transformer block (GPT-2 / ViT): ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``."""
 
     def __init__(
-        self, d_model: int, n_heads: int, mlp_ratio: int = 4, dropout: float = 0.0, causal: bool = True
+        self,
+        d_model: int,
+        n_heads: int,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        causal: bool = True,
+        mlp: nn.Module | None = None,
     ) -> None:
+        """``mlp``: what runs in place of the MLP (a mixture of experts), with the same input and output."""
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = Attention(d_model, n_heads, dropout, causal)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = MLP(d_model, mlp_ratio, dropout)
+        self.mlp = mlp if mlp is not None else MLP(d_model, mlp_ratio, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))

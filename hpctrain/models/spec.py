@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from hpctrain.config.schema import ModelConfig
 from hpctrain.errors import ConfigError
-from hpctrain.models.facts import Ends, ModelFacts, ParamFact, TransformerShape
+from hpctrain.models.facts import Ends, ModelFacts, MoEShape, ParamFact, TransformerShape
 
 Shape = tuple[int, ...] | None  # a built-in dataset's fixed (C, H, W, classes), if it has one
 
@@ -34,6 +34,8 @@ class ParamSpec:
     )
     autocast_copy: bool = False  # an input of a linear or conv: autocast caches a 16-bit copy for the step
     vocab_lookup: bool = False  # an embedding looked up by vocabulary-split ids under TP (see ParamFact)
+    ep_dim: int | None = None  # an expert's grouped weight: the dimension expert parallelism splits
+    active: float = 1.0  # the share of a token's computation that uses it (experts: top_k / experts)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class ModelSpec:
     target: str = ""
     input_kind: ClassVar[str | None] = None  # "tokens" (int ids [B, T]) | "images" (float [B, C, H, W])
     transformer: ClassVar[bool] = False  # the planner's shapes (n_layers, d_model, ...) are declared
+    # The modules LoRA adapts when model.lora.targets names none (the model class's LORA_TARGETS).
+    lora_targets: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:
@@ -90,7 +94,10 @@ class ModelSpec:
     def to_model_config(self) -> ModelConfig:
         """The ``model`` group's ``_target_`` + arguments that build this spec's model."""
         fields = [f.name for f in dataclasses.fields(self) if f.name != "target"]
-        return ModelConfig(target=self.target, args={name: getattr(self, name) for name in fields})
+        args = {name: getattr(self, name) for name in fields}
+        # A nested group of arguments (model.moe) as the mapping the config gives.
+        args = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in args.items()}
+        return ModelConfig(target=self.target, args=args)
 
     def param_count(self, include_embeddings: bool = True) -> int | None:
         return None
@@ -141,6 +148,14 @@ class TransformerSpec(ModelSpec):
     mlp_ratio: int = 4
     dropout: float = 0.0
     transformer: ClassVar[bool] = True
+    # Its attention is causal scaled_dot_product_attention inside the blocks, and it declares where the
+    # residual stream starts (the class's CONTEXT_PLAN): context parallelism can split its sequence.
+    context_parallel: ClassVar[bool] = False
+
+    @property
+    def experts(self) -> int:
+        """Experts of each mixture-of-experts layer (0: dense)."""
+        return 0
 
     def check(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "mlp_ratio"):
@@ -157,12 +172,17 @@ class TransformerSpec(ModelSpec):
 
     def check_layout(self, degrees: Any, parallel: Any, n_stages: int) -> None:
         """Megatron splits divide heads and MLP units over tp; a pipeline divides the layers into stages.
-        Any sequence length splits over tp (hpctrain.parallel.tp pads it)."""
+        Any sequence length splits over tp (hpctrain.parallel.tp pads it). Context parallelism splits the
+        sequence into 2·cp equal chunks (each rank one from each end: causal load balancing), and expert
+        parallelism the experts into ep equal groups."""
         tp = degrees.tp
-        for key, value, what in (
-            ("n_heads", self.n_heads, "attention heads"),
-            ("d_model", self.d_model * self.mlp_ratio, "MLP hidden units (d_model × mlp_ratio)"),
-        ):
+        splits = [("n_heads", self.n_heads, "attention heads")]
+        if not self.experts:  # a mixture of experts runs whole under tensor parallelism
+            hidden = self.d_model * self.mlp_ratio
+            splits.append(("d_model", hidden, "MLP hidden units (d_model × mlp_ratio)"))
+        self._check_context(degrees.cp)
+        self._check_experts(degrees.ep)
+        for key, value, what in splits:
             if value % tp:
                 raise ConfigError(
                     f"model.{key}",
@@ -179,10 +199,68 @@ class TransformerSpec(ModelSpec):
                 valid=f"a multiple of {n_stages}",
             )
 
+    def _check_context(self, cp: int) -> None:
+        if cp <= 1:
+            return
+        if not self.context_parallel:
+            raise ConfigError(
+                "parallel.cp", cp, f"model {self.name} declares no attention context parallelism can split "
+                "(a causal scaled_dot_product_attention and where its residual stream starts: CONTEXT_PLAN)",
+                valid="1, or a model that declares it (gpt, gpt_moe, a transformers decoder)",
+            )  # fmt: skip
+        chunks = 2 * cp
+        if self.tokens_per_sample % chunks:
+            # Padding would leave the ranks' shares with different numbers of real tokens, and each rank's
+            # loss is the mean over its own: their mean would no longer be the sequence's.
+            raise ConfigError(
+                "model.seq_len", self.tokens_per_sample,
+                f"parallel.cp={cp} splits each sequence into 2·cp = {chunks} equal chunks (causal load "
+                f"balancing; {self.tokens_per_sample} % {chunks} = {self.tokens_per_sample % chunks})",
+                valid=f"a multiple of {chunks}",
+            )  # fmt: skip
+        if self.dropout > 0:
+            raise ConfigError(
+                "model.dropout", self.dropout, f"ring attention under parallel.cp={cp} takes no attention "
+                "dropout", valid="0.0 with context parallelism",
+            )  # fmt: skip
+
+    def _check_experts(self, ep: int) -> None:
+        if ep <= 1:
+            return
+        if not self.experts:
+            raise ConfigError(
+                "parallel.ep", ep, f"model {self.name} has no experts to place on ranks",
+                valid="1, or a mixture-of-experts model (model=gpt_moe)",
+            )  # fmt: skip
+        if self.experts % ep:
+            raise ConfigError(
+                "parallel.ep", ep, f"does not divide the model's {self.experts} experts "
+                f"({self.experts} % {ep} = {self.experts % ep})",
+                valid=", ".join(str(k) for k in range(1, self.experts + 1) if self.experts % k == 0),
+            )  # fmt: skip
+
+    def mlp_param_specs(self) -> tuple[ParamSpec, ...]:
+        """The block's MLP: fc_in split column-wise (with its bias), fc_out row-wise (bias replicated)."""
+        d, hidden = self.d_model, self.d_model * self.mlp_ratio
+        return (
+            ParamSpec("mlp.fc_in.weight", (hidden, d), 0, True),
+            ParamSpec("mlp.fc_in.bias", (hidden,), 0, True),
+            ParamSpec("mlp.fc_out.weight", (d, hidden), 1, True),
+            ParamSpec("mlp.fc_out.bias", (d,), None, True),
+        )
+
+    def mlp_params(self) -> int:
+        d, hidden = self.d_model, self.mlp_ratio * self.d_model
+        return (d * hidden + hidden) + (hidden * d + d)
+
+    def active_mlp_params(self) -> int:
+        """The MLP's parameters one token uses."""
+        return self.mlp_params()
+
     def block_param_specs(self) -> tuple[ParamSpec, ...]:
         """One ``hpctrain.models.layers.Block``: q/k/v and fc_in split by output (column-wise, with their
         biases), o and fc_out by input (row-wise, bias replicated); the LayerNorms are replicated."""
-        d, hidden = self.d_model, self.d_model * self.mlp_ratio
+        d = self.d_model
         specs = [ParamSpec("ln1.weight", (d,)), ParamSpec("ln1.bias", (d,))]
         for name in ("q", "k", "v"):
             specs += [
@@ -191,26 +269,28 @@ class TransformerSpec(ModelSpec):
             ]
         specs += [ParamSpec("attn.o.weight", (d, d), 1, True), ParamSpec("attn.o.bias", (d,), None, True)]
         specs += [ParamSpec("ln2.weight", (d,)), ParamSpec("ln2.bias", (d,))]
-        specs += [
-            ParamSpec("mlp.fc_in.weight", (hidden, d), 0, True),
-            ParamSpec("mlp.fc_in.bias", (hidden,), 0, True),
-            ParamSpec("mlp.fc_out.weight", (d, hidden), 1, True),
-            ParamSpec("mlp.fc_out.bias", (d,), None, True),
-        ]
-        return tuple(specs)
+        return (*specs, *self.mlp_param_specs())
 
     def block_params(self) -> int:
-        """One pre-norm block: two LayerNorms, q/k/v/o with biases, fc_in/fc_out with biases."""
-        d, hidden = self.d_model, self.mlp_ratio * self.d_model
-        return 2 * (2 * d) + 4 * (d * d + d) + (d * hidden + hidden) + (hidden * d + d)
+        """One pre-norm block: two LayerNorms, q/k/v/o with biases, and the MLP (fc_in/fc_out with biases,
+        or a mixture of experts)."""
+        d = self.d_model
+        return 2 * (2 * d) + 4 * (d * d + d) + self.mlp_params()
+
+    def active_block_params(self) -> int:
+        """What one token uses of a block."""
+        return self.block_params() - self.mlp_params() + self.active_mlp_params()
 
     def flops_per_token(self) -> float:
         """Training FLOPs (forward + backward) per token: ``6·N + 12·L·H·Q·T``.
 
-        Chowdhery et al. 2022, "PaLM", appendix B: N non-embedding parameters (``param_count(False)``), L
-        layers, H heads, Q the head dimension, T tokens per sample. The attention term is not halved for
-        causal masking, following the paper."""
-        n = self.param_count(include_embeddings=False)
+        Chowdhery et al. 2022, "PaLM", appendix B: N non-embedding parameters (``param_count(False)``; of a
+        mixture of experts the active ones, those a token uses: the router and top_k experts, as Mixtral's
+        "active parameters"), L layers, H heads, Q the head dimension, T tokens per sample. The attention
+        term is not halved for causal masking, following the paper."""
+        n = self.param_count(include_embeddings=False) - self.n_layers * (
+            self.block_params() - self.active_block_params()
+        )
         head_dim = self.d_model // self.n_heads
         return float(6 * n + 12 * self.n_layers * self.n_heads * head_dim * self.tokens_per_sample)
 
@@ -236,6 +316,10 @@ class TransformerSpec(ModelSpec):
         """What the model's input and output keep for the backward (the planner's activations)."""
         raise NotImplementedError
 
+    def moe_shape(self) -> MoEShape | None:
+        """A mixture of experts in place of every MLP (None: dense)."""
+        return None
+
     def facts(self, n_stages: int = 1) -> ModelFacts:
         """The planner's fact sheet of this model run as ``n_stages`` pipeline stages: every parameter
         tensor (fp32), block ``k`` the FSDP unit ``k`` on stage ⌊k / (n_layers / n_stages)⌋ (the layers
@@ -252,7 +336,10 @@ class TransformerSpec(ModelSpec):
             spec: ParamSpec, name: str, unit: int, stages: tuple[int, ...], copy: bool = False
         ) -> ParamFact:
             whole = spec.vocab_lookup and not same_stage_head
-            return ParamFact(name, spec.shape, 4, unit, spec.tp_dim, stages, spec.autocast_copy, whole, copy)
+            return ParamFact(
+                name, spec.shape, 4, unit, spec.tp_dim, stages, spec.autocast_copy, whole, copy,
+                spec.ep_dim, spec.active,
+            )  # fmt: skip
 
         params = [fact(s, s.name, -1, first) for s in self.input_params()]
         for k in range(self.n_layers):
@@ -269,7 +356,13 @@ class TransformerSpec(ModelSpec):
             blocks=self.n_layers,
             tokens_per_sample=self.tokens_per_sample,
             activations=TransformerShape(
-                self.n_layers, self.d_model, self.n_heads, self.mlp_ratio, self.dropout, self.ends()
+                self.n_layers,
+                self.d_model,
+                self.n_heads,
+                self.mlp_ratio,
+                self.dropout,
+                self.ends(),
+                self.moe_shape(),
             ),
             throughput_unit=self.throughput_unit,
             flops_per_token=self.flops_per_token(),

@@ -130,6 +130,10 @@ class Observer:
             for k, v in record.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")
         }
+        # A list of numbers (a mixture of experts' load per expert) charts as one series per entry.
+        for key, value in record.items():
+            if isinstance(value, list) and all(isinstance(x, (int, float)) for x in value):
+                numbers.update({f"{key}/{i}": x for i, x in enumerate(value)})
         if record.get("val_loss") is not None:
             self._val_loss = float(record["val_loss"])
         if self._wandb is not None:

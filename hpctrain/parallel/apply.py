@@ -1,15 +1,18 @@
 """The parallelize step: turn a plain model into this rank's share of it, by ``parallel.name``.
 
 Order (torchtitan's): fp8's float8 Linear layers first (a model conversion: every later step sees them as
-Linear layers), the pipeline split, then for each stage tensor parallelism → activation checkpointing →
-compile → FSDP (FSDP last: it shards whatever the earlier steps made of the parameters,
-DTensors included); DDP, which only hooks gradients, applies to the unsplit model instead of FSDP.
+Linear layers), the pipeline split, then for each stage tensor parallelism → context parallelism's hooks →
+expert parallelism → activation checkpointing → compile → FSDP (FSDP last: it shards whatever the earlier
+steps made of the parameters, DTensors included); DDP, which only hooks gradients, applies to the unsplit
+model instead of FSDP. FSDP applies wherever ranks see other tokens of a step and hold the same weights:
+dp_shard, ep and cp flattened (:attr:`hpctrain.config.shape.Degrees.fsdp`), HSDP's replicas beside.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,8 +25,17 @@ from hpctrain.config.shape import RunShape, run_shape
 from hpctrain.parallel.blocks import find_blocks
 from hpctrain.parallel.compile import apply_compile
 from hpctrain.parallel.compression import CompressionState, register_compression, single_bucket_cap_mb
+from hpctrain.parallel.context import ContextShards, apply_context, require_context_plan
 from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.mesh import ParallelDims, build_mesh
+from hpctrain.parallel.moe import (
+    RouterMetrics,
+    apply_expert_parallel,
+    count_tokens_over,
+    quiet_flattened_slices,
+    require_experts,
+    router_metrics,
+)
 from hpctrain.parallel.pipeline import Pipeline, dropped_modules, split_stage, stage_ids, stage_owners
 from hpctrain.parallel.recompute import apply_activation_checkpointing
 from hpctrain.parallel.shared import (
@@ -53,6 +65,23 @@ class Parallelized:
     # {parameter name here: the name it is saved under} for the second names of tied parameters and the
     # later stages' copies of shared ones: a checkpoint holds each weight once, under the whole model's name.
     saved_names: dict[str, str] = field(default_factory=dict)
+    # Context parallelism: this rank's share of each sequence (the targets are split alike).
+    context: ContextShards | None = None
+    # A mixture of experts anywhere in the run: what its routers did, summed over the ranks (a collective).
+    router: RouterMetrics | None = None
+
+    def local_targets(self, targets: Any) -> Any:
+        """The targets of the positions this rank computes (a share of each sequence under context
+        parallelism, else all)."""
+        return self.context.split_targets(targets) if self.context is not None else targets
+
+    def local_batch(self, batch: Any, target_key: str) -> Any:
+        """``batch`` with its targets cut to this rank's positions (the model splits its input itself)."""
+        if self.context is None:
+            return batch
+        if isinstance(batch, dict):
+            return {k: self.local_targets(v) if k == target_key else v for k, v in batch.items()}
+        return (batch[0], self.local_targets(batch[1]), *batch[2:])
 
     def reduce_shared_grads(self) -> None:
         """Sum the gradients of every shared weight's copies (after backward, before clipping)."""
@@ -89,8 +118,11 @@ def parallelize(
     if precision == "fp8":
         amp.require_float8(device)
         apply_float8(model, p.block_classes)
-    # The plan is read off the whole model, before a pipeline split removes modules it names.
+    # The plans are read off the whole model, before a pipeline split removes modules they name.
     plan = require_tp_plan(model, dict(p.tp_plan), dims.degrees.tp) if dims.has("tp") else None
+    context_plan = require_context_plan(model, dims.degrees.cp, dims.degrees.pp) if dims.has("cp") else None
+    if dims.has("ep"):
+        require_experts(model, dims.degrees.ep)
     n_stages = shape.n_stages if dims.has("pp") else 1
     ties = tied_parameters(model)
     across: list[Tie] = []  # the ties whose names land on different pipeline stages
@@ -109,17 +141,30 @@ def parallelize(
     else:
         parts = {0: model}
     data_parallel = [d for d in ("dp_replicate", "dp_shard") if dims.has(d)]
-    sharded = dims.has("dp_shard")
+    sharded = shape.degrees.fsdp > 1
+    quiet_flattened_slices()
+    dense_mesh = dims.fsdp_mesh("dp_shard", "ep", "cp")
+    expert_mesh = dims.fsdp_mesh("dp_shard", "cp")
+    shards = ContextShards(dims.submesh("cp")) if context_plan is not None else None
     for i, part in parts.items():
         if plan is not None:
             apply_tp(part, dims.submesh("tp"), p.sequence_parallel, plan, i == 0, i == n_stages - 1)
+        if context_plan is not None:
+            apply_context(part, shards, context_plan)
+        experts = apply_expert_parallel(part, dims.submesh("ep")) if dims.has("ep") else []
         apply_activation_checkpointing(part, p.activation_checkpointing, p.block_classes)
         if p.compile:
             apply_compile(part, p.block_classes)
         if sharded:
-            apply_fsdp(part, dims.submesh(*data_parallel), p, precision, device)
+            assert dense_mesh is not None
+            apply_fsdp(part, dense_mesh, p, precision, device, experts, expert_mesh)
+    tokens = dims.flat("dp_replicate", "dp_shard", "ep", "cp")
+    for part in parts.values():
+        count_tokens_over(part, tokens.get_group() if tokens is not None else None)
     first = next(iter(parts.values()))
     result = Parallelized(first, dims, regime=shape.regime, parts=list(parts.values()))
+    result.context = shards
+    result.router = router_metrics(list(parts.values()), dims.coordinate("tp"), shape.degrees.token_ranks)
     result.saved_names = saved_names(ties, across, parts)
     if dims.has("pp"):
         group = dims.pp_group

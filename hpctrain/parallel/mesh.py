@@ -7,19 +7,20 @@ runs on. Only dimensions of size > 1 are in the mesh.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from hpctrain.config.shape import Degrees
+from hpctrain.config.shape import MESH_DIMS, Degrees
 
 
 @dataclass
 class ParallelDims:
     degrees: Degrees
     mesh: DeviceMesh | None  # None when every degree is 1
+    _flattened: dict[str, DeviceMesh] = field(default_factory=dict)
 
     def has(self, dim: str) -> bool:
         return getattr(self.degrees, dim) > 1
@@ -34,7 +35,35 @@ class ParallelDims:
     @property
     def dp_rank(self) -> int:
         """This rank's data-parallel index: which slice of each global batch it processes."""
-        return self.coordinate("dp_replicate") * self.degrees.dp_shard + self.coordinate("dp_shard")
+        return self.degrees.dp_index(
+            self.coordinate("dp_replicate"), self.coordinate("dp_shard"), self.coordinate("ep")
+        )
+
+    def flat(self, *dims: str) -> DeviceMesh | None:
+        """One 1-D mesh over the ranks of ``dims`` (those of size > 1; None if none is), flattened in mesh
+        order: the group FSDP shards over when several dimensions see other tokens (dp_shard × ep × cp)."""
+        present = [d for d in MESH_DIMS if d in dims and self.has(d)]
+        if not present:
+            return None
+        if len(present) == 1:
+            return self.submesh(present[0])
+        name = "_".join(present)
+        if name not in self._flattened:
+            assert self.mesh is not None
+            self._flattened[name] = self.mesh[tuple(present)]._flatten(name)
+        return self._flattened[name]
+
+    def fsdp_mesh(self, *shard_dims: str) -> DeviceMesh | None:
+        """FSDP's mesh sharding over ``shard_dims`` (flattened): 1-D, or 2-D (dp_replicate, shard) for HSDP;
+        None when no shard dimension has ranks."""
+        shard = self.flat(*shard_dims)
+        if shard is None:
+            return None
+        if not self.has("dp_replicate"):
+            return shard
+        assert self.mesh is not None
+        names = [d for d in MESH_DIMS if d in shard_dims and self.has(d)]
+        return self.mesh["dp_replicate", names[0] if len(names) == 1 else "_".join(names)]
 
     @property
     def pp_rank(self) -> int:

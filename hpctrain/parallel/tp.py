@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -96,7 +96,7 @@ def require_tp_plan(model: nn.Module, configured: dict[str, str] | None, tp: int
             raise ConfigError(
                 f"{source}[{pattern}]", role, "not a tensor-parallel role", valid=", ".join(TP_ROLES)
             )
-        if not _modules(model, pattern):
+        if not pattern_modules(model, pattern):
             raise ConfigError(
                 f"{source}[{pattern}]", role, f"the pattern names no module of {type(model).__name__}"
             )
@@ -144,7 +144,10 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
     sequence under sequence parallelism), ``norm`` (runs on sequence shards), ``gather_sequence`` (a module
     that needs the whole sequence), ``enter_sequence_shards`` (the residual stream starts at this module's
     output), ``vocab_embedding`` / ``vocab_head`` (the vocabulary split over the ranks: a masked lookup with
-    an all-reduce; logits gathered for the loss), ``replicated`` (nothing split).
+    an all-reduce; logits gathered for the loss), ``replicated`` (nothing split), ``whole_sequence`` (a
+    module with replicated weights that runs on the whole sequence and returns it: its input gathered, its
+    output split again; the backward of the split gathers its gradient, so every rank computes the same
+    weight gradients, as under no tensor parallelism: a mixture of experts).
     """
     stream = SEQUENCE if sequence_parallel else Replicate()
     if role == "colwise":
@@ -157,7 +160,7 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
         return ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if role == "norm" and sequence_parallel:
         return SequenceParallel(use_local_output=True)
-    if role in ("norm", "gather_sequence", "enter_sequence_shards", "replicated"):
+    if role in ("norm", "gather_sequence", "whole_sequence", "enter_sequence_shards", "replicated"):
         return None
     raise ValueError(f"unknown tensor-parallel role {role!r}")
 
@@ -186,10 +189,20 @@ def apply_tp(
     styles: dict[str, ParallelStyle] = {}
     for pattern, role in plan.items():
         style = style_for(role, sequence_parallel)
-        if style is not None and _modules(model, pattern):
+        if style is not None and pattern_modules(model, pattern):
             styles[pattern] = style
     ties = tied_parameters(model)
+    # LoRA's adapters (hpctrain.models.adapters) are children of the Linear they adapt: the styles would
+    # split them as the Linear's own weight. They are set aside, and split to match it afterwards.
+    adapters = _detach_adapters(model)
+    # A style replaces each parameter it splits or replicates by a new one, trainable (SequenceParallel's
+    # norms): what was frozen (LoRA's base) stays frozen.
+    frozen = {name for name, param in model.named_parameters() if not param.requires_grad}
     parallelize_module(model, tp_mesh, styles)
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    _attach_adapters(adapters, _roles(model, plan), tp_mesh)
     if sequence_parallel:
         _hook_sequence(model, plan, SequenceShards(tp_mesh), first_stage, last_stage)
     for names in ties:
@@ -200,6 +213,44 @@ def apply_tp(
             if getattr(other, "placements", None) != getattr(first, "placements", None):
                 raise ValueError(f"tied parameters {names[0]} and {name} are split differently by the plan")
             setattr(model.get_submodule(owner), attr, first)
+
+
+def _detach_adapters(model: nn.Module) -> list[tuple[nn.Module, nn.Module, nn.Module]]:
+    found = []
+    for module in list(model.modules()):
+        a, b = module._modules.get("lora_A"), module._modules.get("lora_B")
+        if a is not None and b is not None:
+            del module._modules["lora_A"], module._modules["lora_B"]
+            found.append((module, a, b))
+    return found
+
+
+def _roles(model: nn.Module, plan: dict[str, str]) -> dict[int, str]:
+    return {id(m): role for pattern, role in plan.items() for m in pattern_modules(model, pattern)}
+
+
+def _attach_adapters(
+    adapters: list[tuple[nn.Module, nn.Module, nn.Module]], roles: dict[int, str], mesh: DeviceMesh
+) -> None:
+    """Each adapter back on its Linear, split as the Linear is: under a column-wise split ``A`` whole and
+    ``B``'s output rows split (the update ``B A x`` comes out split as the Linear's output); under a
+    row-wise split ``A``'s input columns split and ``B`` whole (``B A x`` is a partial sum, reduced with
+    the Linear's). The adapter's forward hook then computes on DTensors as the Linear does."""
+    placements = {"colwise": ([Replicate()], [Shard(0)]), "rowwise": ([Shard(1)], [Replicate()])}
+    for module, a, b in adapters:
+        role = roles.get(id(module), "replicated")
+        if role not in (*placements, "replicated"):
+            raise ConfigError(
+                "model.lora.targets", role, "LoRA adapts Linear layers split column- or row-wise, or not",
+                valid="colwise, rowwise or replicated modules of the tensor-parallel plan",
+            )  # fmt: skip
+        if role in placements:
+            for adapter, place in zip((a, b), placements[role], strict=True):
+                weight = adapter.weight
+                adapter.weight = nn.Parameter(
+                    distribute_tensor(weight.data, mesh, place), requires_grad=weight.requires_grad
+                )
+        module.lora_A, module.lora_B = a, b
 
 
 def _hook_sequence(
@@ -218,8 +269,11 @@ def _hook_sequence(
         return (shards.pad(args[0]), *args[1:])
 
     for pattern, role in plan.items():
-        for module in _modules(model, pattern):
+        for module in pattern_modules(model, pattern):
             if role == "enter_sequence_shards":
+                module.register_forward_hook(scatter_output)
+            elif role == "whole_sequence":  # replicated: the whole sequence in, this rank's shard out
+                module.register_forward_pre_hook(gather_input, prepend=True)
                 module.register_forward_hook(scatter_output)
             elif role in ("gather_sequence", "vocab_head"):
                 module.register_forward_pre_hook(gather_input, prepend=True)
@@ -231,7 +285,7 @@ def _hook_sequence(
         model.register_forward_hook(lambda _m, _args, output: shards.gather(output))
 
 
-def _modules(model: nn.Module, pattern: str) -> list[nn.Module]:
+def pattern_modules(model: nn.Module, pattern: str) -> list[nn.Module]:
     """The modules ``pattern`` (dotted, ``*`` matching one level) names that exist (are not None)."""
     modules = [model]
     for atom in pattern.split("."):

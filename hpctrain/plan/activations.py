@@ -72,12 +72,30 @@ def held(cfg: Config, lay: Layout, facts: ModelFacts, stages: list[int], blocks:
     """The activations of the rank holding pipeline ``stages`` and ``blocks`` of the model's blocks, with
     ``flying`` micro-batches in flight, and the buffers that depend on them."""
     if isinstance(facts.activations, TransformerShape):
-        return _declared(cfg, lay, facts.activations, stages, flying)
+        return _declared(cfg, lay, facts.activations, stages, flying, frozen_inputs(facts))
     return _measured(lay, facts, facts.activations, stages, blocks, flying)
 
 
 # ------------------------------------------------------------------------------------- declared shapes
-def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None = None) -> int:
+def frozen_inputs(facts: ModelFacts) -> frozenset[str]:
+    """The Linear layers (of a block, by their name in it, or the head) whose input nothing saves: frozen,
+    with no adapter (LoRA's base; a frozen weight needs no input for its gradient, and the gradient of
+    the input needs the weight only)."""
+    trains: dict[str, bool] = {}
+    for q in facts.params:
+        module, _, kind = q.name.rpartition(".")
+        parts = module.split(".")
+        if parts[0] == "layers" and len(parts) > 2:
+            module = ".".join(parts[2:])
+        owner = module.removesuffix(".lora_A").removesuffix(".lora_B")
+        if kind == "weight":
+            trains[owner] = trains.get(owner, False) or q.trainable
+    return frozenset(name for name, trained in trains.items() if not trained)
+
+
+def block_activation_bytes(
+    model: TransformerShape, lay: Layout, ac: str | None = None, frozen: frozenset[str] = frozenset()
+) -> int:
     """Bytes one block saves for its backward, per micro-batch on one rank.
 
     Without checkpointing (``hpctrain.models.layers.Block``; N tokens, width d, MLP ratio r, H heads):
@@ -96,6 +114,9 @@ def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None 
     (``hpctrain.parallel.recompute``) keeps the input and the outputs of the matmuls and the attention
     kernel (and the sequence-parallel reduce-scatters), recomputing the rest: row-wise (o, fc_out) outputs
     are whole [N, d] partial sums under TP.
+
+    ``frozen`` (:func:`frozen_inputs`): MLP Linear layers whose inputs are not saved (LoRA's frozen base:
+    fc_in's input, the second LayerNorm's output; fc_out's, GELU's output).
     """
     ac = lay.ac if ac is None else ac
     dt = dtypes(lay.regime)
@@ -122,15 +143,50 @@ def block_activation_bytes(model: TransformerShape, lay: Layout, ac: str | None 
             + reduce_scatters
         )
     norms = 2 * block_input + 2 * 2 * shard * FP32
-    linear_inputs = (dt.qkv_input_copies + 1) * n * d * dt.matmul_in
-    mlp = 2 * r * n * d // tp * dt.matmul_out
+    linear_inputs = (dt.qkv_input_copies + ("mlp.fc_in" not in frozen)) * n * d * dt.matmul_in
+    mlp = (2 - ("mlp.fc_out" in frozen)) * r * n * d // tp * dt.matmul_out
+    if getattr(model, "moe", None) is not None:  # a spec of a dense model has no such field
+        mlp = moe_activation_bytes(model, lay)
     # Dropout after o and after fc_out keeps a 1-byte mask of its [N, d] output (CUDA's fused dropout;
     # attention dropout inside the fused kernels keeps only an RNG offset).
     masks = 2 * shard * d if model.dropout > 0 else 0
     return norms + linear_inputs + qkv + attention_out + log_sum_exp + mlp + masks
 
 
-def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[int], flying: int) -> Held:
+def moe_activation_bytes(model: TransformerShape, lay: Layout) -> int:
+    """What a mixture of experts in place of the MLP saves per micro-batch (``hpctrain.models.moe.MoE``; it
+    runs whole on the gathered sequence under tensor parallelism): the router's fp32 probabilities [N, E]
+    and the top-k indices and gates, the k·N routed rows (each expert's input), each expert's GELU input
+    and output (r·d wide per row) and the per-assignment outputs the gates weigh. An expert-parallel rank
+    computes the rows its experts were sent: k·N on average."""
+    assert model.moe is not None
+    dt = dtypes(lay.regime)
+    n, d, r = lay.n_tokens, model.d_model, model.mlp_ratio
+    k, experts = model.moe.top_k, model.moe.experts
+    router = n * experts * FP32 + n * k * (INT64 + FP32)
+    rows = k * n * d * (dt.matmul_in + dt.matmul_out)  # routed inputs, per-assignment outputs
+    return router + rows + 2 * r * k * n * d * dt.matmul_out
+
+
+def context_buffers(model: TransformerShape, lay: Layout) -> int:
+    """Ring attention's buffers (:mod:`hpctrain.parallel.context`) at their peak, the backward of one
+    block: the stacked keys and values held and received, their fp32 gradients travelling the ring, and the
+    fp32 score blocks of one query share against one key share (scores, probabilities, their gradient)."""
+    dt = dtypes(lay.regime)
+    n, d = lay.n_tokens, model.d_model
+    kv = 2 * n * d
+    scores = lay.micro_batch * model.n_heads * lay.tokens * lay.tokens * FP32
+    return 2 * kv * dt.matmul_out + 2 * kv * FP32 + 3 * scores
+
+
+def _declared(
+    cfg: Config,
+    lay: Layout,
+    model: TransformerShape,
+    stages: list[int],
+    flying: int,
+    frozen: frozenset[str] = frozenset(),
+) -> Held:
     """The blocks' activations times the micro-batches in flight, the ends' (the model's :class:`Ends`),
     and the buffers of the tensors they move: TP/SP gathers, pipeline receive buffers, the loss's gradient,
     the block being recomputed."""
@@ -142,7 +198,7 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
     stream = n * width // lay.seq_shards * dt.residual  # one [N, d] residual-stream tensor (SP: its shard)
     pass_samples = lay.micro_batch * lay.microbatches  # the batch tensor one pass hands the model
     parts: dict[str, int] = {}
-    parts["blocks"] = flying * blocks_per_stage * block_activation_bytes(model, lay)
+    parts["blocks"] = flying * blocks_per_stage * block_activation_bytes(model, lay, frozen=frozen)
     if d.pp > 1:
         # A later stage's input is its persistent receive buffer (counted under buffers), not a new tensor;
         # an earlier stage keeps its output for its backward (torch.distributed.pipelining's fwd_cache).
@@ -153,7 +209,8 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
     loss_flying = lay.microbatches if cfg.parallel.schedule == "gpipe" else 1
     if first and model.dropout > 0:  # the embedding dropout's mask, per micro-batch in flight
         parts["input"] = min(flying, lay.microbatches) * n * width
-    rows = lay.micro_batch * ends.head_positions  # the rows of logits one micro-batch gives
+    # The rows of logits one micro-batch gives (context parallelism: of this rank's share of the positions).
+    rows = lay.micro_batch * ends.head_positions // d.cp
     if first:
         # The batch as the data gives it (token ids saved by the embedding's backward, or the images) and
         # what is saved once per forward (the positions a learned-position lookup saves).
@@ -171,6 +228,8 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
         # The head's input: under autocast the 16-bit copy of the rows it reads; else the normed sequence
         # (gathered whole under TP; a head reading one position keeps the whole tensor its view is of).
         head_input = rows * width * HALF if lay.regime == "autocast" else n * width * dt.residual
+        if "head" in frozen:  # a frozen head keeps no input for its weight's gradient
+            head_input = 0
         log_probs = rows * ends.head_width * FP32  # the loss runs in fp32 (trainer.loss_of)
         parts["head and loss"] = loss_flying * (final_norm + head_input + log_probs + FP32)
         parts["head and loss"] += pass_samples * ends.head_positions * INT64  # targets
@@ -178,6 +237,11 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
             # The schedule keeps every micro-batch's output (the logits) until the step ends.
             parts["pipeline outputs"] = lay.microbatches * rows * ends.head_width * dt.logits
     buffers: dict[str, int] = {}
+    if d.cp > 1:
+        buffers["CP ring attention"] = context_buffers(model, lay)
+    if d.ep > 1 and model.moe is not None:
+        # The rows received for this rank's experts, regrouped by expert, and the results sent back.
+        buffers["EP all-to-all"] = 3 * model.moe.top_k * n * width * dt.matmul_out
     if d.tp > 1:
         buffers["TP/SP collectives"] = 2 * n * width * dt.matmul_out  # a gathered input and a partial output
     if d.pp > 1:
@@ -200,8 +264,9 @@ def _declared(cfg: Config, lay: Layout, model: TransformerShape, stages: list[in
 def model_parallel_volumes(
     lay: Layout, facts: ModelFacts, blocks: int, stages: tuple[int, ...]
 ) -> dict[str, float]:
-    """Bytes one rank sends per step over its tensor- and pipeline-parallel groups (the rank holding
-    ``blocks`` blocks of ``stages``); counted from declared shapes only (a measured model's: none).
+    """Bytes one rank sends per step over its tensor-, context-, expert- and pipeline-parallel groups (the
+    rank holding ``blocks`` blocks of ``stages``); counted from declared shapes only (a measured model's:
+    none).
 
     Megatron: two all-reduces of [N, d] per block in the forward and two in the backward (with SP the same
     bytes as all-gather / reduce-scatter pairs); recomputation repeats the forward's. A pipeline sends each
@@ -223,6 +288,18 @@ def model_parallel_volumes(
             volume += 2 * 2 * (d.tp - 1) / d.tp * n * width * dt.matmul_out
             volume += (d.tp - 1) / d.tp * n * model.ends.head_width * dt.logits
         volumes["TP collectives"] = volume * forward_passes
+    recompute = 1 if lay.ac in ("full", "selective") else 0  # the forward's exchanges again
+    if d.cp > 1:
+        # Per block: the keys and values go cp − 1 hops in the forward (and again when recomputed) and in
+        # the backward, where their fp32 gradients go cp hops.
+        kv = 2 * lay.n_tokens * model.d_model
+        per_block = (2 + recompute) * (d.cp - 1) * kv * dt.matmul_out + d.cp * kv * FP32
+        volumes["CP ring"] = forward_passes * blocks * per_block
+    if d.ep > 1 and model.moe is not None:
+        # Per block: dispatch and combine of the k·N routed rows, (ep − 1)/ep of them to other ranks, in the
+        # forward (again when recomputed) and reversed in the backward.
+        rows = model.moe.top_k * lay.n_tokens * model.d_model * dt.matmul_out
+        volumes["EP all-to-all"] = forward_passes * blocks * (4 + 2 * recompute) * (d.ep - 1) / d.ep * rows
     if d.pp > 1:
         stream = lay.n_tokens * model.d_model // lay.seq_shards * dt.residual
         boundaries = sum(1 for s in stages if s != lay.n_stages - 1) + sum(1 for s in stages if s != 0)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import Degrees, RunShape, run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
-from hpctrain.models.facts import ModelFacts, ParamFact
+from hpctrain.models.facts import ModelFacts, ParamFact, with_lora
 from hpctrain.models.spec import ParamSpec, TransformerSpec
 
 GIB = 2**30
@@ -57,16 +58,19 @@ def declared_facts(cfg: Config) -> ModelFacts:
     declares none, see :func:`planned_model`)."""
     spec = planned_model(cfg)
     n_stages = run_shape(cfg).n_stages
+    lora = cfg.model.lora
+    adapters = (lora.rank, tuple(lora.targets) or spec.lora_targets) if cfg.model.adapters == "lora" else None
     # The search estimates hundreds of layouts of one model: build each split's sheet once.
-    key = (type(spec), repr(spec), n_stages)
+    key = (type(spec), repr(spec), n_stages, adapters)
     if key not in _SHEETS:
         if len(_SHEETS) >= 64:
             _SHEETS.clear()
-        _SHEETS[key] = spec.facts(n_stages)
+        sheet = spec.facts(n_stages)
+        _SHEETS[key] = with_lora(sheet, *adapters) if adapters else sheet
     return _SHEETS[key]
 
 
-_SHEETS: dict[tuple[type, str, int], ModelFacts] = {}
+_SHEETS: dict[tuple[Any, ...], ModelFacts] = {}
 
 
 def local_numel(spec: ParamSpec | ParamFact, tp: int, shards: int, shard_rank: int) -> int:
@@ -99,13 +103,13 @@ class Layout:
     degrees: Degrees
     precision: str
     regime: str  # fp32 | autocast (16-bit matmuls, fp32 parameters) | fsdp_mixed (FSDP's 16-bit parameters)
-    sharded: bool  # FSDP applies (a dp_shard dimension > 1)
+    sharded: bool  # FSDP applies (dp_shard × ep × cp > 1: Degrees.fsdp)
     per_rank: int  # pipeline stages per rank
     n_stages: int
     microbatches: int  # pipeline micro-batches per pass (1 without pipeline)
     passes: int  # forward/backward passes per optimizer step (gradient accumulation)
     micro_batch: int  # samples per micro-batch
-    tokens: int  # tokens per sample the blocks see
+    tokens: int  # tokens per sample the blocks of one rank see (context parallelism: its share)
     seq_shards: int  # sequence parallelism divides the residual stream by this
     ac: str  # activation checkpointing: none | full | selective
 
@@ -124,13 +128,13 @@ def layout_of(cfg: Config, tokens: int | None = None) -> Layout:
         degrees=d,
         precision=cfg.trainer.precision,
         regime=shape.regime,
-        sharded=d.dp_shard > 1,
+        sharded=d.fsdp > 1,
         per_rank=shape.stages_per_rank,
         n_stages=shape.n_stages,
         microbatches=shape.microbatches,
         passes=shape.passes,
         micro_batch=shape.micro_batch_size,
-        tokens=planned_model(cfg).tokens_per_sample if tokens is None else tokens,
+        tokens=(planned_model(cfg).tokens_per_sample if tokens is None else tokens) // d.cp,
         seq_shards=d.tp if d.tp > 1 and p.sequence_parallel else 1,
         ac=p.activation_checkpointing,
     )

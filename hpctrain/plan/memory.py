@@ -6,6 +6,7 @@ its source (:mod:`hpctrain.plan.activations`). Torch-free; the method and its so
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from hpctrain.config.schema import Config
@@ -23,6 +24,8 @@ BUFFERS = (
     "FSDP unreduced gradients",
     "FSDP reduce-scatter",
     "TP/SP collectives",
+    "CP ring attention",
+    "EP all-to-all",
     "autocast weight copies",
     "pipeline receive buffers",
     "loss gradients",
@@ -86,6 +89,9 @@ class RankParams:
     units: tuple[int, ...]  # TP-local elements of each block (FSDP unit) on the rank, largest first
     n_units: int  # blocks on the rank
     autocast_copies: int  # TP-local elements of the tensors autocast keeps a 16-bit copy of
+    trained_bytes: int = 0  # of param_bytes, what trains (the optimizer's state is shaped like it)
+    trained_tensors: int = 0
+    trained_numel: int = 0
 
     @property
     def unsharded(self) -> int:
@@ -98,25 +104,42 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
 
     Gradients are shaped like their parameters except where a fact says otherwise
     (:attr:`ParamFact.whole_grad_under_tp`: the vocabulary-split embedding's gradient is whole under tensor
-    parallelism without FSDP).
+    parallelism without FSDP). An expert's grouped weight is split over the ep ranks
+    (:attr:`ParamFact.ep_dim`), then sharded by FSDP over the ranks holding the same experts
+    (``Degrees.expert_fsdp``); every other weight over ``Degrees.fsdp``. A frozen parameter (LoRA's base)
+    has no gradient.
     """
     d = lay.degrees
-    shards = d.dp_shard if lay.sharded else 1
-    key = (id(facts), d.tp, shards, shard_rank, tuple(stages) if d.pp > 1 else ())
+    shards = d.fsdp if lay.sharded else 1
+    expert_shards = d.expert_fsdp if lay.sharded else 1
+    key = (id(facts), d.tp, d.ep, shards, shard_rank, tuple(stages) if d.pp > 1 else ())
     cached = _RANK_PARAMS.get(key)
     if cached is not None and cached[0] is facts:
         return cached[1]
     numel = grad_numel = param_bytes = grad_bytes = root = copies = 0
+    trained_bytes = trained_tensors = trained_numel = 0
     by_unit: dict[int, int] = {}
     mine = params_on(facts, lay, stages)
     for q in mine:
-        local = local_numel(q, d.tp, shards, shard_rank)
+        if q.ep_dim is not None and d.ep > 1:
+            split = list(q.shape)
+            split[q.ep_dim] //= d.ep
+            q = dataclasses.replace(q, shape=tuple(split))
+            # shard_rank indexes dp_shard × ep × cp; the experts' group drops the ep index.
+            expert_rank = d.expert_fsdp_index(shard_rank)
+            local = local_numel(q, d.tp, expert_shards, expert_rank if lay.sharded else 0)
+        else:
+            local = local_numel(q, d.tp, shards, shard_rank)
         tp_local = local_numel(q, d.tp, 1, 0)
         whole = q.numel - tp_local if q.whole_grad_under_tp and d.tp > 1 and not lay.sharded else 0
         numel += local
-        grad_numel += local + whole
         param_bytes += local * q.itemsize
-        grad_bytes += (local + whole) * q.itemsize
+        if q.trainable:
+            grad_numel += local + whole
+            grad_bytes += (local + whole) * q.itemsize
+            trained_bytes += local * q.itemsize
+            trained_numel += local
+            trained_tensors += 1
         if q.unit >= 0:
             by_unit[q.unit] = by_unit.get(q.unit, 0) + tp_local
         else:
@@ -125,8 +148,9 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
             copies += tp_local
     units = tuple(sorted((u for u in by_unit.values() if u), reverse=True))
     found = RankParams(
-        len(mine), numel, grad_numel, param_bytes, grad_bytes, root, units, len(by_unit), copies
-    )
+        len(mine), numel, grad_numel, param_bytes, grad_bytes, root, units, len(by_unit), copies,
+        trained_bytes, trained_tensors, trained_numel,
+    )  # fmt: skip
     # The search estimates many variants (checkpointing, micro-batch sizes) of each split: count it once.
     if len(_RANK_PARAMS) >= 4096:
         _RANK_PARAMS.clear()
@@ -144,6 +168,8 @@ class ModelState:
     param_numel: int
     grad_numel: int
     tensors: int
+    trained_numel: int  # what the optimizer keeps state for (all but frozen parameters)
+    trained_tensors: int
 
 
 def model_state_numel(
@@ -153,7 +179,13 @@ def model_state_numel(
     declared sheet unless ``facts`` are given)."""
     facts = declared_facts(cfg) if facts is None else facts
     counted = counted_params(facts, lay, stages_of(cfg, lay, pp_rank), shard_rank)
-    return ModelState(counted.param_numel, counted.grad_numel, counted.tensors)
+    return ModelState(
+        counted.param_numel,
+        counted.grad_numel,
+        counted.tensors,
+        counted.trained_numel,
+        counted.trained_tensors,
+    )
 
 
 def optimizer_state(cfg: Config, param_bytes: int, tensors: int) -> int:
@@ -204,7 +236,7 @@ def rank_memory(cfg: Config, lay: Layout, pp_rank: int, facts: ModelFacts | None
     stages = stages_of(cfg, lay, pp_rank)
     counted = counted_params(facts, lay, stages)
     params, grads = counted.param_bytes, counted.grad_bytes
-    optimizer = optimizer_state(cfg, params, counted.tensors)
+    optimizer = optimizer_state(cfg, counted.trained_bytes, counted.trained_tensors)
     flying = in_flight(p.schedule, d.pp, pp_rank, lay.microbatches, lay.per_rank)
     by_source = held_by_source(cfg, lay, facts, stages, counted.n_units, flying)
     buffers = dict(by_source.buffers)

@@ -104,10 +104,14 @@ def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Con
                     m = pp * factor if pp > 1 else p.microbatches
                     if pp > 1 and per_rank > 1 and m % pp:
                         continue
+                    # The search splits ranks over pp, dp and tp: context and expert parallelism are the
+                    # user's to choose (their own plan is estimated as given).
                     parallel = dataclasses.replace(
                         p,
                         name=name,
                         **degrees,
+                        cp=0,
+                        ep=0,
                         activation_checkpointing=ac,
                         reshard_after_forward=reshard,
                         cpu_offload=p.cpu_offload and sharded,

@@ -69,7 +69,13 @@ def activation_line(est: Estimate) -> str | None:
 def _model_line(cfg: Config, est: Estimate) -> str:
     if est.measured is not None:
         return measured_model_line(est)
-    return f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
+    line = f"{human_count(est.n_params)}-parameter {est.model} ({model_spec(cfg.model).describe()})"
+    facts = est.facts
+    if facts.n_active != facts.n_params:  # a mixture of experts: what a token uses of the total
+        line += f"; {human_count(facts.n_active)} active per token of {human_count(facts.n_params)} in all"
+    if facts.n_trainable != facts.n_params:  # adapters: what trains, the rest frozen
+        line += f"; {facts.n_trainable:,} trained (adapters), the rest frozen"
+    return line
 
 
 def _cluster_line(cfg: Config, est: Estimate) -> str:

@@ -100,7 +100,12 @@ def communication(
     whole = counted_params(facts, lay, list(mem.stages)).unsharded
     share = facts.powersgd_share(cfg.parallel.powersgd_rank)
     comms = data_parallel_comms(cfg, lay, whole, compute_s, share)
-    groups = {"TP collectives": (d.tp, 1), "PP send/receive": (d.pp, d.stride("pp"))}  # (size, stride)
+    groups = {  # (size, stride)
+        "TP collectives": (d.tp, 1),
+        "CP ring": (d.cp, d.stride("cp")),
+        "EP all-to-all": (d.ep, d.stride("ep")),
+        "PP send/receive": (d.pp, d.stride("pp")),
+    }
     for name, volume in model_parallel_volumes(lay, facts, mem.blocks, mem.stages).items():
         size, stride = groups[name]
         comms.append(_comm(cfg, name, volume, size, stride, 0.0))
@@ -129,7 +134,9 @@ def data_parallel_comms(
         # DDP all-reduces each bucket as soon as its gradients are ready: it overlaps the backward.
         comms.append(_comm(cfg, "DDP all-reduce", volume, n, replicate_stride, BACKWARD_SHARE * compute_s))
     if lay.sharded:
-        n = d.dp_shard
+        # FSDP's group: dp_shard × ep × cp flattened (adjacent in the mesh: the innermost one's stride).
+        n = d.fsdp
+        shard_stride = min(d.stride(dim) for dim in ("dp_shard", "ep", "cp") if getattr(d, dim) > 1)
         param_bytes = HALF if lay.regime == "fsdp_mixed" else FP32
         if d.pp > 1:
             # Under the pipeline a block stays gathered after its backward (see rank_memory): gathered once

@@ -121,13 +121,13 @@ def _splits(cfg: Config, meta: nn.Module) -> tuple[dict[str, int], Any]:
     shape = run_shape(cfg)
     tp_dims: dict[str, int] = {}
     if shape.degrees.tp > 1:
-        from hpctrain.parallel.tp import _modules, tp_plan_of
+        from hpctrain.parallel.tp import pattern_modules, tp_plan_of
 
         found = tp_plan_of(meta, dict(cfg.parallel.tp_plan))
         names = {id(m): n for n, m in meta.named_modules()}
         for pattern, role in (found[0] if found else {}).items():
             dims = TP_DIMS.get(role)
-            for module in _modules(meta, pattern) if dims else []:
+            for module in pattern_modules(meta, pattern) if dims else []:
                 for which, dim in zip(("weight", "bias"), dims, strict=True):
                     tensor = getattr(module, which, None)
                     if dim is not None and isinstance(tensor, nn.Parameter) and tensor.dim() > dim:

@@ -54,6 +54,7 @@ class StepMonitors:
         self.speed = Throughput(cfg, shape, device, facts)
         auto = t.ckpt_every == "auto"
         self.auto = AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device) if auto else None
+        self.router: Any = None  # a mixture of experts' routing (hpctrain.parallel.moe.RouterMetrics)
         self.step_s = 0.0  # the last step's wall time
         self.data_s = 0.0  # the last step's wait for its batch
 
@@ -104,6 +105,8 @@ class StepMonitors:
         }
         record["grad_norm"] = float(grad_norm)
         record.update(self.speed.report())
+        if self.router is not None:  # a collective: every rank reports at the same steps
+            record.update(self.router.report(self.device))
         record.update(straggler or {})
         record["evaluate"] = evaluate_now
         return record

@@ -20,6 +20,8 @@ def build_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.Optimiz
         {"params": decay, "weight_decay": optim.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+    # An empty group (LoRA's adapters are matrices only) would break torch's flattened optimizer state dict.
+    groups = [g for g in groups if g["params"]]
     if optim.name == "adamw":
         # fused=None leaves torch its default (foreach on GPUs); True: one fused kernel for all updates.
         return torch.optim.AdamW(

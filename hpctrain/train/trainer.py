@@ -40,7 +40,9 @@ from hpctrain.data.user import build_user_datasets
 from hpctrain.errors import ConfigError
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
+from hpctrain.models.adapters import add_lora
 from hpctrain.models.builtin import model_spec
+from hpctrain.models.moe import set_aux_loss_scale
 from hpctrain.observe.loggers import Observer
 from hpctrain.parallel.apply import Parallelized, parallelize, prime_ddp_buckets
 from hpctrain.parallel.grad_norm import clip_grad_norm_
@@ -113,8 +115,16 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
     model = build_model(cfg.model)
+    # With adapters the base weights stay as init_from gave them: it is read on a resume too, and the
+    # checkpoints hold only what trains (the adapters, their optimizer state).
+    adapters = cfg.model.adapters != "none"
+    base_from_init = adapters and cfg.model.init_from is not None
     if cfg.model.init_from is not None:
-        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank)
+        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank, base_from_init)
+    if adapters:
+        adapted = add_lora(model, cfg.model.lora)
+        if env.rank == 0:
+            log.info("LoRA adapters on %d module(s): %s", len(adapted), ", ".join(adapted[:4]))
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
@@ -137,7 +147,9 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
 
     state = TrainState()
     resumable: dict[str, Any] = {
-        "model_optim": ModelOptimizerState(par.model, optimizer, par.saved_names),
+        "model_optim": ModelOptimizerState(
+            par.model, optimizer, par.saved_names, trainable_only=base_from_init
+        ),
         "scheduler": scheduler,
         "grad_scaler": scaler,
         "sampler": sampler,
@@ -212,6 +224,7 @@ def fit(
         observer.rewind(state.step)
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
     monitors = _monitors(run, facts, watchdog, run_dir)
+    monitors.router = run.par.router
     log.info(
         "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
         state.step, t.max_steps, f"{facts.n_params:,}", env.world_size, device, cfg.parallel.name,
@@ -352,8 +365,10 @@ def train_step(
         loss = objective.loss(logits, (None, target))
         return loss, scaler.scale(loss / pipeline_parts)
 
+    if par.router is not None:  # a mixture of experts' auxiliary losses are back-propagated as the loss is
+        set_aux_loss_scale(float(scaler.get_scale()) / (pipeline_parts if par.pipeline else len(passes)))
     for i, batch in enumerate(passes):
-        batch = to_device(batch, device)
+        batch = par.local_batch(to_device(batch, device), objective.target_key)
         if par.pipeline is not None:
             inputs, targets = pipeline_pair(batch, objective.target_key)
             with autocast:
@@ -412,7 +427,7 @@ def evaluate(run: Run) -> dict[str, float]:
         start = (batch * batch_size + dp_rank * per_rank) % len(val_set)
         indices = (start + np.arange(per_rank)) % len(val_set)
         for chunk in split_micro_batches(indices, run.shape.rank_samples_per_pass):
-            batch = to_device(val_set.get_batch(chunk), device)
+            batch = par.local_batch(to_device(val_set.get_batch(chunk), device), objective.target_key)
             with autocast:
                 if par.pipeline is None:
                     outputs = objective.outputs(model, batch)

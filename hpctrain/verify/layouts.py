@@ -67,6 +67,16 @@ _LAYOUTS = [
     Layout("hsdp (2 × 2)", 4, ("parallel=hsdp",)),
     Layout("3d (pp 2 × tp 2)", 4, ("parallel=3d", "parallel.microbatches=2")),
     Layout("3d (pp 2 × fsdp 2 × tp 2)", 8, ("parallel=3d", "parallel.microbatches=2")),
+    # Context parallelism (the sequence split over cp ranks, ring attention) alone and with FSDP and TP.
+    Layout("cp 2", 2, ("parallel=cp",)),
+    Layout("cp 4", 4, ("parallel=cp",)),
+    Layout("cp 2 × tp 2", 4, ("parallel=4d", "parallel.pp=1", "parallel.cp=2", "parallel.tp=2")),
+    Layout("cp 2 × fsdp 2", 4, ("parallel=fsdp", "parallel.cp=2")),
+    # Expert parallelism (a mixture of experts' experts over data-parallel ranks) alone and with FSDP.
+    Layout("ep 2", 2, ("parallel=fsdp", "parallel.ep=2")),
+    Layout("ep 2 × fsdp 2", 4, ("parallel=fsdp", "parallel.ep=2")),
+    Layout("ep 2 × tp 2", 4, ("parallel=2d", "parallel.ep=2", "parallel.tp=2")),
+    Layout("4d (pp 2 × cp 2 × tp 2)", 8, ("parallel=4d", "parallel.microbatches=2")),
 ]
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in _LAYOUTS}
 
@@ -81,6 +91,37 @@ MODELS = {
         # Untied, so every layout also checks a head of its own; the tied cases of hpctrain.verify.parity add
         # model.tie_embeddings=true (under a pipeline: Megatron's embedding group, hpctrain.parallel.shared).
         "model.tie_embeddings=false",
+    ],
+    # GPT at the sequence length context parallelism is for (the issue's acceptance: 1024).
+    "gpt_long": [
+        "model=gpt",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=1024",
+        "model.tie_embeddings=false",
+    ],
+    # GPT with LoRA adapters on its attention's q and v (the base frozen; from its own init here).
+    "gpt_lora": [
+        "model=gpt",
+        "model.n_layers=4",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.tie_embeddings=false",
+        "model.adapters=lora",
+        "model.lora.rank=4",
+    ],
+    # A 4-expert top-2 mixture of experts in every block (dropless).
+    "gpt_moe": [
+        "model=gpt_moe",
+        "model.n_layers=2",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.seq_len=32",
+        "model.tie_embeddings=false",
+        "model.moe.experts=4",
+        "model.moe.top_k=2",
     ],
     "vit": [
         "model=vit",

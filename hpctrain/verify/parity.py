@@ -16,7 +16,7 @@ import json
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +132,42 @@ EXTRA_CASES = [
         name="fsdp + compile",
     ),
 ]
-REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8",), name="1 process")
+# Context parallelism at seq 1024 (cp 2, cp 4, with TP and with FSDP), and a 4-expert top-2 mixture of
+# experts under expert parallelism (alone, with FSDP, with TP), tensor parallelism (the experts run whole on
+# the gathered sequence) and 4d (pp × cp × tp: experts, ring attention, pipeline and TP in one run).
+CP, MOE = ("gpt_long",), ("gpt_moe",)
+CASES += [
+    Case(_L["cp 2"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 4"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 2 × tp 2"], ("trainer.micro_batch_size=8",), CP),
+    Case(_L["cp 2 × fsdp 2"], ("trainer.micro_batch_size=4",), CP),
+    Case(_L["ep 2"], ("trainer.micro_batch_size=4",), MOE),
+    Case(_L["ep 2 × fsdp 2"], ("trainer.micro_batch_size=2",), MOE),
+    Case(_L["ep 2 × tp 2"], ("trainer.micro_batch_size=4",), MOE),
+    Case(_L["tp + sp"], ("trainer.micro_batch_size=8",), MOE, name="tp + sp, experts whole"),
+]
+REFERENCE = Case(
+    _L["none"],
+    ("trainer.micro_batch_size=8",),
+    ("gpt", "vit", "gpt_long", "gpt_moe", "gpt_lora"),
+    name="1 process",
+)
+# LoRA adapters (base frozen) under data parallelism, FSDP (frozen and trained parameters in one unit), a
+# pipeline and tensor parallelism (the adapters split as the Linear they adapt).
+LORA = ("gpt_lora",)
+CASES += [
+    Case(_L["ddp"], ("trainer.micro_batch_size=4",), LORA, name="ddp, lora"),
+    Case(_L["fsdp zero3"], ("trainer.micro_batch_size=4",), LORA, name="fsdp, lora"),
+    Case(_L["pp 1f1b"], ("trainer.micro_batch_size=2",), LORA, name="pp 1f1b, lora"),
+    Case(_L["tp"], ("trainer.micro_batch_size=8",), LORA, name="tp, lora"),
+    Case(_L["tp + sp"], ("trainer.micro_batch_size=8",), LORA, name="tp + sp, lora"),
+]
+# The load-balancing loss is a product of shares over the tokens of one forward, not a sum over them: a
+# pipeline's micro-batches are compared with one process accumulating micro-batches of the same size.
+MICRO_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=4",), MOE, name="1 process, micro-batches of 4")
+CASES.append(
+    Case(_L["4d (pp 2 × cp 2 × tp 2)"], ("trainer.micro_batch_size=4",), MOE, reference=MICRO_REFERENCE.name)
+)
 # GPT-2's tied embedding and LM head under tensor parallelism: one vocabulary-split weight for both.
 TIED = "model.tie_embeddings=true"
 TIED_REFERENCE = Case(_L["none"], ("trainer.micro_batch_size=8", TIED), ("gpt",), name="1 process, tied")
@@ -220,9 +255,14 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, list[
 def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
     """Train every case (and the single-process references); return records keyed ``"model: case"``."""
     by_world: dict[int, list[tuple[str, str, list[str]]]] = {}
-    references = [r for r in (REFERENCE, TIED_REFERENCE) if any(c.reference == r.name for c in cases)]
+    needed = {(c.reference, model) for c in cases for model in c.models}
+    references = [
+        r for r in (REFERENCE, TIED_REFERENCE, MICRO_REFERENCE) if any(c.reference == r.name for c in cases)
+    ]
     for case in [*references, *cases]:
         for model in case.models:
+            if case in references and (case.name, model) not in needed:
+                continue  # a reference only for the models compared with it
             by_world.setdefault(case.ranks, []).append(
                 (f"{model}: {case.name}", model, overrides(case, model))
             )
@@ -288,9 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")
+    parser.add_argument("--models", nargs="*", choices=sorted(MODELS), help="run only these models' rows")
     args = parser.parse_args(argv)
     every = CASES if args.fp32_only else [*CASES, *EXTRA_CASES]
     cases = [c for c in every if not args.only or any(word in c.name for word in args.only)]
+    if args.models:
+        kept = [replace(c, models=tuple(m for m in c.models if m in args.models)) for c in cases]
+        cases = [c for c in kept if c.models]
     with tempfile.TemporaryDirectory(prefix="hpctrain-parity-") as tmp:
         rows = compare(run_cases(cases, Path(tmp)), cases)
     print(format_table(rows))

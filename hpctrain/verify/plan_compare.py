@@ -54,6 +54,10 @@ CASES = [
     Case(_L["2d (fsdp 2 × tp 2)"], "gpt", (MB4,)),
     Case(_L["3d (pp 2 × tp 2)"], "gpt", (MB2, AC_SELECTIVE)),
     Case(_L["hsdp (2 × 2)"], "vit", (MB2, AC_FULL), name="hsdp (2 × 2), full AC"),
+    # Issue 31: context parallelism at seq 1024, experts over ep ranks, LoRA's trained state.
+    Case(_L["cp 2"], "gpt_long", (MB4,)),
+    Case(_L["ep 2"], "gpt_moe", (MB4,)),
+    Case(_L["fsdp zero3"], "gpt_lora", (MB4,), name="fsdp, lora"),
 ]
 
 
@@ -95,7 +99,7 @@ def estimated_for(cfg: Any, pp_rank: int, shard_rank: int) -> dict[str, int]:
     return {
         "params": FP32 * state.param_numel,
         "grads": FP32 * state.grad_numel,
-        "optimizer": optimizer_bytes(cfg, state.param_numel, state.tensors),
+        "optimizer": optimizer_bytes(cfg, state.trained_numel, state.trained_tensors),
         "activations": mem.activations,
         "copies": mem.parts.get("autocast weight copies", 0),
     }

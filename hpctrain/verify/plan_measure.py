@@ -211,15 +211,20 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
 
     from hpctrain.config.shape import run_shape
     from hpctrain.models import build_model
+    from hpctrain.models.adapters import add_lora
     from hpctrain.parallel.apply import parallelize
     from hpctrain.precision.amp import autocast_dtype
     from hpctrain.train.optim import build_optimizer
     from hpctrain.train.trainer import loss_of
 
     torch.manual_seed(cfg.trainer.seed)
-    par = parallelize(build_model(cfg.model), cfg, device)
+    model = build_model(cfg.model)
+    if cfg.model.adapters == "lora":
+        add_lora(model, cfg.model.lora)
+    par = parallelize(model, cfg, device)
     optimizer = build_optimizer(par.model, cfg.optim)
     inputs, targets = _batch(cfg, run_shape(cfg).rank_samples_per_pass)
+    targets = par.local_targets(targets)  # context parallelism: this rank's positions
     dtype = autocast_dtype(cfg.trainer.precision, par.regime)
     modules = [par.model, *par.parts]
     probe = Probe(modules)
@@ -267,7 +272,10 @@ def measure_case(cfg: Any, device: Any) -> dict[str, Any]:
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     return {
         "pp_rank": par.dims.pp_rank,
-        "shard_rank": par.dims.coordinate("dp_shard"),
+        # FSDP's chunk: this rank's index in dp_shard × ep × cp (as the flattened mesh).
+        "shard_rank": par.dims.degrees.fsdp_index(
+            par.dims.coordinate("dp_shard"), par.dims.coordinate("ep"), par.dims.coordinate("cp")
+        ),
         "params": sum(_local_bytes(p) for p in unique.values()),
         "grads": grads,
         "optimizer": sum(_local_bytes(v) for v in state),

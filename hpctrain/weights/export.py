@@ -19,6 +19,10 @@ from typing import Any
 from hpctrain.errors import ConfigError
 
 FORMATS = ("safetensors", "hf", "pt")
+# A run with adapters (model.adapters): "merge" folds them into the base weights (a plain model of any
+# format), "only" writes them alone as a PEFT adapter folder (adapter_model.safetensors, adapter_config.json).
+ADAPTER_EXPORTS = ("none", "merge", "only")
+PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 DTYPES = ("fp32", "bf16", "fp16")
 EXPORT_META = "hpctrain.json"
 EXPORT_FORMAT, EXPORT_VERSION = "hpctrain-export", 1
@@ -76,13 +80,15 @@ def check_destination(to: Path) -> None:
 
 def export(
     run_dir: Path, to: Path, step: int | None, fmt: str, dtype: str, max_shard_gb: float = 5.0,
-    trust_code: bool = False,
+    trust_code: bool = False, adapters: str = "none",
 ) -> dict[str, Any]:  # fmt: skip
+    """``adapters``: none, merge (folded into the base weights) or only (a PEFT adapter folder)."""
     import torch
 
     from hpctrain.models import build_model
+    from hpctrain.models.adapters import adapter_names, merged, peft_config
     from hpctrain.rundir import checkpoints as layout
-    from hpctrain.weights.load import read_checkpoint_model, wanted_names
+    from hpctrain.weights.load import match_names, read_checkpoint_model, read_weights, wanted_names
     from hpctrain.weights.trust import check_trusted
 
     check_destination(to)
@@ -90,6 +96,17 @@ def export(
     cfg = run_config(run_dir)
     if not trust_code:
         check_trusted(cfg.model.target, cfg.model.args, f"{run_dir}/config.yaml", "RUN_DIR")
+    trained_adapters = cfg.model.adapters != "none"
+    if trained_adapters and adapters == "none":
+        raise ConfigError(
+            "RUN_DIR", str(run_dir), f"trained model.adapters={cfg.model.adapters}: export them folded into "
+            "the base weights or alone", valid="--merge or --adapters-only",
+        )  # fmt: skip
+    if not trained_adapters and adapters != "none":
+        flag = "--merge" if adapters == "merge" else "--adapters-only"
+        raise ConfigError(flag, True, f"the run {run_dir} trained no adapters (model.adapters=none)")
+    if adapters == "only" and fmt != "safetensors":
+        raise ConfigError("--format", fmt, "an adapter folder is PEFT's safetensors", valid="safetensors")
     with torch.device("meta"):
         model = build_model(cfg.model)
     is_hf = hasattr(model, "save_pretrained") and hasattr(model, "config")
@@ -101,6 +118,21 @@ def export(
             valid="safetensors or pt",
         )
     weights = read_checkpoint_model(checkpoint, "RUN_DIR")
+    if trained_adapters:
+        found = adapter_names(list(weights))
+        if not found:
+            raise ConfigError("RUN_DIR", str(run_dir), f"the checkpoint {checkpoint.name} holds no adapters")
+        if adapters == "only":
+            return _export_adapters(
+                {n: weights[n] for n in found}, cfg, checkpoint, to, dtype, peft_config, is_hf, layout.step_of
+            )
+        if cfg.model.init_from is not None and not set(wanted_names(model)) <= set(weights):
+            # The checkpoint holds what trained; the base weights are those the run started from.
+            base = match_names(
+                wanted_names(model), read_weights(Path(cfg.model.init_from), "model.init_from")
+            )
+            weights = {**base, **{n: weights[n] for n in found}}
+        weights = merged(weights, cfg.model.lora)
     names = wanted_names(model)
     missing = [n for n in names if n not in weights]
     if missing:
@@ -157,6 +189,47 @@ def export(
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return {"source": checkpoint, "step": layout.step_of(checkpoint),
+            "parameters": sum(t.numel() for t in weights.values())}  # fmt: skip
+
+
+def _export_adapters(
+    weights: dict[str, Any],
+    cfg: Any,
+    checkpoint: Path,
+    to: Path,
+    dtype: str,
+    peft_config: Any,
+    is_hf: bool,
+    step_of: Any,
+) -> dict[str, Any]:
+    """The adapters alone as PEFT's folder (``PeftModel.from_pretrained(base, DIR)`` loads it onto the base
+    model: PEFT's names are ``base_model.model.<module>.lora_A.weight``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    targets = sorted({n.rsplit(".", 2)[0] for n in weights})
+    partial = to.with_name(f".{to.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        tensors = {f"base_model.model.{n}": t.to(cast).contiguous() for n, t in weights.items()}
+        save_file(tensors, str(partial / PEFT_WEIGHTS), metadata={"format": "pt"})
+        base = cfg.model.init_from
+        config = peft_config(cfg.model.lora, targets, str(base) if base else None, causal_lm=is_hf)
+        (partial / PEFT_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
+        meta = {
+            "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": step_of(checkpoint),
+            "source": str(checkpoint), "weights": "peft-adapters", "dtype": dtype,
+            "model": {"_target_": cfg.model.target, **cfg.model.args}, "base": base,
+        }  # fmt: skip
+        (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+        if to.exists():
+            to.rmdir()
+        os.replace(partial, to)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return {"source": checkpoint, "step": step_of(checkpoint),
             "parameters": sum(t.numel() for t in weights.values())}  # fmt: skip
 
 

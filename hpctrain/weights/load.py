@@ -135,13 +135,16 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
     return model
 
 
-def init_from(model: nn.Module, model_cfg: ModelConfig, resume: str, checkpoints: Path, rank: int) -> None:
+def init_from(
+    model: nn.Module, model_cfg: ModelConfig, resume: str, checkpoints: Path, rank: int, always: bool = False
+) -> None:
     """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
     or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
-    rank fills its whole model before the layout splits it."""
+    rank fills its whole model before the layout splits it. ``always``: read them whether or not a
+    checkpoint follows (adapters: the checkpoints hold only the adapters, the base is these weights)."""
     path = model_cfg.init_from
     own = [] if resume == "never" else layout.committed(checkpoints)
-    if resume not in ("auto", "never") or own:
+    if not always and (resume not in ("auto", "never") or own):
         if rank == 0:
             which = resume if resume not in ("auto", "never") else own[0]
             log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)

@@ -45,13 +45,14 @@ def check_parallel(cfg: Config) -> None:
     at_least("parallel.powersgd_rank", p.powersgd_rank, 1)
     # torch's PowerSGD keeps error feedback from its first compressed step on, and needs ≥ 1 plain step first.
     at_least("parallel.powersgd_start_step", p.powersgd_start_step, 2)
-    if p.cpu_offload and "dp_shard" not in dims:
+    if p.cpu_offload and "dp_shard" not in dims and d.fsdp == 1:
         raise ConfigError(
             "parallel.cpu_offload",
             p.cpu_offload,
             f"offload moves FSDP shards to host memory; parallel={p.name} has no FSDP",
-            valid="parallel=fsdp, hsdp, 2d or 3d",
+            valid="parallel=fsdp, hsdp, 2d, 3d, 4d or cp",
         )
+    _check_context_and_experts(cfg, d.cp, d.ep)
     for pattern, role in p.tp_plan.items():
         key = f"parallel.tp_plan[{pattern}]"
         check_text(key, str(pattern))
@@ -77,6 +78,29 @@ def check_parallel(cfg: Config) -> None:
         _check_pipeline(cfg, d.pp)
     elif p.schedule not in PIPELINE_SCHEDULES:
         one_of("parallel.schedule", p.schedule, tuple(PIPELINE_SCHEDULES))
+
+
+MODEL_LOSS = "hpctrain.train.loss.model_loss"
+
+
+def _check_context_and_experts(cfg: Config, cp: int, ep: int) -> None:
+    """What context and expert parallelism do not take (the model's own rules are its spec's)."""
+    p = cfg.parallel
+    if cp > 1 and cfg.loss.target == MODEL_LOSS:
+        # transformers' own loss shifts the labels by one inside the model: on a rank's share of the
+        # sequence, the position before each chunk boundary would lose its target.
+        raise ConfigError(
+            "loss", "model", f"under parallel.cp={cp} each rank holds a share of the sequence, and a model's "
+            "own loss shifts its labels across the shares' boundaries",
+            valid="loss=cross_entropy with targets already shifted (the built-in data give them so)",
+        )  # fmt: skip
+    for key, degree in (("cp", cp), ("ep", ep)):
+        if degree > 1 and p.compile:
+            raise ConfigError(
+                "parallel.compile", True, f"torch.compile does not trace the collectives parallel.{key}="
+                f"{degree} runs inside the blocks (ring attention, all-to-all)",
+                valid=f"parallel.compile=false with parallel.{key}",
+            )  # fmt: skip
 
 
 def _check_pp_split(split: dict[str, Any]) -> None:

@@ -1,13 +1,13 @@
-"""The rules of what a run does: its task, its data keys, its starting weights, the optimizer, the trainer
-(steps, batch, precision, resume, profiling), the logger, and whether the global batch splits over the
-layout. Torch-free."""
+"""The rules of what a run does: its task, its data keys, its starting weights and adapters, the optimizer,
+the trainer (steps, batch, precision, resume, profiling), the logger, and whether the global batch splits
+over the layout. Torch-free."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hpctrain.config.sanity import at_least, one_of
-from hpctrain.config.schema import Config, DataConfig
+from hpctrain.config.schema import ADAPTERS, Config, DataConfig, ModelConfig
 from hpctrain.config.shape import degrees, samples_per_pass
 from hpctrain.errors import ConfigError, require_package
 from hpctrain.precision import PRECISIONS
@@ -52,6 +52,27 @@ def check_init_from(path: str | None) -> None:
             "model.init_from", path, "no such file or directory",
             valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
         )  # fmt: skip
+
+
+def check_adapters(model: ModelConfig) -> None:
+    """``model.adapters`` and ``model.lora``: a known kind, a rank ≥ 1, alpha > 0, dropout in [0, 1) and
+    module-name patterns (whether they name a module of the model is checked when it is built)."""
+    one_of("model.adapters", model.adapters, ADAPTERS)
+    lora = model.lora
+    at_least("model.lora.rank", lora.rank, 1)
+    if not lora.alpha > 0:
+        raise ConfigError(
+            "model.lora.alpha", lora.alpha, "must be > 0", valid="e.g. 16 (the scale is alpha / rank)"
+        )
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError("model.lora.dropout", lora.dropout, "must be in [0, 1)")
+    for i, pattern in enumerate(lora.targets):
+        atoms = pattern.split(".")
+        if not pattern.strip() or not all(a == "*" or a.isidentifier() or a.isdigit() for a in atoms):
+            raise ConfigError(
+                f"model.lora.targets[{i}]", pattern, "not a module-name pattern",
+                valid="dotted names, * for one level, e.g. attn.q or layers.*.mlp.fc_in",
+            )  # fmt: skip
 
 
 def check_data(data: DataConfig) -> None:

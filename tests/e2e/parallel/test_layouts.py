@@ -17,12 +17,9 @@ from hpctrain.verify.parity import CASES, EXTRA_CASES
 from tests.support import REPO, hpctrain, metrics
 
 
-# The whole table in one command, the suite's longest test: on a busy machine, beside the Slurm tier's jobs
-# (the other xdist worker), it needs more than pyproject's 600 s; bounded all the same.
-@pytest.mark.timeout(1500)
-def test_every_layout_matches_one_process():
+def _table_matches_one_process(models: tuple[str, ...]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.verify.parity"],
+        [sys.executable, "-m", "hpctrain.verify.parity", "--models", *models],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -34,14 +31,31 @@ def test_every_layout_matches_one_process():
     for line in result.stdout.splitlines():
         model, _, rest = line.partition(" ")
         name = next((n for n in names if rest.lstrip().startswith(n + " ")), None)
-        if model in ("gpt", "vit") and name is not None:
+        if model in models and name is not None:
             rows[(model, name)] = line
-    expected = [(model, case.name) for case in [*CASES, *EXTRA_CASES] for model in case.models]
+    expected = [
+        (model, case.name) for case in [*CASES, *EXTRA_CASES] for model in case.models if model in models
+    ]
     missing = [key for key in expected if key not in rows]
     assert not missing, f"rows missing from the table: {missing}\n{result.stdout}\n{result.stderr[-3000:]}"
     failing = [rows[key] for key in expected if not rows[key].endswith("yes")]
     assert not failing, "\n".join(failing)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# The tables are the suite's longest tests: on a busy machine, beside the Slurm tier's jobs (the other xdist
+# worker), they need more than pyproject's 600 s; bounded all the same.
+@pytest.mark.timeout(1500)
+def test_every_layout_matches_one_process():
+    _table_matches_one_process(("gpt", "vit"))
+
+
+@pytest.mark.timeout(1500)
+def test_context_experts_and_adapters_match_one_process():
+    """Issue 31's rows: cp 2, cp 4, cp 2 × tp 2, cp 2 × fsdp 2 at seq 1024; a mixture of experts under ep 2,
+    ep 2 × fsdp 2, ep 2 × tp 2, tp + sp and 4d; LoRA under ddp, fsdp, pp, tp and tp + sp."""
+    _table_matches_one_process(("gpt_long", "gpt_moe", "gpt_lora"))
+    assert set(MODELS) == {"gpt", "vit", "gpt_long", "gpt_moe", "gpt_lora"}  # every model in one of the two
 
 
 # Same model, data and global batch under every layout; only the degrees and micro-batches change.

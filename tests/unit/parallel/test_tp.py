@@ -19,7 +19,7 @@ from hpctrain.config.schema import TP_ROLES
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import GPTSpec
 from hpctrain.models.gpt import GPT
-from hpctrain.parallel.tp import _modules, apply_tp, require_tp_plan, style_for, tp_plan_of
+from hpctrain.parallel.tp import apply_tp, pattern_modules, require_tp_plan, style_for, tp_plan_of
 
 SPEC = GPTSpec(n_layers=3, d_model=32, n_heads=4, vocab_size=64, seq_len=16)
 
@@ -56,10 +56,10 @@ def test_the_plan_comes_from_the_config_then_the_class_then_transformers() -> No
 
 def test_patterns_resolve_one_level_per_star_on_the_meta_device() -> None:
     gpt = meta_gpt()
-    assert _modules(gpt, "layers.*.attn.q") == [gpt.layers[str(i)].attn.q for i in range(3)]
-    assert _modules(gpt, "layers.1.mlp.fc_in") == [gpt.layers["1"].mlp.fc_in]
-    assert _modules(gpt, "layers.*") == list(gpt.layers.values())
-    assert _modules(gpt, "layers.*.nosuch") == [] and _modules(gpt, "nosuch") == []
+    assert pattern_modules(gpt, "layers.*.attn.q") == [gpt.layers[str(i)].attn.q for i in range(3)]
+    assert pattern_modules(gpt, "layers.1.mlp.fc_in") == [gpt.layers["1"].mlp.fc_in]
+    assert pattern_modules(gpt, "layers.*") == list(gpt.layers.values())
+    assert pattern_modules(gpt, "layers.*.nosuch") == [] and pattern_modules(gpt, "nosuch") == []
     assert all(p.is_meta for p in gpt.parameters())  # resolved without allocating a weight
 
 

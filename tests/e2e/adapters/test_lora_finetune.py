@@ -1,0 +1,176 @@
+"""README's fine-tuning recipe through the real command line: pretrain, then ``model.init_from`` +
+``model.adapters=lora`` on 2 processes under FSDP. The fine-tuning checkpoints hold the adapters alone (the
+base is read from init_from at every start); a run killed after its step-4 checkpoint resumes to the losses
+of an uninterrupted one; ``hpctrain export --merge`` writes the base with the adapters folded in, and
+``--adapters-only`` a PEFT folder that ``PeftModel.from_pretrained`` puts on the base to the same logits. A
+transformers Llama takes adapters by its own module names, and its merged export loads with
+``from_pretrained``; a user's ``_target_`` returning a PEFT model trains its adapters only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hpctrain.config.io import load_run_config
+from hpctrain.models import build_model
+from hpctrain.rundir import RunDir
+from hpctrain.weights.load import read_checkpoint_model
+from tests.support import hpctrain, metrics
+from tests.support.user_project import user
+
+peft = pytest.importorskip("peft")
+
+TINY = [
+    "model.n_layers=2",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.seq_len=32",
+    "data=synthetic",
+    "data.num_samples=256",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+    "trainer.eval_batches=1",
+    "logger=jsonl",
+]
+LORA = ["model.adapters=lora", "model.lora.rank=4", "model.lora.alpha=8", "optim.lr=1e-2"]
+ADAPTERS = [f"layers.{i}.attn.{m}.lora_{x}.weight" for i in (0, 1) for m in ("q", "v") for x in "AB"]
+
+
+def _logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(x)
+    return getattr(out, "logits", out)
+
+
+def test_init_from_then_lora_resumes_exactly_and_exports(tmp_path: Path) -> None:
+    pre, ref, run = tmp_path / "pre", tmp_path / "ref", tmp_path / "run"
+    pretrained = hpctrain(*TINY, "cluster.nproc=1", "parallel=none", "trainer.max_steps=4",
+                          f"hydra.run.dir={pre}")  # fmt: skip
+    assert pretrained.returncode == 0, pretrained.stderr
+    tune = [*TINY, *LORA, f"model.init_from={pre}", "cluster.nproc=2", "parallel=fsdp", "trainer.max_steps=8",
+            "trainer.ckpt_every=4"]  # fmt: skip
+    whole = hpctrain(*tune, f"hydra.run.dir={ref}")
+    assert whole.returncode == 0, whole.stderr
+    first = hpctrain(*tune, "faults.fail_at=0:5", f"hydra.run.dir={run}")
+    assert first.returncode == 1 and "injected failure at step 5" in first.stderr, first.stderr
+    # What a fine-tuning checkpoint holds: the adapters (their optimizer state beside), no base weight.
+    assert sorted(read_checkpoint_model(run / "checkpoints" / "step_00000004")) == sorted(ADAPTERS)
+    second = hpctrain(*tune, f"hydra.run.dir={run}")
+    assert second.returncode == 0, second.stderr
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "Resumed from" in log and "Initialised the model from" in log
+    ref_losses = {r["step"]: r["loss"] for r in metrics(ref)}
+    losses = {r["step"]: r["loss"] for r in metrics(run)}
+    assert sorted(losses) == list(range(1, 9))
+    for step, loss in ref_losses.items():
+        assert losses[step] == pytest.approx(loss, rel=1e-6, abs=0), step
+
+    merged, adapters, base = tmp_path / "merged", tmp_path / "adapters", tmp_path / "base"
+    for args in (["--merge"], ["--adapters-only"]):
+        out = merged if args == ["--merge"] else adapters
+        done = hpctrain("export", str(run), "--to", str(out), *args)
+        assert done.returncode == 0, done.stderr
+    assert hpctrain("export", str(pre), "--to", str(base)).returncode == 0
+    assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 4
+    # Merged: W + (alpha / rank) · B A, every other weight the base's.
+    lora = read_checkpoint_model(run / "checkpoints" / "step_00000008")
+    got, was = load_file(str(merged / "model.safetensors")), load_file(str(base / "model.safetensors"))
+    for name in got:
+        module = name.removesuffix(".weight")
+        if f"{module}.lora_A.weight" in lora:
+            delta = 2.0 * lora[f"{module}.lora_B.weight"] @ lora[f"{module}.lora_A.weight"]
+            assert delta.abs().max() > 0
+            torch.testing.assert_close(got[name], was[name] + delta, rtol=1e-6, atol=1e-7)
+        else:
+            assert torch.equal(got[name], was[name]), name
+    # PEFT puts the adapters on the base model: the merged model's logits.
+    cfg = load_run_config(RunDir(run).config)
+    plain, on_base = build_model(cfg.model), build_model(cfg.model)
+    plain.load_state_dict(got, strict=False)
+    on_base.load_state_dict(was, strict=False)
+    adapted = peft.PeftModel.from_pretrained(on_base, str(adapters))
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(adapted, x), _logits(plain, x), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_export_flags_are_one_line(tmp_path: Path) -> None:
+    run, plain = tmp_path / "run", tmp_path / "plain"
+    common = [*TINY, "cluster.nproc=1", "parallel=none", "trainer.max_steps=1"]
+    assert hpctrain(*common, *LORA, f"hydra.run.dir={run}").returncode == 0
+    assert hpctrain(*common, f"hydra.run.dir={plain}").returncode == 0
+    for args, words in [
+        ([str(run)], ["RUN_DIR=", "model.adapters=lora", "valid: --merge or --adapters-only"]),
+        ([str(plain), "--merge"], ["--merge=True", "trained no adapters"]),
+        ([str(run), "--adapters-only", "--format", "pt"], ["--format=pt", "valid: safetensors"]),
+    ]:
+        done = hpctrain("export", *args, "--to", str(tmp_path / "out"))
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words), done.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_transformers_llama_takes_adapters_by_its_own_names(project: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    run, merged, adapters = tmp_path / "run", tmp_path / "merged", tmp_path / "adapters"
+    done = user(project, "model=llama_tiny", "data=bytes", "data.max_bytes=60000", "trainer.max_steps=3",
+                "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.eval_every=0",
+                "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=2", "parallel=ddp", *LORA,
+                "model.lora.targets=[q_proj,v_proj]", f"hydra.run.dir={run}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for args, out in ((["--merge", "--format", "hf"], merged), (["--adapters-only"], adapters)):
+        exported = hpctrain("export", str(run), "--to", str(out), *args, cwd=project)
+        assert exported.returncode == 0, exported.stderr
+    config = json.loads((adapters / "adapter_config.json").read_text())
+    assert config["task_type"] == "CAUSAL_LM" and len(config["target_modules"]) == 8  # 4 layers × q, v
+    theirs = AutoModelForCausalLM.from_pretrained(merged)
+    saved = read_checkpoint_model(run / "checkpoints" / "step_00000003")
+    sys.path.insert(0, str(project))
+    base = build_model(load_run_config(RunDir(run).config).model)
+    base.load_state_dict({k: v for k, v in saved.items() if ".lora_" not in k}, strict=False)
+    adapted = peft.PeftModel.from_pretrained(base, str(adapters))
+    x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(_logits(adapted, x), _logits(theirs, x), rtol=1e-5, atol=1e-5)
+
+
+PEFT_MODEL = """
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama_lora(rank: int = 4):
+    config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return get_peft_model(LlamaForCausalLM(config), LoraConfig(r=rank, target_modules=["q_proj", "v_proj"]))
+"""
+
+
+def test_a_peft_model_as_target_trains_its_adapters_only(project: Path, tmp_path: Path) -> None:
+    """A user's ``_target_`` that returns a PEFT model: its base arrives frozen and stays as built."""
+    from hpctrain.checkpoint.state import seed_everything
+
+    (project / "mynets" / "peft_llama.py").write_text(PEFT_MODEL)
+    (project / "conf" / "model" / "peft_llama.yaml").write_text("_target_: mynets.peft_llama.llama_lora\n")
+    run = tmp_path / "run"
+    done = user(project, "model=peft_llama", "data=bytes", "data.max_bytes=60000", "trainer.max_steps=2",
+                "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.eval_every=0",
+                "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=2", "parallel=fsdp", "optim.lr=1e-2",
+                f"hydra.run.dir={run}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = read_checkpoint_model(run / "checkpoints" / "step_00000002")
+    sys.path.insert(0, str(project))
+    cfg = load_run_config(RunDir(run).config)
+    seed_everything(cfg.trainer.seed)  # the trainer's seed before it builds the model
+    built = build_model(cfg.model).state_dict()
+    trained = [n for n in saved if ".lora_" in n]
+    assert trained and all(not torch.equal(saved[n], built[n]) for n in trained if "lora_B" in n)
+    for name, tensor in saved.items():
+        if ".lora_" not in name:
+            assert torch.equal(tensor, built[name]), name
