@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from hpctrain.resilience.watchdog import Heartbeat
 
 log = logging.getLogger("hpctrain.worker")
+# The evaluation jobs still being submitted when training ends (sbatch answers in ~0.1 s; a busy controller
+# in seconds) finish before the process exits, at most this long.
+EVAL_SUBMIT_WAIT_S = 60.0
 
 
 def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> bool:
@@ -79,13 +82,15 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         cfg = keep_global_batch(cfg, run_dir)
         # Before anything compiles: a requeued job finds what an earlier start of it compiled.
         compile_cache = open_compile_cache(cfg, run_shape(cfg), device, run_dir, env.is_main)
-        on_commit = eval_jobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
+        on_commit = EvalJobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
         skip: frozenset[int] = frozenset()
         while True:  # trainer.nonfinite=rollback: again from the newest checkpoint, past the bad batches
             result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit, skip)
             if result.rollback is None:
                 break
             skip = skip | {result.rollback}
+        if on_commit is not None:
+            on_commit.wait(EVAL_SUBMIT_WAIT_S)
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except CheckpointMismatch:
@@ -125,33 +130,41 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     return True  # requeued: Slurm runs the job again; its exit status stays what Slurm expects
 
 
-def eval_jobs(run_dir: Path, job_id: str) -> Callable[[int], None]:
+class EvalJobs:
     """``trainer.eval_job``: after each committed checkpoint, submit the run's evaluation script
     (``eval.sbatch``, written at submission) as a job that depends on this one, from a background thread:
-    the training loop never waits for sbatch."""
-    import threading
+    the training loop never waits for sbatch. :meth:`wait` lets the last submissions finish before the
+    process ends (the final checkpoint's comes just before it exits)."""
 
-    from hpctrain.slurm import commands
+    def __init__(self, run_dir: Path, job_id: str) -> None:
+        self.script, self.job_id = RunDir(run_dir).eval_script, job_id
+        self.threads: list[threading.Thread] = []
 
-    script = RunDir(run_dir).eval_script
+    def __call__(self, step: int) -> None:
+        thread = threading.Thread(target=self._submit, args=(step,), name=f"eval-job-{step}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
-    def submit(step: int) -> None:
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _submit(self, step: int) -> None:
+        from hpctrain.slurm import commands
+
         # This job's SLURM_*/SBATCH_* would be read by sbatch as options of the new job: left out.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
         env.update({k: v for k, v in os.environ.items() if k == "SLURM_CONF"})
         env[commands.EVAL_STEP_ENV] = str(step)
-
-        def go() -> None:
-            try:
-                outcome = commands.submit_dependent(script, job_id, env)
-            except (OSError, ValueError) as err:  # no sbatch here, or it timed out
-                log.warning("trainer.eval_job: cannot submit the evaluation of step %d: %s", step, err)
-                return
-            if outcome.ok:
-                log.info("Evaluation job %s for step %d (after job %s)", outcome.stdout.strip(), step, job_id)
-            else:
-                log.warning("trainer.eval_job: %s failed: %s", outcome.command, outcome.stderr.strip())
-
-        threading.Thread(target=go, name=f"eval-job-{step}", daemon=True).start()
-
-    return submit
+        try:
+            outcome = commands.submit_dependent(self.script, self.job_id, env)
+        except (OSError, ValueError) as err:  # no sbatch here, or it timed out
+            log.warning("trainer.eval_job: cannot submit the evaluation of step %d: %s", step, err)
+            return
+        if outcome.ok:
+            log.info(
+                "Evaluation job %s for step %d (after job %s)", outcome.stdout.strip(), step, self.job_id
+            )
+        else:
+            log.warning("trainer.eval_job: %s failed: %s", outcome.command, outcome.stderr.strip())

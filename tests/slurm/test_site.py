@@ -78,7 +78,7 @@ def test_a_sweep_past_max_array_size_is_one_sweep_of_several_arrays(slurm_cluste
         # Accounting records a cancellation a moment after the queue lets go of the job (slurmdbd is async).
         wait_for(
             "accounting to record every cancellation",
-            lambda: jobs_cli("status", sweep).stdout.splitlines()[0].endswith("10 members (10 CANCELLED)"),
+            lambda: jobs_cli("status", sweep).stdout.splitlines()[0].endswith("10 members (10 STOPPED)"),
             timeout=60,
         )
 

@@ -63,8 +63,9 @@ def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
     assert "Comment=hpctrain-test" in shown and "OverSubscribe=NO" in shown, shown
     ranks = json.loads((run / "ranks.json").read_text())
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
-    assert {r["host"] for r in ranks} == {"node1", "node2"}
-    assert sorted(r["host"] for r in ranks) == ["node1", "node1", "node2", "node2"]
+    hosts = {r["host"] for r in ranks}  # whichever two nodes Slurm chose (others may hold earlier jobs)
+    assert len(hosts) == 2 and hosts <= {"node1", "node2", "node3"}, hosts
+    assert sorted(r["host"] for r in ranks) == sorted([*hosts, *hosts])  # two ranks on each
     assert metrics(run)[-1]["step"] == 10
     assert (run / "checkpoints" / "step_00000010").is_dir()
 
