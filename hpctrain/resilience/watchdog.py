@@ -37,7 +37,7 @@ PHASES = ("startup", "data", "compute", "report", "checkpoint")  # in the order 
 ARMED_PHASES = ("data", "compute")
 HEARTBEAT_S = 1.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
-EXIT_HUNG = 3
+EXIT_HUNG = 6  # apart from a stopped worker's 3 (hpctrain.rundir.records.EXIT_STOPPED): a hang is a fault
 
 
 @dataclass

@@ -118,9 +118,9 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         return True
     if result.stopped_by == USER_STOP:  # hpctrain stop: saved, and ends without a requeue
         log.info("Stopped by the user after step %d (checkpoint saved)", result.state.step)
-        # A Slurm job ends cleanly (exit 0: Slurm must not requeue it; its run directory records the stop);
-        # here, exit 3 says the run stopped short of max_steps, as any stop does.
-        return job_id is not None
+        # Asked for: the command (or the Slurm job) ends cleanly, exit 0 (Slurm must not requeue it); the
+        # run directory records the stop (control.json), and status says STOPPED.
+        return True
     if job_id is None:
         log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir))
         return False

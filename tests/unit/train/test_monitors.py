@@ -11,6 +11,7 @@ from hpctrain.train.monitors import StepMonitors
 def _due(step: int, stopping: bool = False, local_every: int | None = 3) -> tuple[bool, bool]:
     monitors = SimpleNamespace(cfg=SimpleNamespace(trainer=SimpleNamespace(max_steps=12, ckpt_every=5)))
     monitors.local_every = local_every
+    monitors.auto = None  # trainer.ckpt_every=auto: tests/unit/train/test_interval.py
     return StepMonitors.saves_due(monitors, step, stopping)  # type: ignore[arg-type]
 
 
