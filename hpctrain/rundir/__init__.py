@@ -36,6 +36,7 @@ HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
 SBATCH_SCRIPT = "job.sbatch"
+REMOTE_CLI = "hpctrain.sh"  # cluster.ssh: hpctrain's commands on this run, as the laptop runs them there
 EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
@@ -74,6 +75,7 @@ LAYOUT: dict[str, str] = {
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
     EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
+    REMOTE_CLI: "cluster.ssh: hpctrain status/logs/cancel/summary as the laptop runs them on the cluster",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -188,6 +190,10 @@ class RunDir:
     @property
     def eval_script(self) -> Path:
         return self.path / EVAL_SCRIPT
+
+    @property
+    def remote_cli(self) -> Path:
+        return self.path / REMOTE_CLI
 
     @property
     def summary_csv(self) -> Path:
