@@ -2,8 +2,8 @@
 submitted run, on the cluster's login node over ONE multiplexed OpenSSH connection, and ships files there.
 
 - One connection: every ssh here shares a master connection (``ControlMaster=auto``, ``ControlPersist``),
-  whose socket lives in a folder of ours that only the user can enter (:func:`control_dir`, mode 0700): the
-  first command pays for the login, the next ones take milliseconds.
+  whose socket lives in a folder of ours that only the user can enter (:func:`control_dir`, mode 0700), one
+  per ssh config file: the first command pays for the login, the next ones only for the remote shell.
 - No password, ever: ``BatchMode=yes`` makes ssh fail instead of asking, so only the user's keys or agent
   log in, and nothing of theirs is stored by hpctrain. Host keys are checked as the user's ssh config says
   (``StrictHostKeyChecking`` is theirs); ``cluster.ssh_config`` names another config file (``ssh -F``), where
@@ -21,6 +21,7 @@ forward through it (:mod:`hpctrain.jobs.targets`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -105,7 +106,7 @@ class Remote:
         options = {
             "BatchMode": "yes",  # fail rather than ask for a password or a passphrase
             "ControlMaster": "auto",
-            "ControlPath": str(control_dir() / "%C"),
+            "ControlPath": str(control_dir() / f"{self._config_tag()}-%C"),
             "ControlPersist": CONTROL_PERSIST,
             "ConnectTimeout": str(CONNECT_TIMEOUT_S),
             "ServerAliveInterval": "30",  # a connection that died (laptop asleep) is noticed, not waited on
@@ -113,6 +114,11 @@ class Remote:
         for key, value in options.items():
             argv += ["-o", f"{key}={value}"]
         return argv
+
+    def _config_tag(self) -> str:
+        """Part of the master connection's name: ssh's ``%C`` hashes the host, port and user only, and a
+        connection made under one config (its known_hosts, its key) must not serve another."""
+        return hashlib.sha256(os.fsencode(self.config_file or "")).hexdigest()[:8]
 
     def argv(self, words: Sequence[str]) -> list[str]:
         """The local command that runs ``words`` on the login node ("--": the destination is no option)."""

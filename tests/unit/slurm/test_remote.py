@@ -49,6 +49,9 @@ def test_each_word_reaches_the_remote_shell_as_one_word(tmp_path: Path) -> None:
     options = dict(argv[i + 1].split("=", 1) for i, word in enumerate(argv) if word == "-o")
     assert options["BatchMode"] == "yes" and options["ControlMaster"] == "auto"
     assert options["ControlPath"].startswith(str(control_dir())) and "StrictHostKeyChecking" not in options
+    # A connection made under one ssh config (its known_hosts, its key) never serves another.
+    argvs = [Remote("alice@login1", c).argv(["true"]) for c in (None, "/a/config", "/b/config")]
+    assert len({w for argv in argvs for w in argv if w.startswith("ControlPath=")}) == 3
     # A real POSIX shell splits it back into the same words.
     echoed = subprocess.run(["sh", "-c", f"printf '%s\\n' {argv[-1].split(' ', 1)[1]}"], capture_output=True,
                             text=True, check=True)  # fmt: skip
