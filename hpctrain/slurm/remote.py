@@ -80,6 +80,7 @@ class Done:
     returncode: int
     stdout: str
     stderr: str
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,9 @@ class Remote:
     def run(self, words: Sequence[str], timeout: float = 60, input: str | None = None) -> Done:
         """Run ``words`` there and wait; RemoteError when ssh itself failed."""
         done = _call(self.argv(words), timeout, input)
+        if done.timed_out:
+            raise RemoteError(f"cluster.ssh={self.destination}: {' '.join(words[:2])} on {self.host} did not "
+                              f"answer within {timeout:.0f} s")  # fmt: skip
         if done.returncode == SSH_FAILED:
             raise RemoteError(self.failure(done.stderr))
         return done
@@ -191,11 +195,12 @@ class Remote:
         else:
             copied = _tar_through(local, self.argv(["tar", "-C", remote, "-xf", "-"]))
             way = "tar"
-        if copied.returncode == SSH_FAILED:
+        if copied.returncode == SSH_FAILED and not copied.timed_out:
             raise RemoteError(self.failure(copied.stderr))
         if copied.returncode != 0:
+            why = "timed out" if copied.timed_out else _last_line(copied.stderr)
             raise RemoteError(f"cluster.ssh={self.destination}: copying {local} to {self.host}:{remote} "
-                              f"failed ({way}): {_last_line(copied.stderr)}")  # fmt: skip
+                              f"failed ({way}): {why}")  # fmt: skip
         return way
 
 
@@ -230,7 +235,7 @@ def _call(argv: list[str], timeout: float, input: str | None) -> Done:
         except subprocess.TimeoutExpired:
             out.seek(0)
             err.seek(0)
-            return Done(SSH_FAILED, out.read(), err.read() + f"\ntimed out after {timeout:.0f} s")
+            return Done(SSH_FAILED, out.read(), err.read(), timed_out=True)
         out.seek(0)
         err.seek(0)
         return Done(result.returncode, out.read(), err.read())
