@@ -30,6 +30,8 @@ FAULTS_FILE = "faults.jsonl"
 COMPILE_KEY_FILE = "key.json"
 COMPILE_CACHE_DIR = "compile_cache"
 EVAL_FILE = "eval.jsonl"  # hpctrain eval's results, one line per evaluated checkpoint
+# The fields of an eval.jsonl record that say how it was made; every other number is a metric.
+EVAL_RECORD_FIELDS = ("step", "eval_batches", "eval_s", "time", "host", "job_id", "eval_target")
 # Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
@@ -367,3 +369,13 @@ __all__ = [
     "atomic_write",
     "write_compile_key",
 ]
+
+
+def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The metrics of one eval.jsonl record (the run's val_loss/val_acc, or what eval._target_ returned), in
+    the order written."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key not in EVAL_RECORD_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
