@@ -27,7 +27,7 @@ from pathlib import Path
 
 import jinja2
 
-from hpctrain.config.redact import export_secrets
+from hpctrain.config.redact import export_secrets, secret_env
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
@@ -136,6 +136,14 @@ class SbatchLauncher:
             return self._launch(cfg, run_dir.absolute(), remote)
 
     def _launch(self, cfg: Config, run_dir: Path, remote: Remote | None) -> int:
+        secrets = sorted(secret_env(cfg.cluster.env)) if remote else []
+        if secrets:  # they reach a job from sbatch's environment, which over ssh is the login node's
+            err = ConfigError(f"cluster.env.{secrets[0]}", "(secret, not shown)", "a secret reaches the job "
+                              "from the environment sbatch runs in; over cluster.ssh, the login node's",
+                              valid="set it in the login node's environment (e.g. ~/.bashrc) and leave it "
+                              "out of cluster.env")  # fmt: skip
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
         # Where the run directory is where the job runs, and the job's working directory there.
         job_dir = Path(remote_run_dir(run_dir, cfg.cluster.remote_dir, project_dir())) if remote else run_dir
         workdir = _remote_workdir(cfg, job_dir) if remote else None

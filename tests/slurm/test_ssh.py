@@ -215,6 +215,16 @@ def test_a_wrong_host_key_and_an_unreachable_host_are_one_line_each(login: Login
         assert not run_dir.exists()  # refused before Hydra made the run directory
 
 
+def test_a_secret_in_cluster_env_is_refused_over_ssh(login: Login) -> None:
+    # A secret reaches a job from sbatch's environment: over ssh, the login node's, never the laptop's.
+    run_dir = login.root / "laptop" / "secret"
+    result = laptop(login, *_overrides(login), "+cluster.env.API_TOKEN=s3cr3t", f"hydra.run.dir={run_dir}")
+    line = result.stderr.strip()
+    assert result.returncode == 2 and "\n" not in line and "cluster.env.API_TOKEN" in line, result.stderr
+    assert "s3cr3t" not in result.stdout + result.stderr and not run_dir.exists()
+    assert not (login.root / "cluster" / "secret").exists()  # nothing shipped
+
+
 def test_files_go_by_rsync_or_by_tar_alike(login: Login) -> None:
     source = login.root / "tree"
     (source / "sub dir").mkdir(parents=True)
