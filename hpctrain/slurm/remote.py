@@ -250,6 +250,9 @@ def _tar_through(local: Path, ssh_argv: list[str]) -> Done:
         try:
             receiver = subprocess.run(ssh_argv, stdin=packer.stdout, stdout=subprocess.DEVNULL, stderr=err,
                                       timeout=600, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            packer.kill()
+            return Done(SSH_FAILED, "", "", timed_out=True)
         finally:
             packer.stdout.close()
             packer.wait()
