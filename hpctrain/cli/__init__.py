@@ -33,7 +33,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "stop": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint, ends, no requeue", "control"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "eval": Subcommand("RUN_DIR [--step N] [OVERRIDES...]", "the run's validation of a checkpoint", "eval"),
-    "report": Subcommand("RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, sweep, scaling", "report"),
+    "report": Subcommand(
+        "RUN_DIR|SWEEP_DIR [--out DIR]", "PNGs: loss, throughput, evaluations, sweep, scaling", "report"
+    ),
     "prepare": Subcommand(_PREPARE, "write a token file for data=tokens", "prepare"),
     "export": Subcommand("RUN_DIR --to DIR [--format F] [--step N]", "a checkpoint as one model's weights",
                          "export"),

@@ -1,6 +1,8 @@
 """``hpctrain eval RUN_DIR [--step N] [OVERRIDES...]``: the run's own validation of one committed checkpoint
 (the latest by default), here in one process; the result is appended to ``RUN_DIR/eval.jsonl`` and shown by
-``hpctrain status`` and ``summary``. OVERRIDES change the evaluation (``trainer.eval_batches=8``).
+``hpctrain status`` and ``summary``. OVERRIDES change the evaluation (``trainer.eval_batches=8``);
+``eval._target_=package.module.function`` evaluates with the user's function instead
+(:mod:`hpctrain.task.evaluate`).
 
 A bad argument (a step never saved, a key the run's config lacks, a control character) is one line on
 stderr and exit status 2; nothing is written. Imports torch when it runs (not on the submit path).
@@ -14,14 +16,15 @@ from pathlib import Path
 
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError
-from hpctrain.rundir import RunDir
+from hpctrain.rundir import RunDir, eval_metrics
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hpctrain eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
-    p.add_argument("overrides", nargs="*", metavar="OVERRIDES", help="e.g. trainer.eval_batches=8")
+    p.add_argument("overrides", nargs="*", metavar="OVERRIDES",
+                   help="e.g. trainer.eval_batches=8, or eval._target_=mynets.metrics.score")  # fmt: skip
     return p
 
 
@@ -38,8 +41,11 @@ def run(name: str, argv: list[str]) -> int:
 
         record = evaluate_checkpoint(Path(args.run_dir), args.step, list(args.overrides))
     except ConfigError as err:
+        user_traceback = getattr(err, "user_traceback", None)  # eval._target_ raised: show where, above
+        if user_traceback:
+            print(user_traceback, file=sys.stderr, end="")
         print(f"hpctrain: {err}", file=sys.stderr)
         return 2
-    shown = ", ".join(f"{k} {record[k]:.4f}" for k in ("val_loss", "val_acc") if k in record)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in eval_metrics(record).items())
     print(f"step {record['step']}: {shown} ({record['eval_s']:.1f} s) → {RunDir(Path(args.run_dir)).evals}")
     return 0

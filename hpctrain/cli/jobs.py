@@ -23,6 +23,7 @@ from hpctrain.cli.common import (
     EXIT_OK,
     JobsError,
     Parser,
+    UsageError,
     fmt,
     guarded,
     plural,
@@ -30,7 +31,7 @@ from hpctrain.cli.common import (
 )
 from hpctrain.jobs.status import cancel, status, where
 from hpctrain.jobs.summary import summary_rows, sweep_states
-from hpctrain.jobs.targets import TARGET_HELP, Target, resolve
+from hpctrain.jobs.targets import TARGET_HELP, Target, forward, resolve
 from hpctrain.rundir import SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import split_overrides
 
@@ -101,6 +102,12 @@ def _parser(command: str) -> Parser:
 def _run(command: str, argv: list[str]) -> int:
     args = _parser(command).parse_args(argv)
     target = resolve(args.target)
+    if target.remote is not None:  # submitted from here over cluster.ssh: the run is on the cluster
+        if command == "summary" and args.csv is not None:
+            raise UsageError(
+                "--csv: the run is on the cluster (cluster.ssh); its summary.csv is written there"
+            )
+        return forward(target, command, [])
     if command == "status":
         report = status(target)
         for problem in report.problems:

@@ -7,7 +7,7 @@ import sys
 
 from hpctrain.cli.common import EXIT_OK, Parser, UsageError, guarded
 from hpctrain.jobs.logs import logs
-from hpctrain.jobs.targets import TARGET_HELP, member_target, resolve
+from hpctrain.jobs.targets import TARGET_HELP, forward, member_target, resolve
 
 DEFAULT_TAIL = 20
 
@@ -33,6 +33,9 @@ def _run(argv: list[str]) -> int:
     if args.rank < 0:
         raise UsageError(f"--rank must be 0 or more, not {args.rank}")
     target = resolve(args.target)
+    if target.remote is not None:  # submitted from here over cluster.ssh: the run is on the cluster
+        options = ["-n", str(args.lines), "--rank", str(args.rank), *(["-f"] if args.follow else [])]
+        return forward(target, "logs", options)
     if target.is_sweep:
         assert target.sweep is not None
         members = {m.index: m for m in target.sweep.members}

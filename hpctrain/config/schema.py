@@ -249,6 +249,14 @@ class ClusterConfig:
     # What of the user's project (the submit directory) a job's code snapshot copies, relative to it. Empty:
     # the tracked files of its git repository, else its *.py files and packages (hpctrain.launch.snapshot).
     snapshot_paths: list[str] = field(default_factory=list)
+    # Submit from a laptop: [USER@]HOST of the cluster's login node (or a Host alias of the ssh config).
+    # Every Slurm command runs there over one multiplexed ssh connection; the run directory is shipped
+    # there (hpctrain.slurm.remote). launcher=sbatch (auto picks it); keys or an agent only, no password.
+    ssh: str | None = None
+    ssh_config: str | None = None  # an ssh config file (ssh -F) instead of ~/.ssh/config: port, key, ...
+    # Where run directories go on the cluster: REMOTE_DIR/<the run dir's path below the submit directory>.
+    # None: the same absolute path as here.
+    remote_dir: str | None = None
     array_parallelism: int = 64  # sweep jobs running at once (per array: %N)
     # Sweep members per job: N members run one after another in one allocation, each in its own run
     # directory with its own resume (hpctrain.launch.submitit_task.run_pack). 1: a job per member.

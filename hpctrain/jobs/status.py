@@ -13,7 +13,7 @@ from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
 from hpctrain.launch.agent import summary as restart_summary
 from hpctrain.observe.text import table
-from hpctrain.rundir import JOB_RECORD, RunDir
+from hpctrain.rundir import JOB_RECORD, RunDir, eval_metrics
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
 from hpctrain.rundir.runs import continue_command
 from hpctrain.slurm import commands
@@ -118,8 +118,8 @@ def status(target: Target) -> Report:
             out.append(("val_loss", f"{val} (step {last_val['step']})"))
         evals = RunDir(target.run_dir).read_evals()
         if evals:  # hpctrain eval / trainer.eval_job: the latest checkpoint evaluated
-            last = max(evals, key=lambda r: r["step"])
-            shown = ", ".join(f"{k} {fmt(last[k])}" for k in ("val_loss", "val_acc") if k in last)
+            last = max(evals, key=lambda r: (r["step"], r.get("time", 0)))  # the latest of the latest step
+            shown = ", ".join(f"{k} {fmt(v)}" for k, v in list(eval_metrics(last).items())[:4])
             out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
         control = describe_control(RunDir(target.run_dir).read_control())
         if control is not None:

@@ -1,6 +1,11 @@
 """What a TARGET argument names: a run directory (``job.json``; a local run has none), a sweep directory
 (``sweep.json``) or a Slurm job id (``123``, or ``123_4`` for one array member), whose run or sweep directory
 is found from the job's output path while slurmctld still knows the job. No torch import here.
+
+A run submitted from a laptop (``cluster.ssh``: its ``job.json`` here names the login node) lives on the
+cluster: :func:`forward` runs the command there, with the run's own code snapshot (``hpctrain.sh``), over the
+same ssh connection as every Slurm command. One round trip instead of one per file, the files read by the
+hpctrain version that wrote them, and ``logs -f`` streams as it does on the login node.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, read_job, read_sweep
 from hpctrain.slurm import commands
 from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
+from hpctrain.slurm.remote import Remote, RemoteError
 
 
 class JobsError(Exception):
@@ -33,6 +39,8 @@ class Target:
     sweep: SweepRecord | None = None
     sweep_dir: Path | None = None
     job_id: str | None = None  # a bare job id, when no directory is known
+    remote: Remote | None = None  # submitted from here over cluster.ssh: the cluster's login node
+    remote_dir: str | None = None  # and the run directory there
 
     @property
     def is_sweep(self) -> bool:
@@ -72,6 +80,9 @@ def _resolve_dir(text: str, path: Path) -> Target:
         job = read_job(path)
     except (ValueError, TypeError, KeyError) as err:
         raise JobsError(f"{text}: unreadable record ({err})") from None
+    if job is not None and job.ssh is not None:
+        remote = Remote(job.ssh, job.ssh_config)
+        return Target(text, run_dir=path, job=job, remote=remote, remote_dir=job.remote_run_dir or str(path))
     if job is not None:
         return Target(text, run_dir=path, job=job)
     if RunDir(path).multirun.is_file() or _numbered_runs(path):
@@ -198,3 +209,14 @@ def states_of(job_ids: list[str]) -> dict[str, JobState]:
         raise JobsError(str(err)) from None
     except (RuntimeError, OSError, ValueError) as err:  # a client that failed or timed out
         raise JobsError(f"cannot query Slurm: {err}") from None
+
+
+def forward(target: Target, command: str, options: list[str]) -> int:
+    """``hpctrain COMMAND <run dir there> OPTIONS`` on the cluster for a run submitted over cluster.ssh,
+    its output streamed here; its exit status (JobsError when ssh fails: one line naming the host)."""
+    assert target.remote is not None and target.remote_dir is not None
+    script = str(RunDir(Path(target.remote_dir)).remote_cli)
+    try:
+        return target.remote.forward(["bash", script, command, target.remote_dir, *options])
+    except RemoteError as err:
+        raise JobsError(str(err)) from None

@@ -13,7 +13,7 @@ def get_launcher(cfg: Config) -> Launcher:
         from hpctrain.launch.local import LocalLauncher
 
         return LocalLauncher()
-    if cfg.launcher == "sbatch":
+    if cfg.launcher == "sbatch" or cfg.cluster.ssh is not None:  # submitit's executor submits from here
         from hpctrain.launch.sbatch import SbatchLauncher
 
         return SbatchLauncher()

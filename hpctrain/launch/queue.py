@@ -7,6 +7,7 @@ from datetime import datetime
 
 from hpctrain.config.schema import ClusterConfig
 from hpctrain.slurm import commands
+from hpctrain.slurm.remote import Remote
 from hpctrain.slurm.spec import parse_time_limit
 
 NOW_S = 5.0  # an estimate this close to now is "now"
@@ -34,9 +35,11 @@ def resource_options(c: ClusterConfig) -> list[str]:
 def start_estimates(c: ClusterConfig) -> list[str]:
     """One line per partition the run may go to (``cluster.partition``'s list, else every partition):
     Slurm's estimated start, or why it cannot run there. A line saying why, when no Slurm client answers."""
+    remote = Remote(c.ssh, c.ssh_config) if c.ssh else None  # cluster.ssh: Slurm answers on the login node
     try:
-        names = c.partition.split(",") if c.partition else commands.partitions()
-        estimates = [commands.start_estimate(name, resource_options(c)) for name in names]
+        with commands.use_remote(remote):
+            names = c.partition.split(",") if c.partition else commands.partitions()
+            estimates = [commands.start_estimate(name, resource_options(c)) for name in names]
     except (commands.SlurmUnavailable, RuntimeError, OSError) as err:
         return [f"queue: not asked ({err})"]
     width = max((len(e.partition) for e in estimates), default=0)

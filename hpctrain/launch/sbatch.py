@@ -7,18 +7,27 @@ and writes and submits nothing. No torch import on this path: it runs on login n
 
 Every config value that reaches the script was validated (:func:`hpctrain.config.validate._check_cluster`)
 or is quoted here or in the template (the ``quote`` filter is :func:`shlex.quote`).
+
+``cluster.ssh`` (submit from a laptop; ``launcher=auto`` picks this launcher then): the run directory is
+prepared here as always, its script rendered for the run directory's place on the cluster
+(:func:`hpctrain.slurm.remote.remote_run_dir`), then the whole directory (config, script, code snapshot) is
+shipped to the login node and sbatch runs there, all over one ssh connection. The job runs the cluster's
+``python`` (as ``cluster.setup`` sets it up) in the project's snapshot, or in the run directory when the
+project is hpctrain itself. ``hpctrain.sh`` beside the script runs hpctrain's commands on the run there.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import jinja2
 
-from hpctrain.config.redact import export_secrets
+from hpctrain.config.redact import export_secrets, secret_env
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
@@ -29,7 +38,8 @@ from hpctrain.launch.submitit import print_dry_run, print_submitted, take_snapsh
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import JobRecord, write_json
-from hpctrain.slurm.commands import check_client, submit_script
+from hpctrain.slurm.commands import SlurmUnavailable, check_client, submit_script, use_remote
+from hpctrain.slurm.remote import Remote, RemoteError, remote_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +56,12 @@ def slurm_output(run_dir: Path) -> str:
     return str(RunDir(run_dir).slurm / "%j.out")
 
 
-def render_script(cfg: Config, run_dir: Path) -> str:
+def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) -> str:
     """The sbatch script for the run in ``run_dir``, from ``cluster.sbatch_template``.
 
     Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote. The
     user's project copy (:func:`hpctrain.launch.snapshot.plan_project`) follows the package on PYTHONPATH.
+    ``submit_dir``: the job's working directory, HPCTRAIN_PROJECT_DIR (default: the one submitting here).
     """
     check_run(cfg)
     c = cfg.cluster
@@ -68,8 +79,9 @@ def render_script(cfg: Config, run_dir: Path) -> str:
     )
     environment.filters["quote"] = lambda value: shlex.quote(str(value))
     template = environment.get_template(template_path(c.sbatch_template).name)
-    # In a container the image's python runs the job; otherwise the submitting interpreter, as with submitit.
-    python = "python" if c.container_image else sys.executable
+    # In a container the image's python runs the job, over ssh the cluster's; otherwise the submitting
+    # interpreter, as with submitit.
+    python = "python" if c.container_image or c.ssh else sys.executable
     # Slurm expands %-patterns in --output: a literal % in the run directory is written %%.
     output = str(RunDir(run_dir).slurm).replace("%", "%%") + "/%j.out"
     return template.render(
@@ -93,7 +105,7 @@ def render_script(cfg: Config, run_dir: Path) -> str:
             c,
             RunDir(run_dir).code,
             project_path_entry(plan_project(project_dir(), c.snapshot_paths), run_dir),
-            project_dir(),
+            submit_dir or project_dir(),
         ),
         srun_args=container_srun_args(c),
         python=python,
@@ -119,9 +131,24 @@ def _extra_options(c: ClusterConfig) -> list[str]:
 
 class SbatchLauncher:
     def launch(self, cfg: Config, run_dir: Path) -> int:
-        run_dir = run_dir.absolute()
+        remote = Remote(cfg.cluster.ssh, cfg.cluster.ssh_config) if cfg.cluster.ssh else None
+        with use_remote(remote):  # cluster.ssh: every Slurm command below runs on the login node
+            return self._launch(cfg, run_dir.absolute(), remote)
+
+    def _launch(self, cfg: Config, run_dir: Path, remote: Remote | None) -> int:
+        secrets = sorted(secret_env(cfg.cluster.env)) if remote else []
+        if secrets:  # they reach a job from sbatch's environment, which over ssh is the login node's
+            err = ConfigError(f"cluster.env.{secrets[0]}", "(secret, not shown)", "a secret reaches the job "
+                              "from the environment sbatch runs in; over cluster.ssh, the login node's",
+                              valid="set it in the login node's environment (e.g. ~/.bashrc) and leave it "
+                              "out of cluster.env")  # fmt: skip
+            print(f"hpctrain: {err}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        # Where the run directory is where the job runs, and the job's working directory there.
+        job_dir = Path(remote_run_dir(run_dir, cfg.cluster.remote_dir, project_dir())) if remote else run_dir
+        workdir = _remote_workdir(cfg, job_dir) if remote else None
         try:
-            script = render_script(cfg, run_dir)
+            script = render_script(cfg, job_dir, workdir)
         except ConfigError as err:
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
@@ -129,10 +156,10 @@ class SbatchLauncher:
         if cfg.dry_run:  # printed, not written: a dry run leaves nothing behind
             print_dry_run(cfg, run_dir, script)
             log.info("Without dry_run it is written to %s and submitted", path)
+            if remote:
+                log.info("and shipped to %s:%s, where sbatch runs", remote.destination, job_dir)
             return 0
-        path.touch(mode=0o700)
-        path.chmod(0o700)  # the job script is the user's alone
-        path.write_text(script)
+        _write_private(path, script)
         check_client()
         try:
             take_snapshot(cfg.cluster, run_dir)
@@ -145,10 +172,65 @@ class SbatchLauncher:
         write_eval_script(cfg, run_dir, run_dir)
         # Slurm does not create the --output directory; a job whose output cannot be opened fails unseen.
         (RunDir(run_dir).slurm).mkdir(parents=True, exist_ok=True)
-        job_id = submit_script(path)
+        if remote:
+            _write_private(RunDir(run_dir).remote_cli, remote_cli_script(cfg, job_dir, workdir or job_dir))
+            ship_run(remote, run_dir, job_dir)
+        job_id = submit_script(RunDir(job_dir).sbatch_script, workdir)
         c = cfg.cluster
         ranks = run_shape(cfg).world_size
-        record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, slurm_output(run_dir), ranks)
+        output = slurm_output(job_dir)
+        record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, output, ranks)
+        if remote:
+            # The login node's copy is a login node's record (no ssh); this one says where the run is.
+            write_remote_record(remote, job_dir, record)
+            record = replace(record, ssh=c.ssh, ssh_config=c.ssh_config, remote_run_dir=str(job_dir))
         write_json(RunDir(run_dir).job, record)
         print_submitted(record, run_dir)
         return 0
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.touch(mode=0o700)
+    path.chmod(0o700)  # the job script is the user's alone
+    path.write_text(text)
+
+
+def _remote_workdir(cfg: Config, job_dir: Path) -> Path:
+    """The job's working directory on the cluster: the submit directory's copy in the project snapshot (the
+    submit directory here is not there), or the run directory when the project is hpctrain itself."""
+    entry = project_path_entry(plan_project(project_dir(), cfg.cluster.snapshot_paths), job_dir)
+    return entry if entry is not None else job_dir
+
+
+def remote_cli_script(cfg: Config, job_dir: Path, workdir: Path) -> str:
+    """``hpctrain.sh``: the job's setup lines, then ``python -m hpctrain "$@"`` (the run's own snapshot), for
+    ``hpctrain status|logs|cancel|summary`` from the laptop (:mod:`hpctrain.jobs.targets`)."""
+    code = RunDir(job_dir).code
+    entry = project_path_entry(plan_project(project_dir(), cfg.cluster.snapshot_paths), job_dir)
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# hpctrain's commands on this run, with the code snapshot and setup its job has: the laptop",
+            f"# that submitted it (cluster.ssh={cfg.cluster.ssh}) runs status|logs|cancel|summary here.",
+            "set -euo pipefail",
+            *setup_lines(cfg.cluster, code, entry, workdir),
+            'exec python -m hpctrain "$@"',
+            "",
+        ]
+    )
+
+
+def ship_run(remote: Remote, run_dir: Path, job_dir: Path) -> None:
+    """The run directory as it is now (config, script, code snapshot) into ``job_dir`` on the cluster."""
+    try:
+        way = remote.ship(run_dir, str(job_dir))
+    except RemoteError as err:
+        raise SlurmUnavailable(str(err)) from None
+    log.info("Shipped %s to %s:%s (%s)", run_dir, remote.destination, job_dir, way)
+
+
+def write_remote_record(remote: Remote, job_dir: Path, record: JobRecord) -> None:
+    try:
+        remote.write_file(str(RunDir(job_dir).job), json.dumps(asdict(record), indent=2) + "\n")
+    except RemoteError as err:
+        raise SlurmUnavailable(f"submitted as job {record.job_id}, but {err}") from None

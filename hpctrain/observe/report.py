@@ -4,6 +4,8 @@ A run (a directory with config.yaml, metrics.jsonl or job.json):
 
     loss.png        train loss and val_loss against the step (val_acc on a right axis, when logged)
     throughput.png  tokens/s or samples/s against the step (and MFU below it, when logged)
+    eval.png        every metric of eval.jsonl (hpctrain eval, trainer.eval_job) against the evaluated
+                    checkpoint's step, a panel each (when there are evaluations)
 
 A sweep (sweep.json from a Slurm job array, or multirun.yaml and member directories from a local multirun):
 
@@ -21,6 +23,9 @@ that is neither a run nor a sweep.
 
 Runs on login nodes: no torch here, and matplotlib is imported only when there is something to draw (Agg,
 never a display). The ``*_pictures`` functions return what they drew, read back from the figures.
+
+Over 400 lines: every picture of a run and a sweep is drawn here, on the same figure helpers and the same
+read-back of what was drawn; split by picture, each part would need them all.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from hpctrain.observe.results import (
     values,
     world_size,
 )
-from hpctrain.rundir import METRICS_FILE, RunDir
+from hpctrain.rundir import METRICS_FILE, RunDir, eval_metrics
 from hpctrain.rundir.records import first_error
 
 if TYPE_CHECKING:
@@ -273,7 +278,29 @@ def run_pictures(run_dir: Path, out: Path | None = None) -> list[Picture]:
             _legend(below)
         _integer_steps(*axes)
         pictures.append(_save(fig, out_dir / "throughput.png"))
+    evaluated = _evaluations(run_dir)
+    if evaluated:
+        fig, axes = _figure(len(evaluated), stacked=True)
+        for i, (ax, (name, points)) in enumerate(zip(axes, evaluated.items(), strict=True)):
+            last = i == len(evaluated) - 1
+            title = f"evaluations — {subtitle}" if i == 0 else ""
+            _panel(ax, f"eval:{name}", title, "checkpoint step" if last else "", name)
+            ax.plot(list(points), list(points.values()), "o-", color=f"C{i}", linewidth=2, label=name)
+            _legend(ax)
+        _integer_steps(*axes)
+        pictures.append(_save(fig, out_dir / "eval.png"))
     return pictures
+
+
+def _evaluations(run_dir: Path, most: int = 4) -> dict[str, dict[int, float]]:
+    """eval.jsonl as metric → {step: value}, steps in order, a step evaluated again by its latest result;
+    the first ``most`` metrics (a panel each)."""
+    found: dict[str, dict[int, float]] = {}
+    for record in sorted(RunDir(run_dir).read_evals(), key=lambda r: r.get("time", 0)):
+        for name, value in eval_metrics(record).items():
+            if math.isfinite(value) and (name in found or len(found) < most):
+                found.setdefault(name, {})[int(record["step"])] = value
+    return {name: dict(sorted(points.items())) for name, points in found.items()}
 
 
 def sweep_pictures(

@@ -33,12 +33,15 @@ CONTROL_FILE = "control.json"  # hpctrain save|stop: an operator's request to a 
 COMPILE_KEY_FILE = "key.json"
 COMPILE_CACHE_DIR = "compile_cache"
 EVAL_FILE = "eval.jsonl"  # hpctrain eval's results, one line per evaluated checkpoint
+# The fields of an eval.jsonl record that say how it was made; every other number is a metric.
+EVAL_RECORD_FIELDS = ("step", "eval_batches", "eval_s", "time", "host", "job_id", "eval_target")
 # Hydra's record of a sweep's members (written by Hydra's launchers) and of each run's overrides.
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
 SBATCH_SCRIPT = "job.sbatch"
+REMOTE_CLI = "hpctrain.sh"  # cluster.ssh: hpctrain's commands on this run, as the laptop runs them there
 EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
@@ -80,6 +83,7 @@ LAYOUT: dict[str, str] = {
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
     EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
+    REMOTE_CLI: "cluster.ssh: hpctrain status/logs/cancel/summary as the laptop runs them on the cluster",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -194,6 +198,10 @@ class RunDir:
     @property
     def eval_script(self) -> Path:
         return self.path / EVAL_SCRIPT
+
+    @property
+    def remote_cli(self) -> Path:
+        return self.path / REMOTE_CLI
 
     @property
     def summary_csv(self) -> Path:
@@ -410,3 +418,13 @@ __all__ = [
     "atomic_write",
     "write_compile_key",
 ]
+
+
+def eval_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The metrics of one eval.jsonl record (the run's val_loss/val_acc, or what eval._target_ returned), in
+    the order written."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key not in EVAL_RECORD_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }

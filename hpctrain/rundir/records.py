@@ -45,6 +45,11 @@ class JobRecord:
     slurm_output: str  # where Slurm writes the tasks' stdout/stderr (a pattern with %j / %t for submitit)
     ranks: int = 0  # the run's world size (its RunShape's, at submission); 0 in records of older versions
     submitted_at: float = field(default_factory=time.time)
+    # Submitted from a laptop (cluster.ssh): the login node, the ssh config file, and where the run
+    # directory is on the cluster. None in a login node's own records (and in those of older versions).
+    ssh: str | None = None
+    ssh_config: str | None = None
+    remote_run_dir: str | None = None
 
 
 @dataclass

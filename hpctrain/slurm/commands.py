@@ -10,6 +10,14 @@ From inside a running job (:mod:`hpctrain.resilience`: requeue, exclude a node, 
 node has the configuration Slurm started it with, and a failure is the caller's to handle (a requeue that
 fails is logged, not raised), so these functions report the exit status instead of raising, and check for
 no client (``check_client`` looks for sbatch, a login-node tool).
+
+From a laptop (``cluster.ssh``): after :func:`use_remote`, :func:`run` and the functions on it run each
+client on the cluster's login node over ssh (:mod:`hpctrain.slurm.remote`, each word quoted for the remote
+shell), where the cluster's own configuration is; nothing is asked of a Slurm client here. An ssh failure
+raises SlurmUnavailable with one line naming cluster.ssh and the host.
+
+Over 400 lines: every client command hpctrain runs is here by rule (one place to audit what reaches Slurm),
+with the parsing of their answers beside them.
 """
 
 from __future__ import annotations
@@ -21,10 +29,12 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from hpctrain.slurm.remote import Remote, RemoteError
 from hpctrain.slurm.spec import expand_nodelist
 
 DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
@@ -46,8 +56,30 @@ class SlurmUnavailable(RuntimeError):
     pass
 
 
+_remote: Remote | None = None  # cluster.ssh: where the login-node commands run (use_remote)
+
+
+@contextlib.contextmanager
+def use_remote(remote: Remote | None) -> Iterator[None]:
+    """Within the block, run the login-node commands on ``remote`` over ssh (None: here)."""
+    global _remote
+    before, _remote = _remote, remote
+    try:
+        yield
+    finally:
+        _remote = before
+
+
+def remote() -> Remote | None:
+    """The login node the commands run on, as :func:`use_remote` set it (None: here)."""
+    return _remote
+
+
 def check_client() -> None:
-    """Raise SlurmUnavailable unless a Slurm client can run here without guessing its controller."""
+    """Raise SlurmUnavailable unless a Slurm client can run here without guessing its controller (over
+    ssh, the login node has it: an ssh failure is said by the command that meets it)."""
+    if _remote is not None:
+        return
     if shutil.which("sbatch") is None:
         raise SlurmUnavailable("no Slurm client here (sbatch is not on PATH): submit from a login node")
     conf = os.environ.get("SLURM_CONF")
@@ -60,17 +92,30 @@ def check_client() -> None:
         )
 
 
+def _client(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run one client command here, or on the login node over ssh (SlurmUnavailable when ssh fails)."""
+    if _remote is None:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    try:
+        done = _remote.run(args, timeout=timeout)
+    except RemoteError as err:
+        raise SlurmUnavailable(str(err)) from None
+    return subprocess.CompletedProcess(args, done.returncode, done.stdout, done.stderr)
+
+
 def run(args: list[str], timeout: float = 60) -> str:
     check_client()
-    result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    result = _client(args, timeout)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout
 
 
-def submit_script(script: Path) -> str:
-    """``sbatch --parsable SCRIPT``: the new job's id (without a cluster name)."""
-    return run(["sbatch", "--parsable", str(script)]).strip().split(";")[0]
+def submit_script(script: Path, chdir: Path | None = None) -> str:
+    """``sbatch --parsable SCRIPT``: the new job's id (without a cluster name). ``chdir``: the job's working
+    directory (default: the one sbatch runs in)."""
+    where = [f"--chdir={chdir}"] if chdir is not None else []
+    return run(["sbatch", "--parsable", *where, str(script)]).strip().split(";")[0]
 
 
 @dataclass(frozen=True)
@@ -224,7 +269,7 @@ def site_limits() -> SiteLimits:
         max_array = DEFAULT_MAX_ARRAY_SIZE
     max_submit: int | None = None
     if config.get("AccountingStorageType", "accounting_storage/none") != "accounting_storage/none":
-        user = os.environ.get("USER") or _user_name()
+        user = (_remote.user if _remote is not None else None) or os.environ.get("USER") or _user_name()
         try:
             out = run(
                 ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"where user={user}",
@@ -273,7 +318,7 @@ def start_estimate(partition: str, options: list[str]) -> StartEstimate:
     """Ask Slurm when a job of these sbatch ``options`` would start in ``partition``, submitting nothing."""
     check_client()
     args = ["sbatch", "--test-only", f"--partition={partition}", *options, "--wrap", "true"]
-    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
+    result = _client(args, 30)
     text = (result.stderr + result.stdout).strip()
     # "sbatch: Job 12 to start at 2026-11-21T10:00:00 using 4 processors on nodes node1 in partition debug"
     match = re.search(r"to start at (\S+) (using .*)", text)

@@ -17,6 +17,7 @@ from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
 from hpctrain.precision import float8_problem
+from hpctrain.slurm.remote import Remote
 
 
 def precheck(
@@ -87,6 +88,7 @@ def precheck(
         if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
             # What the config itself cannot do is said first (above), then where it cannot be submitted
             # from; before the snapshot: nothing to write where none submits.
+            _check_ssh(typed, multirun)
             _check_slurm_here(typed)
             _check_not_example(typed)
         checked.append((typed, cfg))
@@ -103,6 +105,7 @@ def precheck(
             _check_unlocked(run_dir)
             check_existing(run_dir, typed, cfg)  # new, empty, or a run this one continues
     first = checked[0][0]
+    remote = Remote(first.cluster.ssh, first.cluster.ssh_config) if first.cluster.ssh else None
     _check_pack(first, len(checked), multirun)
     _check_eval_job(first, config_dirs or [])
     if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
@@ -110,7 +113,10 @@ def precheck(
         from hpctrain.launch.snapshot import plan_project
 
         plan_project(project_dir(), first.cluster.snapshot_paths)
-        _check_partitions(first)
+        from hpctrain.slurm.commands import use_remote
+
+        with use_remote(remote):
+            _check_partitions(first)
     return checked[0]
 
 
@@ -216,11 +222,31 @@ def composed_run(overrides: list[str], config_dirs: list[Path] | None = None) ->
     return to_typed(compose([*overrides, choice], config_dirs or []))
 
 
+def _check_ssh(cfg: Config, multirun: bool) -> None:
+    """``cluster.ssh``: a sweep is refused (its job arrays are submitit's, which submits from this
+    machine)."""
+    if cfg.cluster.ssh is None:
+        return
+    if multirun:
+        raise ConfigError("cluster.ssh", cfg.cluster.ssh, "a sweep (-m) is not submitted over ssh yet: its "
+                          "job arrays go through submitit", valid="single runs, or submit the sweep from the "
+                          "login node")  # fmt: skip
+
+
 def _check_slurm_here(cfg: Config) -> None:
     """A Slurm profile needs a Slurm client that knows its controller: refused in one line before Hydra
-    makes a run or sweep directory (a laptop, a login node without SLURM_CONF)."""
+    makes a run or sweep directory (a laptop, a login node without SLURM_CONF). Over ``cluster.ssh``, the
+    login node must answer: unreachable, a host key that does not match, a login refused are one line."""
     from hpctrain.errors import ConfigError
     from hpctrain.slurm.commands import SlurmUnavailable, check_client
+    from hpctrain.slurm.remote import RemoteError
+
+    if cfg.cluster.ssh is not None:
+        try:
+            Remote(cfg.cluster.ssh, cfg.cluster.ssh_config).connect()
+        except RemoteError as err:
+            raise ConfigError("", cfg.cluster.ssh, str(err)) from None
+        return
 
     try:
         check_client()

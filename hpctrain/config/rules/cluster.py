@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 from hpctrain.config.sanity import at_least, check_local_cluster, one_of
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
+from hpctrain.slurm.remote import DESTINATION_HELP, destination_problem
 from hpctrain.slurm.spec import (
     DEPENDENCY,
     ENV_NAME,
@@ -55,6 +57,7 @@ def check_cluster(cfg: Config) -> None:
     at_least("cluster.max_no_progress", c.max_no_progress, 1)
     if c.health_check is not None:
         check_health_script(c.health_check)
+    check_ssh(cfg)
     if c.kind == "local":
         at_least("cluster.nproc", c.nproc, 1)
         check_local_cluster(c.nproc, c.master_addr)
@@ -160,3 +163,39 @@ def check_sbatch_options(c: Any) -> None:
         if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
             raise ConfigError(key, value, "contains characters a shell or sbatch would act on",
                               valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+
+
+def check_ssh(cfg: Config) -> None:
+    """``cluster.ssh`` (submit from a laptop), ``cluster.ssh_config`` and ``cluster.remote_dir``: a
+    destination ssh cannot read as an option, files and folders without control characters, and the
+    sbatch launcher (submitit's executor runs sbatch on this machine)."""
+    c = cfg.cluster
+    if c.ssh is None:
+        for key in ("ssh_config", "remote_dir"):
+            if getattr(c, key) is not None:
+                raise ConfigError(f"cluster.{key}", getattr(c, key), "is for cluster.ssh, which is not set",
+                                  valid="set cluster.ssh=USER@HOST too, or leave it out")  # fmt: skip
+        return
+    problem = destination_problem(c.ssh)
+    if problem is not None:
+        raise ConfigError("cluster.ssh", c.ssh, problem, valid=DESTINATION_HELP)
+    if c.kind != "slurm":
+        raise ConfigError("cluster.ssh", c.ssh, "submits to a Slurm cluster, and cluster.kind=local",
+                          valid="a Slurm profile (cluster=NAME), or no cluster.ssh")  # fmt: skip
+    if cfg.launcher == "submitit":
+        raise ConfigError("launcher", cfg.launcher, "submitit runs sbatch on this machine, and "
+                          "cluster.ssh submits on the login node", valid="sbatch or auto")  # fmt: skip
+    if cfg.trainer.eval_job is not None:
+        raise ConfigError("trainer.eval_job", cfg.trainer.eval_job, "is not submitted over cluster.ssh yet",
+                          valid="null, or submit from the login node")  # fmt: skip
+    for key, path in (("ssh_config", c.ssh_config), ("remote_dir", c.remote_dir)):
+        if path is None:
+            continue
+        if not path or any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+            raise ConfigError(f"cluster.{key}", path, "empty or contains a control character")
+        if not path.startswith("/"):
+            where = "here" if key == "ssh_config" else "on the cluster"
+            raise ConfigError(f"cluster.{key}", path, "not an absolute path", valid=f"a full path {where}")
+    if c.ssh_config is not None and not Path(c.ssh_config).is_file():
+        raise ConfigError("cluster.ssh_config", c.ssh_config, "no such file",
+                          valid="an ssh config file (ssh -F), or null for ~/.ssh/config")  # fmt: skip

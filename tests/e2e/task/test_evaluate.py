@@ -69,3 +69,62 @@ def test_eval_of_what_is_not_a_run(tmp_path: Path) -> None:
         assert done.returncode == 2 and done.stderr.startswith(f"hpctrain: {message}"), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
+
+
+METRICS = """
+def first_weight(model, data, device):
+    weight = next(model.parameters())
+    same = int(weight.device == device)
+    return {"first_weight": weight.flatten()[0], "val_items": len(data), "device_ok": same}
+
+
+def raises(model, data, device):
+    raise RuntimeError("my metric broke")
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("project")
+    (folder / "mymetrics.py").write_text(METRICS)
+    return folder
+
+
+def test_eval_target_is_the_users_function_on_the_checkpoints_weights(trained: Path, project: Path) -> None:
+    found = {}
+    for step in (10, 20):
+        done = hpctrain("eval", str(trained), "--step", str(step), "eval._target_=mymetrics.first_weight",
+                        cwd=project)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        record = json.loads((trained / "eval.jsonl").read_text().splitlines()[-1])
+        assert record["step"] == step and record["eval_target"] == "mymetrics.first_weight"
+        assert record["device_ok"] == 1 and record["val_items"] > 0 and "val_loss" not in record
+        assert done.stdout.startswith(f"step {step}: first_weight ")
+        found[step] = record["first_weight"]
+    assert found[10] != found[20]  # each checkpoint's own
+    status = hpctrain("status", str(trained))
+    line = next(line for line in status.stdout.splitlines() if line.startswith("eval "))
+    assert "first_weight" in line and "(step 20;" in line, status.stdout
+
+
+# What the function returns is checked in tests/unit/task/test_eval_target.py; here the two ways it fails
+# in a process: before the checkpoint is read (an import), and after (the user's code raises).
+BAD_TARGETS = [
+    ("eval._target_=nosuchmodule.fn", "eval._target_=nosuchmodule.fn: cannot be imported"),
+    (
+        "eval._target_=mymetrics.raises",
+        "eval._target_=mymetrics.raises: raised RuntimeError: my metric broke",
+    ),
+]
+
+
+@pytest.mark.parametrize(("arg", "message"), BAD_TARGETS, ids=[a for a, _ in BAD_TARGETS])
+def test_bad_eval_targets_are_one_line(trained: Path, project: Path, arg: str, message: str) -> None:
+    before = (trained / "eval.jsonl").read_bytes() if (trained / "eval.jsonl").exists() else b""
+    done = hpctrain("eval", str(trained), "--step", "10", arg, cwd=project)
+    assert done.returncode == 2, done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]  # the user's own traceback above it when their code raised
+    assert last.startswith("hpctrain: ") and message in last, done.stderr
+    assert "Traceback" not in done.stderr or "mymetrics.py" in done.stderr
+    after = (trained / "eval.jsonl").read_bytes() if (trained / "eval.jsonl").exists() else b""
+    assert after == before, "a refused evaluation wrote something"

@@ -12,6 +12,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.observe.report import run_pictures
 from hpctrain.observe.results import steady_throughput, throughput_key, world_size
+from hpctrain.rundir import RunDir
 from hpctrain.rundir.records import write_error_record
 from tests.support import CLI
 from tests.support.png import check_png
@@ -34,6 +35,25 @@ def test_a_runs_pictures_hold_its_metrics(tmp_path: Path) -> None:
     assert loss.get("train loss", panel="loss").y == pytest.approx([r["loss"] for r in records])
     assert loss.get("val_loss", panel="loss").x == (2.0, 4.0)
     assert throughput.get("MFU", panel="mfu").y == pytest.approx([1.0] * 4)  # percent
+
+
+def test_a_runs_evaluations_are_a_picture_of_their_own(tmp_path: Path) -> None:
+    run = local_run(tmp_path / "run", ["trainer.max_steps=4"], steps(4))
+    assert [p.path.name for p in run_pictures(run, None)] == ["loss.png"]  # no evaluation: no eval.png
+    evals = [
+        (2, {"val_loss": 2.5}, 1.0),
+        (4, {"val_loss": 2.0, "bleu": 0.5}, 2.0),
+        (2, {"val_loss": 2.25}, 3.0),
+    ]
+    for step, metrics, when in evals:
+        RunDir(run).append_eval({"step": step, **metrics, "eval_s": 1.0, "time": when, "host": "h"})
+    *_, picture = run_pictures(run, None)
+    assert picture.path == run / "report" / "eval.png"
+    check_png(picture)
+    val = picture.get("val_loss", panel="eval:val_loss")
+    assert val.x == (2.0, 4.0) and val.y == pytest.approx([2.25, 2.0])  # step 2 evaluated again: its latest
+    assert picture.get("bleu", panel="eval:bleu").x == (4.0,)
+    assert {s.label for s in picture.series} == {"val_loss", "bleu"}  # eval_s, time, host: no metrics
 
 
 def test_a_scaling_sweep_with_a_failed_member(cli: CLI, tmp_path: Path) -> None:
