@@ -188,13 +188,15 @@ TAG_GROUPS = {
 
 def tensorboard_tag(key: str) -> str:
     """The grouped TensorBoard tag of a metrics.jsonl key (``loss`` → ``loss/train``; throughput under
-    ``throughput/``, straggler facts under ``stragglers/``)."""
+    ``throughput/``, straggler facts under ``stragglers/``, a router's under ``moe/``)."""
     if key in TAG_GROUPS:
         return TAG_GROUPS[key]
     if key.endswith(("_per_s", "_per_device")):
         return f"throughput/{key}"
     if key.startswith("straggler_"):
         return f"stragglers/{key.removeprefix('straggler_')}"
+    if key.startswith("moe_"):  # a mixture of experts' router: load per expert (moe_load/0, ...), drops, loss
+        return f"moe/{key.removeprefix('moe_')}"
     return f"other/{key}"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.schema import LoggerConfig
-from hpctrain.observe.loggers import Observer
+from hpctrain.observe.loggers import Observer, tensorboard_tag
 
 
 def test_a_list_of_numbers_is_one_tensorboard_series_per_entry(tmp_path: Path) -> None:
@@ -26,5 +26,5 @@ def test_a_list_of_numbers_is_one_tensorboard_series_per_entry(tmp_path: Path) -
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"moe_load/0", "moe_load/1", "moe_dropped", "loss"} <= tags
-    assert [e.value for e in events.Scalars("moe_load/1")] == [0.75]
+    assert {"moe/load/0", "moe/load/1", "moe/dropped", "loss/train"} <= tags  # one series per expert
+    assert [e.value for e in events.Scalars(tensorboard_tag("moe_load/1"))] == [0.75]
