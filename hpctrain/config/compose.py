@@ -21,12 +21,18 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.overrides import (
+    CONF_DIR,
+    CONFIG_NAME,
     literal_script_args,
+    option_file,
     option_keys,
     plain_parameters,
+    searchpath_dirs,
     sweeper_params,
     target_parameters,
 )
+from hpctrain.config.overrides import choice as _choice
+from hpctrain.config.overrides import parse_overrides as _parse_overrides
 from hpctrain.config.schema import (
     DATA_KEYS,
     GROUP_SCHEMAS,
@@ -38,8 +44,6 @@ from hpctrain.config.schema import (
 from hpctrain.config.typed import to_config
 from hpctrain.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's config_name)
 GROUPS = (*TARGET_GROUPS, *GROUP_SCHEMAS)
 USER_DATA_KEYS = ("num_workers", "collate", "target_key")  # hpctrain's keys that a user's dataset takes too
 
@@ -57,15 +61,6 @@ def user_config_dirs(given: str | None) -> list[Path]:
 def group_options(group: str, config_dirs: Sequence[Path] = ()) -> list[str]:
     """The options of ``group`` in hpctrain's conf/ and in the user's config directories."""
     return sorted({p.stem for d in (CONF_DIR, *config_dirs) for p in (Path(d) / group).glob("*.yaml")})
-
-
-def option_file(group: str, option: str | None, config_dirs: Sequence[Path] = ()) -> Path | None:
-    """The yaml behind ``group=option``, searched in Hydra's order (hpctrain's conf/ first), or None."""
-    if option is None:
-        return None
-    return next(
-        (p for d in (CONF_DIR, *config_dirs) if (p := Path(d) / group / f"{option}.yaml").is_file()), None
-    )
 
 
 def schema_of(group: str, option: str | None, config_dirs: Sequence[Path] = ()) -> type | None:
@@ -153,19 +148,6 @@ def shadowed_choices(cfg: DictConfig, config_dirs: Sequence[Path] = ()) -> list[
     return shadowed
 
 
-def searchpath_dirs(parsed: dict[str, Any]) -> list[Path]:
-    """The file system directories of a ``hydra.searchpath=[...]`` override (``file://DIR`` or ``DIR``)."""
-    entries = parsed.get("hydra.searchpath")
-    if not isinstance(entries, list):
-        return []
-    dirs = []
-    for entry in entries:
-        text = str(entry)
-        if "://" not in text or text.startswith("file://"):
-            dirs.append(Path(text.removeprefix("file://")))
-    return dirs
-
-
 def to_typed(cfg: DictConfig) -> Config:
     """The run config (without Hydra's node) as typed dataclasses, rejecting keys added with ``+``."""
     for group in GROUPS:
@@ -190,22 +172,6 @@ def to_typed(cfg: DictConfig) -> Config:
                 key, cfg._get_node(key)._value(), "unknown key", valid=", ".join(sorted(top_level))
             )
     return to_config(run_keys)
-
-
-def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """key → value text of each override; a malformed override is reported on its own."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    parsed: dict[str, Any] = {}
-    for text in overrides:
-        try:
-            override = parser.parse_override(text)
-        except Exception as err:
-            reason = str(err).splitlines()[0]
-            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
-        parsed[override.key_or_group] = override.value()
-    return parsed
 
 
 def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()) -> ConfigError:
@@ -279,16 +245,6 @@ def _target_hint(group: str, key: str, parsed: dict[str, Any], dirs: Sequence[Pa
     if own:
         parts.append(f"hpctrain's: {', '.join(own)}")
     return hint, "; ".join(parts) or f"add one with +{group}.{key}=VALUE"
-
-
-def _choice(group: str, parsed: dict[str, Any]) -> str | None:
-    if group in parsed:
-        return str(parsed[group])
-    defaults = OmegaConf.load(CONF_DIR / f"{CONFIG_NAME}.yaml").get("defaults", [])
-    for entry in defaults:
-        if isinstance(entry, DictConfig) and group in entry:
-            return str(entry[group])
-    return None
 
 
 def _missing_option(message: str) -> tuple[str | None, str | None]:

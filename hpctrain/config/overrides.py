@@ -19,6 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from hpctrain.config.schema import DATA_KEYS, MODEL_KEYS, TARGET_GROUPS
 from hpctrain.errors import ConfigError
 
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_NAME = "config"  # hpctrain's primary config, conf/config.yaml (Hydra's config_name)
+
 SCRIPT_ARGS = "task.args"
 
 
@@ -191,24 +194,48 @@ def target_parameters(target: str) -> list[str] | None:
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    from hpctrain.config.compose import _parse_overrides
+    """key → value text of each override; a malformed override is reported on its own."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return _parse_overrides(overrides)
+    parser = OverridesParser.create()
+    parsed: dict[str, Any] = {}
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+        except Exception as err:
+            reason = str(err).splitlines()[0]
+            raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
+        parsed[override.key_or_group] = override.value()
+    return parsed
 
 
-def option_file(group: str, option: str | None, dirs: Sequence[Path]) -> Path | None:
-    from hpctrain.config.compose import option_file as find
-
-    return find(group, option, dirs)
+def option_file(group: str, option: str | None, config_dirs: Sequence[Path] = ()) -> Path | None:
+    """The yaml behind ``group=option``, searched in Hydra's order (hpctrain's conf/ first), or None."""
+    if option is None:
+        return None
+    return next(
+        (p for d in (CONF_DIR, *config_dirs) if (p := Path(d) / group / f"{option}.yaml").is_file()), None
+    )
 
 
 def choice(group: str, parsed: dict[str, Any]) -> str | None:
-    from hpctrain.config.compose import _choice
-
-    return _choice(group, parsed)
+    if group in parsed:
+        return str(parsed[group])
+    defaults = OmegaConf.load(CONF_DIR / f"{CONFIG_NAME}.yaml").get("defaults", [])
+    for entry in defaults:
+        if isinstance(entry, DictConfig) and group in entry:
+            return str(entry[group])
+    return None
 
 
 def searchpath_dirs(parsed: dict[str, Any]) -> list[Path]:
-    from hpctrain.config.compose import searchpath_dirs as dirs
-
-    return dirs(parsed)
+    """The file system directories of a ``hydra.searchpath=[...]`` override (``file://DIR`` or ``DIR``)."""
+    entries = parsed.get("hydra.searchpath")
+    if not isinstance(entries, list):
+        return []
+    dirs = []
+    for entry in entries:
+        text = str(entry)
+        if "://" not in text or text.startswith("file://"):
+            dirs.append(Path(text.removeprefix("file://")))
+    return dirs
