@@ -10,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.checkpoint.manager import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, hpctrain
+from tests.support import FAST, REPO, checkpoint_values, hpctrain
 
 from .test_preemption import last_step, submit, wait_until
 from .test_submit import wait_final
@@ -41,21 +40,6 @@ def test_a_script_that_crashes_before_step_1_ends_after_max_no_progress(slurm_cl
     assert crash and "a_module_that_is_not_installed" in crash[0], status.stdout
 
 
-def tensors(run: Path, step: int) -> dict[str, object]:
-    out: dict[str, object] = {}
-
-    def walk(tree: object, prefix: str) -> None:
-        if isinstance(tree, dict):
-            for key, value in tree.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            out[prefix.rstrip(".")] = tree
-
-    saved = read_checkpoint(run / "checkpoints" / layout.checkpoint_name(step))
-    walk({k: v for k, v in saved.items() if k in ("model_optim", "scheduler")}, "")
-    return out
-
-
 def same(a: dict[str, object], b: dict[str, object]) -> bool:
     return a.keys() == b.keys() and all(
         torch.equal(v, b[k]) if isinstance(v, torch.Tensor) else v == b[k] for k, v in a.items()
@@ -69,7 +53,9 @@ def test_nan_skipped_then_save_and_stop_on_a_running_job(slurm_cluster, tmp_path
         "faults.nan_at=3:3", "cluster.max_restarts=1",
     )  # fmt: skip
     wait_until(lambda: last_step(run) >= 6, "training past the NaN step", timeout=240)
-    assert same(tensors(run, 2), tensors(run, 3)) and not same(tensors(run, 3), tensors(run, 4))
+    assert same(checkpoint_values(run, 2), checkpoint_values(run, 3)) and not same(
+        checkpoint_values(run, 3), checkpoint_values(run, 4)
+    )
     saved = hpctrain("save", str(run))
     assert saved.returncode == 0 and "saved a checkpoint of step" in saved.stdout, saved.stderr
     stopped = hpctrain("stop", str(run))

@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.checkpoint.manager import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, hpctrain
+from tests.support import FAST, REPO, hpctrain, model_and_optimizer
 
 from .test_preemption import submit
 from .test_submit import wait_final
@@ -39,20 +38,6 @@ FAULTS = [
     "cluster.dist_timeout_s=60",
     "cluster.exclude=node3",
 ]
-
-
-def tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-
-    def walk(tree: object, prefix: str) -> None:
-        if isinstance(tree, dict):
-            for key, value in tree.items():
-                walk(value, f"{prefix}{key}.")
-        elif isinstance(tree, torch.Tensor):
-            out[prefix.rstrip(".")] = tree
-
-    walk(read_checkpoint(checkpoint)["model_optim"], "")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +69,10 @@ def test_killed_and_stopped_ranks_restart_inside_the_job(
     assert (records[1]["rank"], records[1]["host"], records[1]["resume_step"]) == (1, ranks[1], 12)
     assert "hung" in records[1]["cause"]
     final = layout.checkpoint_name(STEPS)
-    ours, theirs = tensors(run / "checkpoints" / final), tensors(reference / "checkpoints" / final)
+    ours, theirs = (
+        model_and_optimizer(run / "checkpoints" / final),
+        model_and_optimizer(reference / "checkpoints" / final),
+    )
     unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
     assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
     status = hpctrain("status", str(run))

@@ -92,6 +92,27 @@ def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def checkpoint_values(run_dir: Path, step: int) -> dict[str, object]:
+    """Every tensor and plain value of the weights, optimizer and scheduler in the run's checkpoint of
+    ``step``, by flattened key."""
+    from hpctrain.checkpoint.manager import read_checkpoint
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir import checkpoints as layout
+
+    out: dict[str, object] = {}
+
+    def walk(tree: object, prefix: str) -> None:
+        if isinstance(tree, dict):
+            for key, value in tree.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out[prefix.rstrip(".")] = tree
+
+    saved = read_checkpoint(RunDir(run_dir).checkpoints / layout.checkpoint_name(step))
+    walk({k: v for k, v in saved.items() if k in ("model_optim", "scheduler")}, "")
+    return out
+
+
 def refused(result: subprocess.CompletedProcess[str], words: list[str]) -> str:
     """The one line a refused command printed: exit status 2, one line on stderr starting ``hpctrain: `` and
     holding every word, no traceback."""

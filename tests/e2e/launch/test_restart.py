@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain.checkpoint.manager import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
-from tests.support import FAST, hpctrain
+from tests.support import FAST, hpctrain, model_and_optimizer
 
 STEPS = 12
 RUN = [
@@ -32,20 +31,6 @@ RUN = [
 RESTARTS = ["cluster.max_restarts=2", "trainer.watchdog_min_s=2", "trainer.watchdog_factor=5"]
 
 
-def tensors(checkpoint: Path) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-
-    def walk(tree: object, prefix: str) -> None:
-        if isinstance(tree, dict):
-            for key, value in tree.items():
-                walk(value, f"{prefix}{key}.")
-        elif isinstance(tree, torch.Tensor):
-            out[prefix.rstrip(".")] = tree
-
-    walk(read_checkpoint(checkpoint)["model_optim"], "")
-    return out
-
-
 def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path) -> None:
     reference, run = tmp_path / "reference", tmp_path / "run"
     done = hpctrain(*RUN, f"hydra.run.dir={reference}")
@@ -57,7 +42,10 @@ def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path) 
     assert records[0]["rank"] == 1 and "SIGKILL" in records[0]["cause"] and records[0]["resume_step"] == 4
     assert records[1]["rank"] == 0 and "hung" in records[1]["cause"] and records[1]["resume_step"] == 8
     final = layout.checkpoint_name(STEPS)
-    ours, theirs = tensors(run / "checkpoints" / final), tensors(reference / "checkpoints" / final)
+    ours, theirs = (
+        model_and_optimizer(run / "checkpoints" / final),
+        model_and_optimizer(reference / "checkpoints" / final),
+    )
     unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
     assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
     status = hpctrain("status", str(run))

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.checkpoint.manager import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
-from tests.support import FAST, hpctrain
+from tests.support import FAST, checkpoint_values, hpctrain
 
 RUN = [
     *FAST,
@@ -27,22 +26,6 @@ RUN = [
 ]
 
 
-def state(run: Path, step: int) -> dict[str, object]:
-    """Every tensor and plain value of the weights, optimizer and scheduler in the checkpoint of ``step``."""
-    out: dict[str, object] = {}
-
-    def walk(tree: object, prefix: str) -> None:
-        if isinstance(tree, dict):
-            for key, value in tree.items():
-                walk(value, f"{prefix}{key}.")
-        else:
-            out[prefix.rstrip(".")] = tree
-
-    saved = read_checkpoint(run / "checkpoints" / layout.checkpoint_name(step))
-    walk({k: v for k, v in saved.items() if k in ("model_optim", "scheduler")}, "")
-    return out
-
-
 def equal(a: dict[str, object], b: dict[str, object]) -> list[str]:
     def same(x: object, y: object) -> bool:
         return torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
@@ -54,17 +37,17 @@ def test_skip_leaves_the_state_bitwise_and_rollback_ends_alike(tmp_path: Path) -
     skip, back = tmp_path / "skip", tmp_path / "rollback"
     result = hpctrain(*RUN, f"hydra.run.dir={skip}")
     assert result.returncode == 0, result.stderr[-3000:]
-    before, after = state(skip, 2), state(skip, 3)
+    before, after = checkpoint_values(skip, 2), checkpoint_values(skip, 3)
     assert any(k.startswith("scheduler") for k in before) and not equal(before, after)
     records = [json.loads(line) for line in (skip / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("nonfinite")] == [3]
-    assert equal(state(skip, 3), state(skip, 4)), "step 4 trains again"
+    assert equal(checkpoint_values(skip, 3), checkpoint_values(skip, 4)), "step 4 trains again"
     log = (skip / "logs" / "rank0.log").read_text()
     assert "Non-finite step 3" in log and "skipped" in log
     result = hpctrain(*RUN, "trainer.nonfinite=rollback", f"hydra.run.dir={back}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rolling back to the newest checkpoint" in (back / "logs" / "rank0.log").read_text()
-    assert not equal(state(skip, 4), state(back, 4))
+    assert not equal(checkpoint_values(skip, 4), checkpoint_values(back, 4))
     steps = [json.loads(line)["step"] for line in (back / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4], "every step logged once across the rollback"
 
