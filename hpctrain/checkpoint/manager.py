@@ -68,11 +68,15 @@ from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.files import fsync_dir
+from hpctrain.rundir.records import is_peer_symptom
 
 log = logging.getLogger(__name__)
 
 RNG_KEY = re.compile(r"rng_rank(\d+)")
 WRITER_FAILURE = ("warn", "stop")
+# How long a rank whose own writer has not failed waits for it to say so once a peer's has (a killed writer
+# is reaped within milliseconds; a healthy one stuck in the dead one's collective never says anything).
+_OWN_OUTCOME_WAIT_S = 2.0
 
 
 class CheckpointNotLoadable(RuntimeError):
@@ -289,13 +293,24 @@ class CheckpointManager:
 
     def _writer_failed(self, pending: _Pending, failure: str | None) -> None:
         """A writer died or failed: the save is not committed on any rank; new writers, or stop."""
+        if failure is None and self._writer is not None:
+            # A peer's writer failed first, often only because ours went away mid-collective (it reports
+            # "Connection closed by peer" while ours is still being reaped): give ours a moment to say so,
+            # so that the line names the cause and not only its symptom.
+            deadline = time.monotonic() + _OWN_OUTCOME_WAIT_S
+            while failure is None and time.monotonic() < deadline:
+                finished, failure = self._writer.outcome(pending.id)
+                if finished:
+                    break
+                time.sleep(0.01)
         every = _gather_over_ranks(failure, self._background_group())
         self._stager.wait_staged_quietly()
         if self._writer is not None:
             self._writer.kill()  # the others may wait in the dead one's collectives
             self._writer = None
         what = pending.final.name if pending.tmp is not None else f"the fast-tier copy of step {pending.step}"
-        why = "; ".join(f"rank {r}: {text}" for r, text in enumerate(every) if text)
+        failed = sorted((is_peer_symptom(text), r, text) for r, text in enumerate(every) if text)
+        why = "; ".join(f"rank {r}: {text}" for _, r, text in failed)  # causes before their symptoms
         newest = layout.committed(self.root)
         kept = f"{newest[0].name} stays the newest checkpoint" if newest else "there is no checkpoint yet"
         if self.rank == 0 and pending.tmp is not None:
