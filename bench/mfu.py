@@ -10,15 +10,16 @@ MFU = model FLOPs per second ÷ peak FLOP/s (Chowdhery et al. 2022, "PaLM", appe
 Q head dimension, T sequence length (hpctrain/models/spec.py for the built-in; race_model.matmul_params for
 the bench's). Recomputation is not a model FLOP.
 
-The peak is measured first: ``--nproc`` processes (as many as training ranks), each with a rank's torch
-thread count (cores // ranks, as hpctrain's launcher sets), multiply square matrices of ``--dtype`` on the
-ranks' device at the same time, so they share the cores, caches and memory bandwidth as the ranks do; each
-keeps its best rate over ~2 s. The peak per device is their mean (the sum ÷ ranks), and hpctrain gets it as
-``cluster.peak_flops`` (it logs ``mfu`` with it). Then the same GPT (4 layers, d_model 256, 8 heads, seq
-128, vocab 512; ``--layers``, ``--d-model``, ... change it) is trained by hpctrain (built-in ``model=gpt``)
-and by the raw torch DDP loop of bench/race_loops.py (race_model.GPT), micro-batches of 8, two per rank
-and step (global batch 32 on 2 processes), on the same token data; a step time is the wall time of a
-window of steps (the first and the last window dropped) as in bench/race.py.
+The peak is measured first: ``--nproc`` processes (as many as training ranks), each with a rank's torch thread
+count (cores // ranks, as hpctrain's launcher sets), multiply square matrices of ``--dtype`` on the ranks'
+device at the same time, so they share the cores, caches and memory bandwidth as the ranks do; each keeps its
+best rate over ~2 s. The peak per device is their mean (the sum ÷ ranks), and hpctrain gets it as
+``cluster.peak_flops`` (bf16) or ``cluster.peak_fp32_flops`` (fp32; it logs ``mfu`` with it). Then the same
+GPT (4 layers, d_model 256, 8 heads, seq 128, vocab 512; ``--layers``, ``--d-model``, ... change it) is
+trained by hpctrain (built-in ``model=gpt``) and by the raw torch DDP loop of bench/race_loops.py
+(race_model.GPT), micro-batches of 8, two per rank and step (global batch 32 on 2 processes), on the same
+token data; a step time is the wall time of a window of steps (the first and the last window dropped) as in
+bench/race.py.
 
 Device: CUDA when available (one process per GPU, ``--dtype auto`` is bf16 autocast, the peak a bf16
 matmul), else CPU (``--dtype auto`` is fp32, 2 processes). On a GPU it also prints MFU against the data-sheet
@@ -168,7 +169,8 @@ def main() -> None:
 
     extra = (
         *(f"model.{k}={v}" for k, v in model.items()),
-        f"cluster.peak_flops={peak}",
+        # The key of the peak the run's precision computes at (hpctrain.precision.matmul_peak).
+        f"cluster.{'peak_flops' if dtype == 'bf16' else 'peak_fp32_flops'}={peak}",
     )
     with tempfile.TemporaryDirectory(prefix="mfu-") as tmp:
         project = write_project(Path(tmp) / "project", race)

@@ -19,7 +19,10 @@ CPU = torch.device("cpu")
 
 
 def test_a_report_averages_the_steps_since_the_last() -> None:
-    cfg = to_typed(compose(["cluster.nproc=2", "trainer.global_batch_size=32", "cluster.peak_flops=1e12"]))
+    # An fp32 run: its MFU is against the fp32 peak (hpctrain.precision.matmul_peak).
+    cfg = to_typed(
+        compose(["cluster.nproc=2", "trainer.global_batch_size=32", "cluster.peak_fp32_flops=1e12"])
+    )
     meter = Throughput(cfg, run_shape(cfg), CPU, RunFacts(1000, 64, True, 6000.0))
     meter.step_done(0.5, data_wait=0.1)
     meter.step_done(1.5, data_wait=0.3)
