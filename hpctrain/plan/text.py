@@ -10,7 +10,7 @@ from hpctrain.config.schema import PEAK_KEYS, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.models.builtin import model_spec
 from hpctrain.plan.estimate import CUDA_CONTEXT_GIB, FRAGMENTATION, Estimate, RankMemory, human_count
-from hpctrain.plan.search import Alternative
+from hpctrain.plan.search import MIN_RANK_COMPUTE_S, Alternative, SmallerFit
 from hpctrain.plan.units import duration, flop, gpu_time, money, size
 from hpctrain.precision import matmul_peak
 
@@ -255,7 +255,9 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
             lines.append(f"  {comm.name:<34}{'?':>11}  {size(comm.bytes)} per rank (bandwidth unknown)")
             continue
         hidden = ""
-        if comm.exposed_s != comm.seconds and comm.exposed_s is not None:
+        if comm.exposed_s == 0 and comm.seconds:
+            hidden = ", hidden by compute"
+        elif comm.exposed_s != comm.seconds and comm.exposed_s is not None:
             hidden = f", {duration(comm.exposed_s)} not hidden by compute"
         volume = f"{size(comm.bytes)} per rank over {comm.link}"
         lines.append(f"  {comm.name:<34}{duration(comm.seconds):>11}  {volume}{hidden}")
@@ -326,3 +328,18 @@ def summary(cfg: Config, est: Estimate) -> str:
             how = f"measured on CPU ({human_bytes(acts.saved.per_sample)} per sample)"
         text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"
     return text
+
+
+def oversized_line(est: Estimate, fit: SmallerFit) -> str:
+    """The warning of a run whose GPUs are far more than its model needs (:func:`hpctrain.plan.search.
+    smallest_fit`), naming the smallest layout that fits."""
+    assert est.time is not None
+    best = fit.layout.estimate
+    step = f", ~{duration(best.time.step_s)} per step" if best.time is not None else ""
+    return (
+        f"warning: {est.world} GPUs are far more than this {human_count(est.n_params)}-parameter {est.model} "
+        f"needs: each computes {duration(est.time.compute_s)} of a step (under "
+        f"{duration(MIN_RANK_COMPUTE_S)}, a step's fixed costs dominate); the smallest layout that fits is "
+        f"{fit.ranks} GPU{'s' * (fit.ranks > 1)}: {' '.join(fit.cluster + fit.layout.overrides)} "
+        f"({size(best.largest.total)} per GPU{step})"
+    )
