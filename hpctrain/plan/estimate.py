@@ -49,7 +49,6 @@ communication hidden behind compute where it overlaps, and the pipeline bubble (
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -161,8 +160,7 @@ def check_plan_inputs(cfg: Config) -> None:
     peaks = tuple(PEAK_KEYS.values())
     for key in ("intra_node_gbps", "inter_node_gbps", *peaks, "cost_per_gpu_hour"):
         value = getattr(c, key)
-        # NaN compares false with everything and inf would price every step at 0 s: both refused here.
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and value <= 0:  # NaN and inf: refused as every float key (config.sanity)
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")
 
 
