@@ -236,7 +236,8 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
     if t is None:
         key = PEAK_KEYS[matmul_peak(precision)]
         return [
-            f"time per step: not estimated (cluster.{key} unknown: a {precision} run's matmuls are priced "
+            f"time per step: not estimated (cluster.{key} unknown: {'an' if precision[0] == 'f' else 'a'} "
+            f"{precision} run's matmuls are priced "
             f"at the {PEAK_NAMES[matmul_peak(precision)]})"
         ]
     c = cfg.cluster

@@ -58,7 +58,7 @@ def test_a_profile_with_only_the_bf16_peak_plans_bf16_and_says_what_fp32_lacks(
     assert main(["plan", "model=gpt2_124m", *old, "--top", "0"]) == 0
     out = capsys.readouterr().out
     assert (
-        "time per step: not estimated (cluster.peak_fp32_flops unknown: a fp32 run's matmuls are priced at "
+        "time per step: not estimated (cluster.peak_fp32_flops unknown: an fp32 run's matmuls are priced at "
         "the fp32 peak" in out
     )
 
