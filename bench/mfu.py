@@ -45,28 +45,18 @@ from race_loops import Race, run_raw
 from race_model import GPT, matmul_params
 
 from hpctrain.models.builtin import GPTSpec
-from hpctrain.train.metrics import PEAK_BF16_FLOPS
+from hpctrain.train.metrics import PEAK_FLOPS
 
-# Dense fp32 peak FLOP/s without tensor cores (torch's default for fp32 matmuls: no TF32), from NVIDIA's data
-# sheets: H100 (SXM, PCIe), H200, A100, L40S, A10 (A10G: AWS's variant of it), V100 SXM2.
-PEAK_FP32_FLOPS = {
-    "H200": 67e12,
-    "H100": 67e12,
-    "H100 PCIe": 51e12,
-    "A100": 19.5e12,
-    "L40S": 91.6e12,
-    "A10G": 31.2e12,
-    "V100": 15.7e12,
-}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def datasheet_peak(name: str, dtype: str) -> float | None:
-    """The data-sheet peak of the GPU called ``name`` (the longest table key in it), else None."""
-    table = PEAK_BF16_FLOPS if dtype == "bf16" else PEAK_FP32_FLOPS
-    for key in sorted(table, key=len, reverse=True):
+    """The data-sheet peak of the GPU called ``name`` (the longest table key in it) for ``dtype``'s matmuls,
+    else None: the trainer's own table (fp32 without tensor cores, torch's default for fp32 matmuls: no TF32;
+    bf16 on tensor cores), the one its MFU uses."""
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
         if key in name:
-            return table[key]
+            return PEAK_FLOPS[key].get(dtype)
     return None
 
 

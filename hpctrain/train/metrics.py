@@ -33,8 +33,6 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "A10G": {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12},
     "V100": {"fp32": 15.7e12, "bf16": 125e12},  # fp16 tensor cores (V100 has no bf16 nor TF32)
 }
-# The bf16 column alone (bench/mfu.py reads it).
-PEAK_BF16_FLOPS = {name: peaks["bf16"] for name, peaks in PEAK_FLOPS.items()}
 
 
 def device_peak_flops(device: torch.device, configured: float | None, kind: str = "bf16") -> float | None:
