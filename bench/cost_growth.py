@@ -11,9 +11,9 @@ from before the model is built, the largest rank.
 
 The prediction is ``hpctrain.plan.estimate`` for the same config: memory per rank (the largest rank's
 total: parameters, gradients, optimizer state, activations, buffers) and step time. The planner predicts
-time only from ``cluster.peak_flops`` and communication only from a link bandwidth, so both are measured
+time only from ``cluster.peak_fp32_flops`` and communication only from a link bandwidth, so both are measured
 first in this run, on the same 2 processes at once: peak = the median rate of an fp32 matmul per rank (the
-slowest rank's), passed as ``cluster.peak_flops`` with ``cluster.achievable_mfu=--mfu`` (the planner's
+slowest rank's), passed as ``cluster.peak_fp32_flops`` with ``cluster.achievable_mfu=--mfu`` (the planner's
 default unless given); bandwidth = the bus bandwidth of an all-reduce (nccl-tests' busbw, 2(n−1)/n of the
 bytes per second), passed as ``cluster.intra_node_gbps`` divided by the planner's ``COMM_EFFICIENCY`` so
 that the planner's achieved bandwidth is the measured one. Prints the table (measured / predicted ratios,
@@ -97,7 +97,7 @@ def machine_speed() -> tuple[float, float]:
 def planner_overrides(flops: float, busbw: float, mfu: float | None) -> tuple[str, ...]:
     gbps = busbw * 8 / 1e9 / COMM_EFFICIENCY
     extra = (f"cluster.achievable_mfu={mfu}",) if mfu is not None else ()
-    return (f"cluster.peak_flops={flops:.6g}", f"cluster.intra_node_gbps={gbps:.6g}", *extra)
+    return (f"cluster.peak_fp32_flops={flops:.6g}", f"cluster.intra_node_gbps={gbps:.6g}", *extra)
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -143,7 +143,7 @@ def main() -> None:
     )
     print(
         f"measured in this run, {WORLD} ranks at once: fp32 matmul {flops / 1e9:.1f} GFLOP/s per rank -> "
-        f"cluster.peak_flops (planner assumes achievable_mfu {mfu:g}); all-reduce bus bandwidth "
+        f"cluster.peak_fp32_flops (planner assumes achievable_mfu {mfu:g}); all-reduce bus bandwidth "
         f"{busbw / 1e9:.2f} GB/s -> cluster.intra_node_gbps {busbw * 8 / 1e9 / COMM_EFFICIENCY:.3g} "
         f"(× COMM_EFFICIENCY {COMM_EFFICIENCY:g} = the measured)",
         flush=True,

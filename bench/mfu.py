@@ -10,15 +10,16 @@ MFU = model FLOPs per second ÷ peak FLOP/s (Chowdhery et al. 2022, "PaLM", appe
 Q head dimension, T sequence length (hpctrain/models/spec.py for the built-in; race_model.matmul_params for
 the bench's). Recomputation is not a model FLOP.
 
-The peak is measured first: ``--nproc`` processes (as many as training ranks), each with a rank's torch
-thread count (cores // ranks, as hpctrain's launcher sets), multiply square matrices of ``--dtype`` on the
-ranks' device at the same time, so they share the cores, caches and memory bandwidth as the ranks do; each
-keeps its best rate over ~2 s. The peak per device is their mean (the sum ÷ ranks), and hpctrain gets it as
-``cluster.peak_flops`` (it logs ``mfu`` with it). Then the same GPT (4 layers, d_model 256, 8 heads, seq
-128, vocab 512; ``--layers``, ``--d-model``, ... change it) is trained by hpctrain (built-in ``model=gpt``)
-and by the raw torch DDP loop of bench/race_loops.py (race_model.GPT), micro-batches of 8, two per rank
-and step (global batch 32 on 2 processes), on the same token data; a step time is the wall time of a
-window of steps (the first and the last window dropped) as in bench/race.py.
+The peak is measured first: ``--nproc`` processes (as many as training ranks), each with a rank's torch thread
+count (cores // ranks, as hpctrain's launcher sets), multiply square matrices of ``--dtype`` on the ranks'
+device at the same time, so they share the cores, caches and memory bandwidth as the ranks do; each keeps its
+best rate over ~2 s. The peak per device is their mean (the sum ÷ ranks), and hpctrain gets it as
+``cluster.peak_flops`` (bf16) or ``cluster.peak_fp32_flops`` (fp32; it logs ``mfu`` with it). Then the same
+GPT (4 layers, d_model 256, 8 heads, seq 128, vocab 512; ``--layers``, ``--d-model``, ... change it) is
+trained by hpctrain (built-in ``model=gpt``) and by the raw torch DDP loop of bench/race_loops.py
+(race_model.GPT), micro-batches of 8, two per rank and step (global batch 32 on 2 processes), on the same
+token data; a step time is the wall time of a window of steps (the first and the last window dropped) as in
+bench/race.py.
 
 Device: CUDA when available (one process per GPU, ``--dtype auto`` is bf16 autocast, the peak a bf16
 matmul), else CPU (``--dtype auto`` is fp32, 2 processes). On a GPU it also prints MFU against the data-sheet
@@ -44,28 +45,18 @@ from race_loops import Race, run_raw
 from race_model import GPT, matmul_params
 
 from hpctrain.models.builtin import GPTSpec
-from hpctrain.train.metrics import PEAK_BF16_FLOPS
+from hpctrain.train.metrics import PEAK_FLOPS
 
-# Dense fp32 peak FLOP/s without tensor cores (torch's default for fp32 matmuls: no TF32), from NVIDIA's data
-# sheets: H100 (SXM, PCIe), H200, A100, L40S, A10 (A10G: AWS's variant of it), V100 SXM2.
-PEAK_FP32_FLOPS = {
-    "H200": 67e12,
-    "H100": 67e12,
-    "H100 PCIe": 51e12,
-    "A100": 19.5e12,
-    "L40S": 91.6e12,
-    "A10G": 31.2e12,
-    "V100": 15.7e12,
-}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def datasheet_peak(name: str, dtype: str) -> float | None:
-    """The data-sheet peak of the GPU called ``name`` (the longest table key in it), else None."""
-    table = PEAK_BF16_FLOPS if dtype == "bf16" else PEAK_FP32_FLOPS
-    for key in sorted(table, key=len, reverse=True):
+    """The data-sheet peak of the GPU called ``name`` (the longest table key in it) for ``dtype``'s matmuls,
+    else None: the trainer's own table (fp32 without tensor cores, torch's default for fp32 matmuls: no TF32;
+    bf16 on tensor cores), the one its MFU uses."""
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
         if key in name:
-            return table[key]
+            return PEAK_FLOPS[key].get(dtype)
     return None
 
 
@@ -168,7 +159,8 @@ def main() -> None:
 
     extra = (
         *(f"model.{k}={v}" for k, v in model.items()),
-        f"cluster.peak_flops={peak}",
+        # The key of the peak the run's precision computes at (hpctrain.precision.matmul_peak).
+        f"cluster.{'peak_flops' if dtype == 'bf16' else 'peak_fp32_flops'}={peak}",
     )
     with tempfile.TemporaryDirectory(prefix="mfu-") as tmp:
         project = write_project(Path(tmp) / "project", race)

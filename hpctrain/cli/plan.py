@@ -34,8 +34,8 @@ def run(name: str, argv: list[str]) -> int:
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.plan.check import check_run
     from hpctrain.plan.estimate import estimate
-    from hpctrain.plan.search import alternatives
-    from hpctrain.plan.text import report
+    from hpctrain.plan.search import alternatives, smallest_fit
+    from hpctrain.plan.text import oversized_line, report
     from hpctrain.submit.measure import measured_for
     from hpctrain.submit.precheck import composed_run
 
@@ -52,6 +52,9 @@ def run(name: str, argv: list[str]) -> int:
         return EXIT_BAD_CONFIG
     alts = alternatives(cfg, limit=args.top, measured=measured) if args.top > 0 else []
     print(report(cfg, est, alts))
+    fit = smallest_fit(cfg, est, measured)
+    if fit is not None:  # far more GPUs than the model needs: the smallest layout that fits
+        print(f"hpctrain: {oversized_line(est, fit)}", file=sys.stderr)
     if cfg.cluster.kind == "slurm":  # Slurm's estimated start in each partition it may go to
         from hpctrain.launch.queue import start_estimates
 

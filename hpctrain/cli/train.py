@@ -81,15 +81,20 @@ def _train(argv: list[str]) -> int:
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
             if first.dry_run:
                 from hpctrain.plan.estimate import estimate
-                from hpctrain.plan.text import summary
+                from hpctrain.plan.search import smallest_fit
+                from hpctrain.plan.text import oversized_line, summary
                 from hpctrain.submit.measure import measured_for
 
                 try:  # a user's model: measured by the precheck already (cached), else now
-                    est = estimate(first, measured_for(first))
+                    measured = measured_for(first)
+                    est = estimate(first, measured)
                 except ConfigError as err:
                     print(f"hpctrain: {err}", file=sys.stderr)
                     return EXIT_BAD_CONFIG
                 print(summary(first, est), flush=True)  # the memory and time plan, one line
+                fit = smallest_fit(first, est, measured)
+                if fit is not None:  # far more GPUs than the model needs: the smallest layout that fits
+                    print(f"hpctrain: {oversized_line(est, fit)}", file=sys.stderr, flush=True)
                 note = example_note(first)
                 if note is not None:  # a submission would be refused: said before the plan of it
                     print(f"note: {note}; without dry_run it is refused until they are yours")

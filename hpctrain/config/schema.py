@@ -279,10 +279,17 @@ class ClusterConfig:
     health_check: str | None = None
     # Mean time between interruptions assumed by trainer.ckpt_every=auto before the run has seen one, hours.
     mtbf_h: float = 24.0
-    # Peak dense bf16 FLOP/s of one device, for MFU. None: look it up from the GPU's name, else no MFU.
+    # Peak dense FLOP/s of one device (data sheet, no sparsity), one per kind of matmul: the planner prices a
+    # run's matmuls, and the trainer's MFU is measured, at the peak of the run's precision
+    # (hpctrain.precision.matmul_peak: fp32 → peak_fp32_flops, bf16/fp16/fp8 → peak_flops). None: unknown
+    # (no step time for that precision in the plan; the trainer looks the GPU's name up, else no MFU).
+    # peak_flops keeps its old meaning, the dense bf16 (= fp16) tensor-core peak, so profiles written
+    # before the other keys existed still plan bf16 runs as before.
     peak_flops: float | None = None
-    # Peak dense float8 FLOP/s of one device (data sheet): what trainer.precision=fp8's float8 matmuls are
-    # priced at by the planner. None: priced at peak_flops (no gain assumed).
+    peak_fp32_flops: float | None = None  # IEEE float32 on CUDA cores (an fp32 run's matmuls)
+    peak_tf32_flops: float | None = None  # TF32 tensor cores (float32 matmuls where TF32 is allowed)
+    # Peak dense float8 FLOP/s: what trainer.precision=fp8's float8 matmuls are priced at by the planner.
+    # None: priced at peak_flops (no gain assumed).
     peak_fp8_flops: float | None = None
     cost_per_gpu_hour: float | None = None
     dist_timeout_s: int = 300
@@ -297,6 +304,21 @@ class ClusterConfig:
     # all its NICs together (InfiniBand). None: unknown, no communication time in the estimate.
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
+
+    def peak(self, kind: str) -> float | None:
+        """The configured peak FLOP/s of one kind of matmul (one of hpctrain.precision.PEAKS), or None."""
+        value: float | None = getattr(self, PEAK_KEYS[kind])
+        return value
+
+
+# The cluster key of each peak (hpctrain.precision.PEAKS): bf16's is peak_flops, its name from before the
+# others existed.
+PEAK_KEYS = {
+    "fp32": "peak_fp32_flops",
+    "tf32": "peak_tf32_flops",
+    "bf16": "peak_flops",
+    "fp8": "peak_fp8_flops",
+}
 
 
 @dataclass

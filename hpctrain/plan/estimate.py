@@ -39,7 +39,8 @@ allocator's fragmentation.
 
 Time per step (:mod:`hpctrain.plan.time`): model FLOPs (declared:
 ``hpctrain.models.flops.flops_per_token``, 6N + 12·L·H·Q·T per token; measured: counted; plus a second
-forward under full activation checkpointing) at ``cluster.achievable_mfu`` of ``cluster.peak_flops``, the
+forward under full activation checkpointing) at ``cluster.achievable_mfu`` of the peak of the run's
+precision (``cluster.peak_fp32_flops`` for fp32, ``cluster.peak_flops`` for bf16/fp16/fp8), the
 communication of each strategy at :data:`COMM_EFFICIENCY` of the link bandwidth (ring collectives send
 2(n−1)/n of the data per all-reduce and (n−1)/n per all-gather or reduce-scatter), data-parallel
 communication hidden behind compute where it overlaps, and the pipeline bubble (pp − 1)/(m + pp − 1)
@@ -51,7 +52,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import PEAK_KEYS, Config
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import ModelFacts
@@ -156,9 +157,10 @@ def check_plan_inputs(cfg: Config) -> None:
         raise ConfigError("cluster.gpu_memory_gib", c.gpu_memory_gib, "must be ≥ 0 (0: no GPU)")
     if not 0.0 < c.achievable_mfu <= 1.0:
         raise ConfigError("cluster.achievable_mfu", c.achievable_mfu, "must be in (0, 1]", valid="e.g. 0.45")
-    for key in ("intra_node_gbps", "inter_node_gbps", "peak_flops", "peak_fp8_flops", "cost_per_gpu_hour"):
+    peaks = tuple(PEAK_KEYS.values())
+    for key in ("intra_node_gbps", "inter_node_gbps", *peaks, "cost_per_gpu_hour"):
         value = getattr(c, key)
-        if value is not None and value <= 0:
+        if value is not None and value <= 0:  # NaN and inf: refused as every float key (config.sanity)
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")
 
 

@@ -7,6 +7,9 @@ parallel (every strategy and degree the world size allows), activation checkpoin
 micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Tied embeddings
 stay tied under pipeline layouts: the last stage holds a copy of the embedding for its LM head (Megatron's
 embedding group), which the memory estimate counts.
+
+:func:`smallest_fit` searches the other way, for a run whose GPUs are far more than its model needs: the
+fewest ranks of the same profile on which a layout of the same global batch fits.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import PIPELINE_SCHEDULES, STRATEGY_DIMS, Degrees, run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
@@ -30,6 +33,11 @@ MICROBATCH_FACTORS = (1, 2, 4, 8)
 # The degree left open (derived from the world size) in the printed overrides, per strategy.
 DERIVED = {"hsdp": "dp_replicate", "2d": "dp_shard", "3d": "dp_shard"}
 _DEGREE_KEYS = {f"parallel.{dim}" for dim in ("pp", "dp_replicate", "dp_shard", "tp")}
+# Below this much compute per GPU and step, the step's fixed costs dominate it: a kernel launch costs ~5 µs
+# and a transformer step launches hundreds to thousands of them; each collective's latency over NVLink or
+# InfiniBand is tens of µs, several per step; the optimizer's pass over every tensor. More GPUs then only
+# add communication: the run's GPUs are far more than its model needs.
+MIN_RANK_COMPUTE_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -157,11 +165,13 @@ def _rank_key(est: Estimate) -> tuple[float, int]:
     return step, est.largest.total
 
 
-def alternatives(cfg: Config, limit: int = 3, measured: ModelFacts | None = None) -> list[Alternative]:
+def alternatives(
+    cfg: Config, limit: int = 3, measured: ModelFacts | None = None, keep_current: bool = False
+) -> list[Alternative]:
     """Up to ``limit`` layouts that fit, fastest first (least memory first when the step time is unknown):
     for each split of the ranks (strategy and degrees) its fastest variant (checkpointing, pipeline
     micro-batches, the largest micro-batch size that fits). ``measured``: the facts of a model without
-    declared shapes (see ``estimate``)."""
+    declared shapes (see ``estimate``). ``keep_current``: the config's own layout may be among them."""
     found: dict[tuple[str, ...], Estimate] = {}
     configs: dict[tuple[str, ...], Config] = {}
     settled: set[tuple[str, ...]] = set()  # layouts whose best micro-batch size is known
@@ -174,7 +184,7 @@ def alternatives(cfg: Config, limit: int = 3, measured: ModelFacts | None = None
         if not est.verdict.fits:
             continue
         settled.add(layout)  # smaller micro-batches of it are no faster
-        if overrides_for(cfg, candidate) != current:  # the config itself is no alternative
+        if keep_current or overrides_for(cfg, candidate) != current:  # the config itself is no alternative
             found[layout], configs[layout] = est, candidate
     ranked = sorted(found, key=lambda k: _rank_key(found[k]))
     out: list[Alternative] = []
@@ -193,3 +203,65 @@ def alternatives(cfg: Config, limit: int = 3, measured: ModelFacts | None = None
         if len(out) == limit:
             break
     return out
+
+
+@dataclass(frozen=True)
+class SmallerFit:
+    """The fewest ranks of a run's profile on which its model fits, and the fastest layout there."""
+
+    ranks: int
+    cluster: tuple[str, ...]  # the cluster overrides that give those ranks
+    layout: Alternative  # its overrides relative to the run's own config
+
+
+def _fewer_ranks(c: ClusterConfig, world: int) -> Iterator[tuple[int, ClusterConfig, tuple[str, ...]]]:
+    """(ranks, cluster, overrides) for fewer ranks of the same profile, fewest first: one process here, or
+    on a Slurm profile part of one node (powers of two), then whole nodes."""
+    if c.kind == "local":
+        for k in range(1, min(world, c.nproc)):
+            yield k, dataclasses.replace(c, nproc=k), (f"cluster.nproc={k}",)
+        return
+    per_node = c.tasks_per_node
+    one_node = () if c.nodes == 1 else ("cluster.nodes=1",)
+    part = sorted({2**i for i in range(per_node.bit_length()) if 2**i < per_node} | {per_node})
+    for k in part:
+        if k >= world:
+            return
+        # One GPU per task where the profile has as many (else its GPUs per node stay as they are).
+        gpus = k if c.gpus_per_node == per_node else c.gpus_per_node
+        words = (*one_node, f"cluster.tasks_per_node={k}")
+        words += (f"cluster.gpus_per_node={k}",) if gpus != c.gpus_per_node else ()
+        yield k, dataclasses.replace(c, nodes=1, tasks_per_node=k, gpus_per_node=gpus), words
+    for n in range(2, c.nodes):
+        yield n * per_node, dataclasses.replace(c, nodes=n), (f"cluster.nodes={n}",)
+
+
+def smallest_fit(cfg: Config, est: Estimate, measured: ModelFacts | None = None) -> SmallerFit | None:
+    """For a run on GPUs whose every rank computes less than :data:`MIN_RANK_COMPUTE_S` per step (the
+    estimate's ``compute_s``): the fewest ranks of the same profile on which a layout of the same global
+    batch fits, with its fastest layout. None when the run is not that far too large, its step time is
+    unknown, it is no trainer run (a script's model is not the one planned), or no fewer ranks fit."""
+    t = est.time
+    if cfg.task.name != "train" or est.verdict.kind != "gpu" or t is None or est.world <= 1:
+        return None
+    if t.compute_s >= MIN_RANK_COMPUTE_S:
+        return None
+    batch = est.layout.shape.global_batch_size
+    trainer = dataclasses.replace(cfg.trainer, global_batch_size=batch)
+    for ranks, cluster, words in _fewer_ranks(cfg.cluster, est.world):
+        # A start the search can move from on any number of ranks: one process, or plain data parallelism.
+        parallel = dataclasses.replace(
+            cfg.parallel,
+            name="none" if ranks == 1 else "ddp",
+            **dict.fromkeys(("pp", "dp_replicate", "dp_shard", "tp", "cp", "ep", "stages_per_rank"), 0),
+        )
+        fewer = dataclasses.replace(cfg, cluster=cluster, parallel=parallel, trainer=trainer)
+        try:
+            found = alternatives(fewer, limit=1, measured=measured, keep_current=True)
+        except ConfigError:  # the global batch does not split over these ranks
+            continue
+        if found:
+            best = found[0]
+            layout = Alternative(overrides_for(cfg, best.cfg), best.cfg, best.estimate)
+            return SmallerFit(ranks, words, layout)
+    return None

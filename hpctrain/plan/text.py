@@ -1,24 +1,18 @@
 """The plan as text: the table ``hpctrain plan`` prints, the one line of a dry run, and how a measured
-model's numbers were found. Torch-free."""
+model's numbers were found. Sizes, times, FLOPs and money are written by :mod:`hpctrain.plan.units`, each
+in the unit its value needs. Torch-free."""
 
 from __future__ import annotations
 
 import textwrap
 
-from hpctrain.config.schema import Config
+from hpctrain.config.schema import PEAK_KEYS, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.models.builtin import model_spec
-from hpctrain.plan.estimate import (
-    CUDA_CONTEXT_GIB,
-    FRAGMENTATION,
-    GIB,
-    MIB,
-    Estimate,
-    RankMemory,
-    gib,
-    human_count,
-)
-from hpctrain.plan.search import Alternative
+from hpctrain.plan.estimate import CUDA_CONTEXT_GIB, FRAGMENTATION, Estimate, RankMemory, human_count
+from hpctrain.plan.search import MIN_RANK_COMPUTE_S, Alternative, SmallerFit
+from hpctrain.plan.units import duration, flop, gpu_time, money, size
+from hpctrain.precision import matmul_peak
 
 WHAT_WIDTH = 62  # the description column of the memory table
 
@@ -34,7 +28,29 @@ def measured_model_line(est: Estimate) -> str:
 
 
 def human_bytes(n: float) -> str:
-    return f"{n / MIB:.2f} MiB" if n >= MIB else f"{n / 2**10:.1f} KiB"
+    return size(n)
+
+
+# What each peak prices, said beside it (hpctrain.precision.matmul_peak picks it from trainer.precision).
+PEAK_NAMES = {
+    "fp32": "fp32 peak (IEEE float32 matmuls: an fp32 run does not use TF32)",
+    "tf32": "TF32 peak (float32 matmuls on TF32 tensor cores)",
+    "bf16": "bf16/fp16 tensor-core peak",
+    "fp8": "fp8 tensor-core peak",
+}
+
+
+def split_line(mem: RankMemory) -> str:
+    """A rank's memory as its parts, each in its own unit (a dry run's line, the refusal of a run that does
+    not fit)."""
+    parts = (
+        ("params", mem.params),
+        ("grads", mem.grads),
+        ("optimizer", mem.optimizer),
+        ("activations", mem.activations),
+        ("buffers", mem.buffers),
+    )
+    return " + ".join(f"{name} {size(n, 1)}" for name, n in parts)
 
 
 def activation_line(est: Estimate) -> str | None:
@@ -88,8 +104,10 @@ def _cluster_line(cfg: Config, est: Estimate) -> str:
     facts = []
     if c.gpu_memory_gib:
         facts.append(f"{c.gpu_memory_gib:g} GiB per GPU")
-    if c.peak_flops:
-        facts.append(f"{c.peak_flops / 1e12:g} TFLOP/s peak × {c.achievable_mfu:.0%} achievable")
+    kind = matmul_peak(cfg.trainer.precision)
+    peak = c.peak(kind)
+    if peak:
+        facts.append(f"{peak / 1e12:g} TFLOP/s {kind} peak × {c.achievable_mfu:.0%} achievable")
     links = [
         f"{name} {value:g} Gbit/s"
         for name, value in (("NVLink", c.intra_node_gbps), ("network per node", c.inter_node_gbps))
@@ -138,8 +156,8 @@ def _batch_line(cfg: Config, est: Estimate) -> str:
     return f"{batch} samples per step{tokens} = {pieces} (a pass: {per_pass})"
 
 
-def _parts(mem: RankMemory, names: tuple[str, ...], scale: int) -> str:
-    shown = [f"{name} {mem.parts[name] / scale:.2f}" for name in names if mem.parts.get(name)]
+def _parts(mem: RankMemory, names: tuple[str, ...]) -> str:
+    shown = [f"{name} {size(mem.parts[name])}" for name in names if mem.parts.get(name)]
     return ", ".join(shown)
 
 
@@ -167,35 +185,33 @@ def memory_table(cfg: Config, est: Estimate) -> list[str]:
     if measured is not None:
         flying = f"measured, micro-batch {est.layout.micro_batch}" if not measured.note else "not measured"
     buffer_names = tuple(k for k in mem.parts if k not in ACTIVATION_PARTS)
-    # GiB, or MiB for the small models of a CPU run.
-    unit, scale = ("GiB", GIB) if max(mem.total, v.capacity) >= GIB else ("MiB", MIB)
+    # Each size in the unit it needs (a 100k-parameter model's rows in KiB beside the GPU's 80 GiB).
     rows = [
         ("parameters", device, mem.params),
         ("gradients", device, mem.grads),
         ("optimizer state", optimizer[cfg.optim.name], mem.optimizer),
         ("activations", flying, mem.activations),
-        ("", _parts(mem, ACTIVATION_PARTS, scale), None),
-        ("buffers", _parts(mem, buffer_names, scale), mem.buffers),
+        ("", _parts(mem, ACTIVATION_PARTS), None),
+        ("buffers", _parts(mem, buffer_names), mem.buffers),
     ]
-    title = f"memory per {where} ({rank}the largest rank)"
-    lines = [f"{title:<{19 + WHAT_WIDTH}}{unit:>8}"]
-    for name, what, size in rows:
+    lines = [f"memory per {where} ({rank}the largest rank)"]
+    for name, what, n in rows:
         wrapped = textwrap.wrap(what, WHAT_WIDTH) or [""]
-        if size is not None:
-            lines.append(f"  {name:<17}{wrapped[0]:<{WHAT_WIDTH}}{size / scale:>8.2f}")
+        if n is not None:
+            lines.append(f"  {name:<17}{wrapped[0]:<{WHAT_WIDTH}}{size(n):>11}")
             wrapped = wrapped[1:]
         lines += [f"  {'':<17}{line}" for line in wrapped if line]
     if mem.host:
         what = "parameters, gradients, optimizer state"
-        lines.append(f"  {'host memory':<17}{what:<{WHAT_WIDTH}}{mem.host / scale:>8.2f}")
-    lines.append(f"  {'total':<17}{'':<{WHAT_WIDTH}}{mem.total / scale:>8.2f}")
+        lines.append(f"  {'host memory':<17}{what:<{WHAT_WIDTH}}{size(mem.host):>11}")
+    lines.append(f"  {'total':<17}{'':<{WHAT_WIDTH}}{size(mem.total):>11}")
     if v.kind == "gpu":
-        reserve = f"CUDA context {CUDA_CONTEXT_GIB:g} + {FRAGMENTATION:.0%} fragmentation"
-        lines.append(f"  {'reserve':<17}{reserve:<{WHAT_WIDTH}}{v.reserve / scale:>8.2f}")
-        lines.append(f"  {'GPU memory':<17}{cfg.cluster.name:<{WHAT_WIDTH}}{v.capacity / scale:>8.2f}")
+        reserve = f"CUDA context {CUDA_CONTEXT_GIB:g} GiB + {FRAGMENTATION:.0%} fragmentation"
+        lines.append(f"  {'reserve':<17}{reserve:<{WHAT_WIDTH}}{size(v.reserve):>11}")
+        lines.append(f"  {'GPU memory':<17}{cfg.cluster.name:<{WHAT_WIDTH}}{size(v.capacity):>11}")
     if est.layout.degrees.pp > 1:
-        totals = ", ".join(f"{m.pp_rank}: {m.total / scale:.2f}" for m in est.ranks)
-        lines.append(f"  pipeline ranks ({unit}): {totals}")
+        totals = ", ".join(f"{m.pp_rank}: {size(m.total)}" for m in est.ranks)
+        lines.append(f"  pipeline ranks: {totals}")
     return lines
 
 
@@ -207,19 +223,23 @@ def verdict_line(cfg: Config, est: Estimate) -> str:
             if not cfg.cluster.gpus_per_node
             else "cluster.gpu_memory_gib unknown"
         )
-        return f"verdict   none: {why} and no cluster.mem; {gib(v.need):.2f} GiB of host memory per process"
-    usable = f"the {gib(v.usable):.2f} GiB usable" + (
-        " per process (cluster.mem)" if v.kind == "host" else ""
-    )
+        return f"verdict   none: {why} and no cluster.mem; {size(v.need)} of host memory per process"
+    usable = f"the {size(v.usable)} usable" + (" per process (cluster.mem)" if v.kind == "host" else "")
     if v.fits:
-        return f"verdict   FITS: {gib(v.margin):.2f} GiB ({v.margin_pct:.1f}%) to spare of {usable}"
-    return f"verdict   DOES NOT FIT: {gib(-v.margin):.2f} GiB ({-v.margin_pct:.1f}%) over {usable}"
+        return f"verdict   FITS: {size(v.margin)} ({v.margin_pct:.1f}%) to spare of {usable}"
+    return f"verdict   DOES NOT FIT: {size(-v.margin)} ({-v.margin_pct:.1f}%) over {usable}"
 
 
 def time_table(cfg: Config, est: Estimate) -> list[str]:
     t = est.time
+    precision = cfg.trainer.precision
     if t is None:
-        return ["time per step: not estimated (cluster.peak_flops unknown)"]
+        key = PEAK_KEYS[matmul_peak(precision)]
+        return [
+            f"time per step: not estimated (cluster.{key} unknown: {'an' if precision[0] == 'f' else 'a'} "
+            f"{precision} run's matmuls are priced "
+            f"at the {PEAK_NAMES[matmul_peak(precision)]})"
+        ]
     c = cfg.cluster
     recompute = " (+ full-checkpointing recompute)" if est.layout.ac == "full" else ""
     float8 = ""
@@ -227,26 +247,29 @@ def time_table(cfg: Config, est: Estimate) -> list[str]:
         float8 = f"; {t.float8_share:.0%} of the FLOPs in float8 at {c.peak_fp8_flops / 1e12:g} TFLOP/s peak"
     lines = [
         "time per step (estimate)",
-        f"  {'compute':<34}{t.compute_s:>9.3f} s  {t.flops_per_step / 1e15:.3g} PFLOP{recompute} at "
-        f"{c.achievable_mfu:.0%} of peak over {est.world} GPUs{float8}",
+        f"  {'compute':<34}{duration(t.compute_s):>11}  {flop(t.flops_per_step)}{recompute} at "
+        f"{c.achievable_mfu:.0%} of the {PEAK_NAMES[t.peak_kind]}, {t.peak / 1e12:g} TFLOP/s "
+        f"(cluster.{PEAK_KEYS[t.peak_kind]}), over {est.world} GPUs{float8}",
     ]
     for comm in t.comms:
         if comm.seconds is None:
-            lines.append(
-                f"  {comm.name:<34}{'?':>9} s  {comm.bytes / 1e9:.3g} GB per rank (bandwidth unknown)"
-            )
+            lines.append(f"  {comm.name:<34}{'?':>11}  {size(comm.bytes)} per rank (bandwidth unknown)")
             continue
-        hidden = f", {comm.exposed_s:.3f} s not hidden by compute" if comm.exposed_s != comm.seconds else ""
-        volume = f"{comm.bytes / 1e9:.3g} GB per rank over {comm.link}"
-        lines.append(f"  {comm.name:<34}{comm.seconds:>9.3f} s  {volume}{hidden}")
+        hidden = ""
+        if comm.exposed_s == 0 and comm.seconds:
+            hidden = ", hidden by compute"
+        elif comm.exposed_s != comm.seconds and comm.exposed_s is not None:
+            hidden = f", {duration(comm.exposed_s)} not hidden by compute"
+        volume = f"{size(comm.bytes)} per rank over {comm.link}"
+        lines.append(f"  {comm.name:<34}{duration(comm.seconds):>11}  {volume}{hidden}")
     if est.layout.degrees.pp > 1:
-        lines.append(f"  {'pipeline bubble':<34}{t.bubble:>9.1%}")
+        lines.append(f"  {'pipeline bubble':<34}{t.bubble:>11.1%}")
     # The model's throughput unit, then samples.
     units = dict.fromkeys((est.facts.throughput_unit, "samples"))
     rate = ", ".join(f"{human_count(t.rate(unit))} {unit}/s" for unit in units)
-    lines.append(f"  {'step':<34}{t.step_s:>9.3f} s  {rate}, MFU {t.mfu:.1%}")
-    cost = f", ${t.cost:,.2f} at ${c.cost_per_gpu_hour:g} per GPU-hour" if t.cost is not None else ""
-    lines.append(f"  {f'{cfg.trainer.max_steps} steps':<34}{t.gpu_hours:>9.2f} GPU-hours{cost}")
+    lines.append(f"  {'step':<34}{duration(t.step_s):>11}  {rate}, MFU {t.mfu:.1%}")
+    cost = f", {money(t.cost)} at ${c.cost_per_gpu_hour:g} per GPU-hour" if t.cost is not None else ""
+    lines.append(f"  {f'{cfg.trainer.max_steps} steps':<34}{gpu_time(t.gpu_hours):>11}{cost}")
     return lines
 
 
@@ -257,10 +280,10 @@ def alternatives_table(cfg: Config, alts: list[Alternative]) -> list[str]:
     )
     if not alts:
         return [f"alternatives ({same}): none fits"]
-    lines = [f"alternatives that fit ({same}), fastest first", f"  {'step s':>8} {'GiB':>7}  overrides"]
+    lines = [f"alternatives that fit ({same}), fastest first", f"  {'step':>9} {'memory':>11}  overrides"]
     for alt in alts:
-        step = f"{alt.estimate.time.step_s:.3f}" if alt.estimate.time is not None else "?"
-        lines.append(f"  {step:>8} {gib(alt.estimate.largest.total):>7.2f}  {' '.join(alt.overrides)}")
+        step = duration(alt.estimate.time.step_s) if alt.estimate.time is not None else "?"
+        lines.append(f"  {step:>9} {size(alt.estimate.largest.total):>11}  {' '.join(alt.overrides)}")
     return lines
 
 
@@ -285,25 +308,18 @@ def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
 def summary(cfg: Config, est: Estimate) -> str:
     """One line for a dry run: the verdict, the split, the time and the cost."""
     mem, v, t = est.largest, est.verdict, est.time
-    split = (
-        f"params {gib(mem.params):.1f} + grads {gib(mem.grads):.1f} + optimizer {gib(mem.optimizer):.1f} + "
-        f"activations {gib(mem.activations):.1f} + buffers {gib(mem.buffers):.1f}"
-    )
+    split = split_line(mem)
     if v.kind == "gpu":
-        text = (
-            f"plan: fits: {gib(mem.total):.1f} GiB per GPU ({split}) of {cfg.cluster.gpu_memory_gib:g} GiB, "
-        )
-        text += f"{gib(v.margin):.1f} to spare after the {gib(v.reserve):.1f} GiB reserve"
-        if not v.fits:
-            text = (
-                text.replace("plan: fits:", "plan: DOES NOT FIT:").split(", ")[0]
-                + f" ({gib(-v.margin):.1f} over)"
-            )
+        head = f"{size(mem.total, 1)} per GPU ({split}) of {cfg.cluster.gpu_memory_gib:g} GiB"
+        if v.fits:
+            text = f"plan: fits: {head}, {size(v.margin, 1)} to spare after the {size(v.reserve, 1)} reserve"
+        else:
+            text = f"plan: DOES NOT FIT: {head} ({size(-v.margin, 1)} over)"
     else:
-        text = f"plan: {gib(v.need):.2f} GiB per process ({split})"
+        text = f"plan: {size(v.need)} per process ({split})"
     if t is not None:
-        cost = f", ${t.cost:,.2f}" if t.cost is not None else ""
-        text += f"; ~{t.step_s:.3g} s per step, {t.gpu_hours:.3g} GPU-hours{cost}"
+        cost = f", {money(t.cost)}" if t.cost is not None else ""
+        text += f"; ~{duration(t.step_s)} per step, {gpu_time(t.gpu_hours)}{cost}"
         text += f" for {cfg.trainer.max_steps} steps"
     measured = est.facts.measured
     if measured is not None:  # a user's model: how its numbers were found
@@ -313,3 +329,18 @@ def summary(cfg: Config, est: Estimate) -> str:
             how = f"measured on CPU ({human_bytes(acts.saved.per_sample)} per sample)"
         text += f"; {est.n_params:,} parameters read on the meta device, activations {how}"
     return text
+
+
+def oversized_line(est: Estimate, fit: SmallerFit) -> str:
+    """The warning of a run whose GPUs are far more than its model needs (:func:`hpctrain.plan.search.
+    smallest_fit`), naming the smallest layout that fits."""
+    assert est.time is not None
+    best = fit.layout.estimate
+    step = f", ~{duration(best.time.step_s)} per step" if best.time is not None else ""
+    return (
+        f"warning: {est.world} GPUs are far more than this {human_count(est.n_params)}-parameter {est.model} "
+        f"needs: each computes {duration(est.time.compute_s)} of a step (under "
+        f"{duration(MIN_RANK_COMPUTE_S)}, a step's fixed costs dominate); the smallest layout that fits is "
+        f"{fit.ranks} GPU{'s' * (fit.ranks > 1)}: {' '.join(fit.cluster + fit.layout.overrides)} "
+        f"({size(best.largest.total)} per GPU{step})"
+    )

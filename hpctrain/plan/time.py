@@ -21,7 +21,7 @@ from hpctrain.plan.layout import (
     Layout,
 )
 from hpctrain.plan.memory import RankMemory, counted_params
-from hpctrain.precision import float8_converts
+from hpctrain.precision import float8_converts, matmul_peak
 
 
 # ------------------------------------------------------------------------------------------------ time
@@ -46,10 +46,12 @@ class StepTime:
     step_s: float
     samples_per_s: float
     tokens_per_s: float
-    mfu: float  # model FLOPs / (step time × ranks × peak): against the dense bf16 peak, fp8 runs too
+    mfu: float  # model FLOPs / (step time × ranks × peak): the peak of the run's precision (fp8: bf16's)
     gpu_hours: float  # for trainer.max_steps
     cost: float | None  # gpu_hours × cluster.cost_per_gpu_hour
     float8_share: float = 0.0  # of the model FLOPs, those priced at cluster.peak_fp8_flops (fp8 runs)
+    peak_kind: str = "bf16"  # which peak prices the other matmuls (hpctrain.precision.matmul_peak)
+    peak: float = 0.0  # that peak, FLOP/s of one device
 
     def rate(self, unit: str) -> float:
         """Throughput in ``unit`` per second (a model's throughput unit: tokens or samples)."""
@@ -171,8 +173,9 @@ def pipeline_bubble(schedule: str, pp: int, microbatches: int, per_rank: int) ->
 
 
 def step_time(cfg: Config, lay: Layout, mem: RankMemory, facts: ModelFacts) -> StepTime | None:
-    """None when the cluster's peak FLOP/s is unknown (CPU profiles)."""
-    if not cfg.cluster.peak_flops:
+    """None when the cluster's peak FLOP/s for the run's precision is unknown (CPU profiles, or a profile
+    that states only another precision's peak)."""
+    if not cfg.cluster.peak(matmul_peak(cfg.trainer.precision)):
         return None
     model_flops = facts.training_flops(lay.shape.global_batch_size)
     ac = applied_ac(lay, facts)
@@ -207,16 +210,20 @@ def timed_step(
 ) -> StepTime:
     """The step of ``model_flops`` (forward and backward, all ranks) under checkpointing ``ac`` (as
     applied: "none" where it applies to nothing), its communication ``comms_of(compute seconds)``;
-    ``fp8_share`` of the FLOPs run at ``cluster.peak_fp8_flops``, the rest at ``cluster.peak_flops``."""
+    ``fp8_share`` of the FLOPs run at ``cluster.peak_fp8_flops``, the rest at the peak of the run's
+    precision (:func:`hpctrain.precision.matmul_peak`: an fp32 run's at ``cluster.peak_fp32_flops``, a
+    bf16, fp16 or fp8 run's at ``cluster.peak_flops``), so an fp32 step is not priced at tensor-core speed."""
     c = cfg.cluster
-    assert c.peak_flops
+    kind = matmul_peak(cfg.trainer.precision)
+    peak = c.peak(kind)
+    assert peak
     samples = lay.shape.global_batch_size
     tokens = samples * lay.tokens
     # Full checkpointing runs each block's forward again in the backward: one third more (the forward is 2
     # of the 6 FLOPs per parameter per token). Selective recomputes only element-wise work.
     executed = model_flops * (4 / 3 if ac == "full" else 1.0)
     ranks = lay.shape.world_size
-    seconds_per_flop = (1 - fp8_share) / c.peak_flops + (fp8_share / c.peak_fp8_flops if fp8_share else 0.0)
+    seconds_per_flop = (1 - fp8_share) / peak + (fp8_share / c.peak_fp8_flops if fp8_share else 0.0)
     compute_s = executed / ranks * seconds_per_flop / c.achievable_mfu
     if ac == "selective":
         compute_s *= 1 + SELECTIVE_RECOMPUTE
@@ -235,8 +242,10 @@ def timed_step(
         step_s=step_s,
         samples_per_s=samples / step_s,
         tokens_per_s=tokens / step_s,
-        mfu=model_flops / (step_s * ranks * c.peak_flops),
+        mfu=model_flops / (step_s * ranks * peak),
         gpu_hours=gpu_hours,
         cost=gpu_hours * c.cost_per_gpu_hour if c.cost_per_gpu_hour is not None else None,
         float8_share=fp8_share,
+        peak_kind=kind,
+        peak=peak,
     )

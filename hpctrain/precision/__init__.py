@@ -22,6 +22,9 @@ tensor cores (:data:`FLOAT8_MIN_CAPABILITY`) and torchao; :func:`float8_problem`
 
 TF32: where float32 matmuls remain in a run that asked for less than fp32 (bf16, fp16, fp8), they may use
 TF32 tensor cores (:func:`allows_tf32`); an fp32 run keeps IEEE float32 matmuls.
+
+Which data-sheet peak a run's matmuls are priced at (the planner's step time, the trainer's MFU):
+:func:`matmul_peak`, one of :data:`PEAKS`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ REGIMES = ("fp32", "autocast", "fsdp_mixed")
 # Hopper (H100, H200) and later (NVIDIA's CUDA C++ Programming Guide, "Compute capabilities"; torchao's
 # float8 README states the same requirement).
 FLOAT8_MIN_CAPABILITY = (8, 9)
+# The dense (no sparsity) peaks a device's data sheet gives, one per kind of matmul a run may do: IEEE
+# float32 on CUDA cores, TF32 / bf16 (= fp16) / float8 on tensor cores.
+PEAKS = ("fp32", "tf32", "bf16", "fp8")
 FLOAT8_DEVICES = "a CUDA GPU of compute capability ≥ 8.9 (H100, H200, L40S, L4, RTX 40xx)"
 
 
@@ -68,6 +74,17 @@ def allows_tf32(precision: str) -> bool:
     (10-bit mantissa): yes in a run that chose a lower precision anyway, never in an fp32 run, whose results
     are compared bit for bit against single-process references."""
     return precision != "fp32"
+
+
+def matmul_peak(precision: str) -> str:
+    """The peak (one of :data:`PEAKS`) that prices the matmuls of a run in ``precision``: an fp32 run's are
+    float32 on CUDA cores (``tf32`` where :func:`allows_tf32` lets them use TF32 tensor cores, which it
+    never does today); bf16 and fp16 runs' are 16-bit tensor-core matmuls (the dense fp16 and bf16 peaks are
+    the same on A100, H100 and H200); fp8's are bf16's too, its float8 layers' FLOPs priced at ``fp8`` on
+    top (the planner's ``float8_share``)."""
+    if compute_precision(precision) == "fp32":
+        return "tf32" if allows_tf32(precision) else "fp32"
+    return "bf16"
 
 
 def float8_converts(out_features: int, in_features: int) -> bool:

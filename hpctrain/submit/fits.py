@@ -7,8 +7,10 @@ from __future__ import annotations
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 from hpctrain.models.facts import MeasuredModel
-from hpctrain.plan.estimate import Estimate, estimate, gib, human_count
+from hpctrain.plan.estimate import Estimate, estimate, human_count
 from hpctrain.plan.search import alternatives
+from hpctrain.plan.text import split_line
+from hpctrain.plan.units import duration, size
 
 
 def check_fits(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
@@ -20,19 +22,17 @@ def check_fits(cfg: Config, measured: MeasuredModel | None = None) -> Estimate:
         return est
     mem = est.largest
     reason = (
-        f"plan: {human_count(est.n_params)}-parameter {est.model} needs {gib(mem.total):.1f} GiB per GPU "
-        f"(params {gib(mem.params):.1f} + grads {gib(mem.grads):.1f} + optimizer {gib(mem.optimizer):.1f} + "
-        f"activations {gib(mem.activations):.1f} + buffers {gib(mem.buffers):.1f}) but "
-        f"{cfg.cluster.name} has {cfg.cluster.gpu_memory_gib:g} GiB, {gib(v.usable):.1f} after the "
-        f"{gib(v.reserve):.1f} GiB reserve "
-        f"for the CUDA context and fragmentation"
+        f"plan: {human_count(est.n_params)}-parameter {est.model} needs {size(mem.total, 1)} per GPU "
+        f"({split_line(mem)}) but {cfg.cluster.name} has {cfg.cluster.gpu_memory_gib:g} GiB, "
+        f"{size(v.usable, 1)} after the {size(v.reserve, 1)} reserve for the CUDA context and fragmentation"
     )
     alts = alternatives(cfg, limit=1, measured=measured)
     if alts:
         best = alts[0]
-        step = f", ~{best.estimate.time.step_s:.2g} s per step" if best.estimate.time is not None else ""
+        timed = best.estimate.time
+        step = f", ~{duration(timed.step_s, 2)} per step" if timed is not None else ""
         valid = (
-            f"a layout that fits, e.g. {' '.join(best.overrides)} ({gib(best.estimate.largest.total):.1f} GiB"
+            f"a layout that fits, e.g. {' '.join(best.overrides)} ({size(best.estimate.largest.total, 1)}"
             f"{step}; `hpctrain plan` with the same overrides lists more), or plan_check=false"
         )
     else:
@@ -68,8 +68,8 @@ def check_fits_here(cfg: Config, measured: MeasuredModel | None = None) -> Estim
     raise ConfigError(
         "",
         None,
-        f"plan: {human_count(est.n_params)}-parameter {est.model} needs about {gib(per_rank):.1f} GiB per "
-        f"process × {est.world} process{'es' * (est.world > 1)} = {gib(need):.1f} GiB, more than this "
-        f"machine's {gib(total):.1f} GiB of memory",
+        f"plan: {human_count(est.n_params)}-parameter {est.model} needs about {size(per_rank, 1)} per "
+        f"process × {est.world} process{'es' * (est.world > 1)} = {size(need, 1)}, more than this "
+        f"machine's {size(total, 1)} of memory",
         valid="a smaller model or micro-batch, fewer processes (cluster.nproc), or plan_check=false",
     )

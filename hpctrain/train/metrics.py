@@ -2,7 +2,10 @@
 
 MFU = achieved model FLOP/s ÷ peak FLOP/s, with model FLOPs per token = 6N + 12·L·H·Q·T (PaLM, Chowdhery et
 al. 2022, appendix B: N non-embedding parameters, L layers, H heads, Q head dim, T tokens per sample). The
-peak is the dense bf16 tensor-core figure of the device (vendor data sheets), or ``cluster.peak_flops``.
+peak is the one the run's precision computes at (:func:`hpctrain.precision.matmul_peak`: an fp32 run's IEEE
+float32 peak, a bf16/fp16/fp8 run's dense 16-bit tensor-core peak), the same the planner prices the step at:
+the cluster profile's key for it (``cluster.peak_fp32_flops``, ``cluster.peak_flops``, ...), else the
+device's data-sheet figure.
 """
 
 from __future__ import annotations
@@ -16,29 +19,33 @@ from torch import nn
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.models.spec import ModelSpec
+from hpctrain.precision import matmul_peak
 
-# Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
-PEAK_BF16_FLOPS = {
-    "H200": 989e12,
-    "H100": 989e12,  # SXM; the PCIe card is 756e12, matched first below
-    "H100 PCIe": 756e12,
-    "A100": 312e12,
-    "L40S": 362e12,
-    "A10G": 125e12,
-    "V100": 125e12,  # fp16 tensor cores: V100 has no bf16
+# Dense peak FLOP/s per device and kind of matmul (hpctrain.precision.PEAKS), from the vendors' data sheets
+# (no sparsity: the tensor-core figures NVIDIA gives with sparsity, halved): fp32 on CUDA cores, TF32, bf16
+# (= fp16) and float8 on tensor cores. The H100 SXM's TF32 from the Hopper whitepaper's clocks.
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "H200": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989e12, "fp8": 1979e12},  # the H100 SXM's cores
+    "H100": {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989e12, "fp8": 1979e12},  # SXM
+    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp8": 1513e12},  # matched before H100
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12},  # no float8
+    "L40S": {"fp32": 91.6e12, "tf32": 183e12, "bf16": 362e12, "fp8": 733e12},
+    "A10G": {"fp32": 31.2e12, "tf32": 62.5e12, "bf16": 125e12},
+    "V100": {"fp32": 15.7e12, "bf16": 125e12},  # fp16 tensor cores (V100 has no bf16 nor TF32)
 }
 
 
-def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
-    """The peak used for MFU: the configured one, else the GPU's data-sheet figure, else None (no MFU)."""
+def device_peak_flops(device: torch.device, configured: float | None, kind: str = "bf16") -> float | None:
+    """The peak used for MFU, of the ``kind`` of matmul the run computes (hpctrain.precision.matmul_peak):
+    the configured one, else the GPU's data-sheet figure of that kind, else None (no MFU)."""
     if configured:
         return configured
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key in sorted(PEAK_BF16_FLOPS, key=len, reverse=True):
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
         if key in name:
-            return PEAK_BF16_FLOPS[key]
+            return PEAK_FLOPS[key].get(kind)
     return None
 
 
@@ -103,7 +110,9 @@ class Throughput:
         self.tokens_per_sample = facts.tokens_per_sample
         self.is_tokens = facts.per_token
         self.flops_per_token = facts.flops_per_token
-        self.peak = device_peak_flops(device, cfg.cluster.peak_flops)
+        # The peak of the run's precision, the one the planner priced its step at.
+        kind = matmul_peak(cfg.trainer.precision)
+        self.peak = device_peak_flops(device, cfg.cluster.peak(kind), kind)
         self.world_size = shape.world_size
         self.device = device
         self._times: list[float] = []

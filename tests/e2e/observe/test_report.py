@@ -38,7 +38,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "data=digits",
         "parallel=none",
         "cluster.nproc=1",
-        "cluster.peak_flops=1e11",  # CPUs have no known peak: stating one makes the trainer log MFU
+        "cluster.peak_fp32_flops=1e11",  # CPUs have no known peak: stating the fp32 run's makes it log MFU
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -109,7 +109,8 @@ def test_step_time_and_cost():
     assert t is not None
     tokens = 16 * 8 * 4 * 64  # micro-batch × dp × pipeline micro-batches × sequence
     assert t.flops_per_step == flops_per_token(cfg.model) * tokens
-    assert t.compute_s == pytest.approx(t.flops_per_step / 32 / (312e12 * 0.45))
+    # An fp32 run's matmuls are priced at the A100's fp32 peak (19.5 TFLOP/s), not its bf16 one.
+    assert t.compute_s == pytest.approx(t.flops_per_step / 32 / (19.5e12 * 0.45))
     assert t.bubble == pytest.approx(1 / 5)  # (pp − 1)/(m + pp − 1), pp = 2, m = 4
     assert t.gpu_hours == pytest.approx(t.step_s * 300 * 32 / 3600)
     assert t.cost == pytest.approx(2.0 * t.gpu_hours)

@@ -24,7 +24,7 @@ def test_seven_b_with_ddp_is_refused_in_one_line_with_its_numbers(cli: CLI, tmp_
     line = lines[0]
     assert line.startswith("hpctrain: plan: 6.4B-parameter GPT needs 104.1 GiB per GPU"), line
     for words in (
-        "params 24.0 + grads 24.0 + optimizer 48.0",
+        "params 24.0 GiB + grads 24.0 GiB + optimizer 48.0 GiB",
         "a100x32 has 80 GiB",
         "parallel=",
         "plan_check=false",

@@ -19,7 +19,10 @@ CPU = torch.device("cpu")
 
 
 def test_a_report_averages_the_steps_since_the_last() -> None:
-    cfg = to_typed(compose(["cluster.nproc=2", "trainer.global_batch_size=32", "cluster.peak_flops=1e12"]))
+    # An fp32 run: its MFU is against the fp32 peak (hpctrain.precision.matmul_peak).
+    cfg = to_typed(
+        compose(["cluster.nproc=2", "trainer.global_batch_size=32", "cluster.peak_fp32_flops=1e12"])
+    )
     meter = Throughput(cfg, run_shape(cfg), CPU, RunFacts(1000, 64, True, 6000.0))
     meter.step_done(0.5, data_wait=0.1)
     meter.step_done(1.5, data_wait=0.3)
@@ -53,3 +56,16 @@ def test_a_declared_model_is_counted_by_its_spec_a_users_by_its_tensors() -> Non
     assert run_facts(ModelSpec(target="mine.Net"), user, torch.zeros(2, 3, 8, 8)) == RunFacts(
         40, 1, False, 240.0
     )
+
+
+def test_mfu_is_against_the_peak_of_the_runs_precision() -> None:
+    """The peak the planner priced the step at (hpctrain.precision.matmul_peak): an fp32 run's fp32 peak, a
+    bf16 run's peak_flops, never the bf16 peak for an fp32 run (which made its MFU 2-16× too low)."""
+    peaks = ["cluster.peak_fp32_flops=1e12", "cluster.peak_flops=8e12"]
+    for precision, peak in (("fp32", 1e12), ("bf16", 8e12), ("fp16", 8e12)):
+        cfg = to_typed(compose(["cluster.nproc=1", *peaks, f"trainer.precision={precision}"]))
+        meter = Throughput(cfg, run_shape(cfg), CPU, RunFacts(1000, 1, False, 6000.0))
+        meter.step_done(1.0)
+        assert meter.report()["mfu"] == pytest.approx(6000.0 * 16 / peak), precision
+    fp32_only = to_typed(compose(["cluster.nproc=1", "cluster.peak_flops=8e12"]))
+    assert "mfu" not in Throughput(fp32_only, run_shape(fp32_only), CPU, RunFacts(1, 1, False, 6.0)).report()
