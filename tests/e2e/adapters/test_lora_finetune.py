@@ -212,6 +212,10 @@ def test_gpt2_from_its_export_fine_tunes_under_fsdp_and_tp_and_exports_for_trans
         done = user(project, *GPT2_DATA, *GPT2_LORA, *layout, f"model.init_from={base}",
                     "cluster.nproc=2", f"hydra.run.dir={run}")  # fmt: skip
         assert done.returncode == 0, (name, done.stderr[-3000:])
+        # 4 adapted Conv1D of 64 → 192 (c_attn) and 64 → 256 (c_fc): A is 4 × 64, B out × 4.
+        adapters_numel = 2 * (4 * 64 + 192 * 4) + 2 * (4 * 64 + 256 * 4)
+        said = f"{sum(base_weights[k].numel() for k in base_weights) + adapters_numel:,} parameters, "
+        assert said + f"{adapters_numel:,} trained (adapters" in (run / "logs" / "rank0.log").read_text()
         losses = {r["step"]: r["loss"] for r in metrics(run)}
         assert sum(losses[s] for s in (4, 5, 6)) < sum(losses[s] for s in (1, 2, 3)) - 0.15, (name, losses)
         # What trained: the adapters alone, every one moved from where it started.
