@@ -45,7 +45,7 @@ def _counted(monkeypatch, cfg) -> tuple[list, list[tuple[int, int]]]:  # type: i
     return alternatives(cfg, limit=3), tried
 
 
-def test_a_long_sequence_whose_one_sample_does_not_fit_is_offered_context_parallelism(monkeypatch):
+def test_a_long_sequence_whose_one_sample_does_not_fit_is_offered_context_parallelism(monkeypatch, cli):
     cfg = typed(*LONG)
     own = plan.estimate(cfg)  # one sample per micro-batch: the activations are what does not fit
     assert not own.verdict.fits and own.largest.activations > own.verdict.need - own.verdict.usable
@@ -57,6 +57,8 @@ def test_a_long_sequence_whose_one_sample_does_not_fit_is_offered_context_parall
         assert again.parallel.cp > 1 and plan.estimate(again).verdict.fits, alt.overrides
     # Tried only where one sample did not fit: fewer estimates than the search without it makes.
     assert 0 < sum(1 for _, cp in tried if cp > 1) < sum(1 for _, cp in tried if cp <= 1)
+    shown = cli("plan", *LONG)  # what hpctrain plan prints: the same layout among those that fit
+    assert shown.returncode == 1 and " ".join(with_cp[0].overrides) in shown.stdout, shown.stdout  # 1: no fit
 
 
 def test_a_mixture_of_experts_is_offered_expert_parallelism(monkeypatch):
