@@ -130,7 +130,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
             log.info("LoRA adapters on %d module(s): %s", len(adapted), ", ".join(adapted[:4]))
     distinct = list({id(p): p for p in model.parameters()}.values())  # a tied weight once
     total, trains = sum(p.numel() for p in distinct), sum(p.numel() for p in distinct if p.requires_grad)
-    # Some frozen (adapters, or a user's PEFT model): what trains is said beside the whole.
+    # Some frozen (adapters, a user's PEFT model or frozen layers): what trains is said beside the whole.
     trained = (total, trains) if trains != total else None
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
@@ -234,7 +234,8 @@ def fit(
     monitors.router = run.par.router
     counted = f"{facts.n_params:,} parameters"
     if run.trained is not None:  # some frozen: what trains beside the whole
-        counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained (adapters; the rest frozen)"
+        which = "adapters; " if cfg.model.adapters != "none" else ""
+        counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained ({which}the rest frozen)"
     log.info(
         "Training from step %d to %d: %s, %d rank(s) on %s, parallel=%s (%s)",
         state.step, t.max_steps, counted, env.world_size, device, cfg.parallel.name, shape.degrees,
