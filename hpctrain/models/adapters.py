@@ -7,6 +7,9 @@ forward hook adding ``(alpha / rank) · lora_B(lora_A(dropout(x)))`` to its outp
 Every other parameter is frozen. The names are PEFT's (``<module>.lora_A.weight``), so the adapters export
 as a PEFT adapter and a merged model is the base weights with ``W + (alpha / rank) · B A``.
 
+transformers' ``Conv1D`` (GPT-2's projections: a Linear whose weight is stored transposed, [in, out]) is
+adapted alike: the same ``lora_A`` / ``lora_B`` (PEFT's ``fan_in_fan_out``), its merge adds ``(B A)ᵀ``.
+
 A hook rather than a wrapper class keeps each Linear what it was: tensor-parallel plans, float8 conversion,
 FSDP units and checkpoint names of the base weights are unchanged.
 
@@ -17,6 +20,7 @@ end of a longer name, as PEFT's ``target_modules`` do), else the model class's `
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +35,30 @@ from hpctrain.models.facts import module_matches
 ADAPTER_NAMES = ("lora_A", "lora_B")
 
 
-def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Linear]]:
+def is_transposed_linear(module: nn.Module) -> bool:
+    """transformers' ``Conv1D``: ``x @ W + b`` with ``W`` [in, out] (GPT-2's projections). Looked up where
+    transformers is already imported: a model built without it holds none."""
+    utils = sys.modules.get("transformers.pytorch_utils")
+    conv1d = getattr(utils, "Conv1D", None)
+    return conv1d is not None and isinstance(module, conv1d)
+
+
+def linear_dims(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) features of a Linear or a transposed one (:func:`is_transposed_linear`); None otherwise."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if is_transposed_linear(module):
+        inp, out = module.weight.shape
+        return inp, out
+    return None
+
+
+def transposed_modules(model: nn.Module) -> set[str]:
+    """The names of ``model``'s transposed Linears (their merged update is ``(B A)ᵀ``)."""
+    return {name for name, module in model.named_modules() if is_transposed_linear(module)}
+
+
+def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Module]]:
     """The Linear modules ``lora`` adapts, with their names; else one line saying what to name."""
     name = type(model).__name__
     patterns = list(lora.targets) or list(getattr(type(model), "LORA_TARGETS", ()))
@@ -46,10 +73,10 @@ def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Linea
         if not hits:
             raise ConfigError("model.lora.targets", pattern, f"names no module of {name}")
         for module_name, module in hits:
-            if not isinstance(module, nn.Linear):
+            if linear_dims(module) is None:
                 raise ConfigError(
                     "model.lora.targets", pattern, f"names {module_name}, a {type(module).__name__}",
-                    valid="nn.Linear modules",
+                    valid="nn.Linear (or transformers' Conv1D) modules",
                 )  # fmt: skip
             found[module_name] = module
     return sorted(found.items())
@@ -64,8 +91,9 @@ def add_lora(model: nn.Module, lora: LoraConfig) -> list[str]:
     scale = lora.alpha / lora.rank
     for _, linear in targets:
         weight = linear.weight
-        a = nn.Linear(linear.in_features, lora.rank, bias=False, device=weight.device, dtype=weight.dtype)
-        b = nn.Linear(lora.rank, linear.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+        inp, out = linear_dims(linear) or (0, 0)
+        a = nn.Linear(inp, lora.rank, bias=False, device=weight.device, dtype=weight.dtype)
+        b = nn.Linear(lora.rank, out, bias=False, device=weight.device, dtype=weight.dtype)
         if weight.device.type != "meta":
             nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5))  # PEFT's init of A
             nn.init.zeros_(b.weight)
@@ -87,8 +115,11 @@ def adapter_names(names: Iterator[str] | list[str]) -> list[str]:
     return [n for n in names if any(f".{a}." in f".{n}" for a in ADAPTER_NAMES)]
 
 
-def merged(weights: dict[str, torch.Tensor], lora: LoraConfig) -> dict[str, torch.Tensor]:
-    """The base weights with every adapter folded in (``W + (alpha / rank) · B A`` in fp32), adapters gone."""
+def merged(
+    weights: dict[str, torch.Tensor], lora: LoraConfig, transposed: set[str] | frozenset[str] = frozenset()
+) -> dict[str, torch.Tensor]:
+    """The base weights with every adapter folded in (``W + (alpha / rank) · B A`` in fp32; its transpose
+    for the modules named in ``transposed``, whose ``W`` is [in, out]), adapters gone."""
     scale = lora.alpha / lora.rank
     out = {n: t for n, t in weights.items() if not adapter_names([n])}
     for name in adapter_names(list(weights)):
@@ -97,12 +128,18 @@ def merged(weights: dict[str, torch.Tensor], lora: LoraConfig) -> dict[str, torc
         module = name.removesuffix(".lora_A.weight")
         a, b = weights[name].float(), weights[f"{module}.lora_B.weight"].float()
         base = out[f"{module}.weight"]
-        out[f"{module}.weight"] = (base.float() + scale * (b @ a)).to(base.dtype)
+        delta = b @ a
+        out[f"{module}.weight"] = (base.float() + scale * (delta.T if module in transposed else delta)).to(
+            base.dtype
+        )
     return out
 
 
-def peft_config(lora: LoraConfig, targets: list[str], base: str | None, causal_lm: bool) -> dict[str, Any]:
-    """PEFT's ``adapter_config.json`` for these adapters (``target_modules``: the adapted modules' names)."""
+def peft_config(
+    lora: LoraConfig, targets: list[str], base: str | None, causal_lm: bool, fan_in_fan_out: bool = False
+) -> dict[str, Any]:
+    """PEFT's ``adapter_config.json`` for these adapters (``target_modules``: the adapted modules' names;
+    ``fan_in_fan_out`` where they are transposed Linears: PEFT then merges ``(B A)ᵀ`` as :func:`merged`)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM" if causal_lm else None,
@@ -111,7 +148,7 @@ def peft_config(lora: LoraConfig, targets: list[str], base: str | None, causal_l
         "lora_dropout": lora.dropout,
         "target_modules": sorted(targets),
         "bias": "none",
-        "fan_in_fan_out": False,
+        "fan_in_fan_out": fan_in_fan_out,
         "base_model_name_or_path": base,
         "inference_mode": True,
     }

@@ -21,13 +21,21 @@ gradients are zero.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import (
+    DTensor,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_module,
+    distribute_tensor,
+)
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -38,6 +46,7 @@ from torch.distributed.tensor.parallel import (
 
 from hpctrain.config.schema import TP_ROLES
 from hpctrain.errors import ConfigError
+from hpctrain.models.adapters import is_transposed_linear
 from hpctrain.parallel.shared import tied_parameters
 
 log = logging.getLogger(__name__)
@@ -137,6 +146,46 @@ class SequenceShards:
         return whole[:, : self.length].contiguous() if whole.shape[1] != self.length else whole
 
 
+class _Colwise(ColwiseParallel):
+    """torch's column-wise split, which also splits transformers' ``Conv1D`` (GPT-2's projections: weight
+    [in, out], so its output features are dimension 1; torch's styles take nn.Linear and nn.Embedding)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not is_transposed_linear(module):
+            return super()._apply(module, device_mesh)
+        return distribute_module(
+            module, device_mesh, _split({"weight": Shard(1), "bias": Shard(0)}),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )  # fmt: skip
+
+
+class _Rowwise(RowwiseParallel):
+    """torch's row-wise split, which also splits transformers' ``Conv1D`` (its input features: dimension 0
+    of its [in, out] weight; the bias whole, added once to the reduced sum)."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        if not is_transposed_linear(module):
+            return super()._apply(module, device_mesh)
+        self.desired_input_layouts: tuple[Placement, ...] = (Shard(-1),)
+        return distribute_module(
+            module, device_mesh, _split({"weight": Shard(0), "bias": Replicate()}),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )  # fmt: skip
+
+
+def _split(placements: dict[str, Placement]) -> Any:
+    """A ``distribute_module`` partition function placing a module's own parameters by name."""
+
+    def partition(_name: str, module: nn.Module, mesh: DeviceMesh) -> None:
+        for name, param in list(module.named_parameters(recurse=False)):
+            whole = distribute_tensor(param, mesh, [placements[name]])
+            module.register_parameter(name, nn.Parameter(whole, requires_grad=param.requires_grad))
+
+    return partition
+
+
 def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
     """The torch style for one role; None where the role needs none (hooks do the sequence work).
 
@@ -151,9 +200,9 @@ def style_for(role: str, sequence_parallel: bool) -> ParallelStyle | None:
     """
     stream = SEQUENCE if sequence_parallel else Replicate()
     if role == "colwise":
-        return ColwiseParallel()
+        return _Colwise()
     if role == "rowwise":
-        return RowwiseParallel(output_layouts=stream)
+        return _Rowwise(output_layouts=stream)
     if role == "vocab_embedding":
         return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if role == "vocab_head":  # under sequence parallelism a hook has gathered the sequence already

@@ -92,6 +92,10 @@ class RankParams:
     trained_bytes: int = 0  # of param_bytes, what trains (the optimizer's state is shaped like it)
     trained_tensors: int = 0
     trained_numel: int = 0
+    # TP-local elements with a gradient (all but frozen ones: LoRA's base) of the root and of each block,
+    # largest first: what FSDP reduce-scatters (it reduces only the parameters that have a gradient).
+    trained_root: int = 0
+    trained_units: tuple[int, ...] = ()
 
     @property
     def unsharded(self) -> int:
@@ -117,8 +121,9 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
     if cached is not None and cached[0] is facts:
         return cached[1]
     numel = grad_numel = param_bytes = grad_bytes = root = copies = 0
-    trained_bytes = trained_tensors = trained_numel = 0
+    trained_bytes = trained_tensors = trained_numel = trained_root = 0
     by_unit: dict[int, int] = {}
+    trained_by_unit: dict[int, int] = {}
     mine = params_on(facts, lay, stages)
     for q in mine:
         if q.ep_dim is not None and d.ep > 1:
@@ -140,6 +145,10 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
             trained_bytes += local * q.itemsize
             trained_numel += local
             trained_tensors += 1
+            if q.unit >= 0:
+                trained_by_unit[q.unit] = trained_by_unit.get(q.unit, 0) + tp_local
+            else:
+                trained_root += tp_local
         if q.unit >= 0:
             by_unit[q.unit] = by_unit.get(q.unit, 0) + tp_local
         else:
@@ -147,9 +156,10 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
         if q.autocast_copy:
             copies += tp_local
     units = tuple(sorted((u for u in by_unit.values() if u), reverse=True))
+    trained_units = tuple(sorted((u for u in trained_by_unit.values() if u), reverse=True))
     found = RankParams(
         len(mine), numel, grad_numel, param_bytes, grad_bytes, root, units, len(by_unit), copies,
-        trained_bytes, trained_tensors, trained_numel,
+        trained_bytes, trained_tensors, trained_numel, trained_root, trained_units,
     )  # fmt: skip
     # The search estimates many variants (checkpointing, micro-batch sizes) of each split: count it once.
     if len(_RANK_PARAMS) >= 4096:
@@ -206,16 +216,17 @@ def fsdp_buffers(cfg: Config, lay: Layout, counted: RankParams) -> dict[str, int
     :attr:`ParamFact.unit`) and the root (the rest: embeddings, final norm, head)."""
     param_bytes = HALF if lay.regime == "fsdp_mixed" else FP32
     units, root = counted.units, counted.root
-    largest = max(units, default=root)
+    # Gradients, and so the reduce-scatter, only of what trains (a LoRA run's base has none).
+    reduced = max(counted.trained_units, default=counted.trained_root)
     buffers: dict[str, int] = {}
     if lay.degrees.pp > 1:
         # torch.distributed.pipelining turns off FSDP's resharding after backward and its gradient
         # reduction for all but the last micro-batch: once a block has run a backward it stays gathered,
         # and its unreduced gradient accumulates whole (in the fp32 reduce dtype) until the step's end.
         buffers["FSDP gathered parameters"] = (sum(units) + root) * param_bytes
-        buffers["FSDP unreduced gradients"] = (sum(units) + root) * FP32
+        buffers["FSDP unreduced gradients"] = (sum(counted.trained_units) + counted.trained_root) * FP32
         # There the unreduced gradients above are the computed ones; the flat fp32 reduce-scatter input.
-        buffers["FSDP reduce-scatter"] = largest * FP32
+        buffers["FSDP reduce-scatter"] = reduced * FP32
         return buffers
     # ZeRO-3: the block running and the next one, prefetched; ZeRO-2 keeps every block gathered from its
     # forward to its backward. The root unit (embeddings, head) is not resharded after the forward.
@@ -223,7 +234,7 @@ def fsdp_buffers(cfg: Config, lay: Layout, counted: RankParams) -> dict[str, int
     buffers["FSDP gathered parameters"] = (sum(held) + root) * param_bytes
     # The unsharded gradients of the unit being reduced and of the one being computed, in the parameters'
     # dtype, and the flat fp32 reduce-scatter input.
-    buffers["FSDP reduce-scatter"] = largest * (2 * param_bytes + FP32)
+    buffers["FSDP reduce-scatter"] = reduced * (2 * param_bytes + FP32)
     return buffers
 
 

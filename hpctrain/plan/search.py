@@ -4,7 +4,12 @@ does not fit, to say what would).
 What stays: the model, the world size (cluster), the samples per optimizer step (the global batch), the
 precision and the optimizer. What changes: the split of the ranks into pipeline × data-parallel × tensor
 parallel (every strategy and degree the world size allows), activation checkpointing, pipeline
-micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Tied embeddings
+micro-batches, and the micro-batch size (gradient accumulation makes up the global batch). Two more axes,
+where the model has them and only where they can matter, so the search of a dense model of short sequences
+costs what it did: a mixture of experts also tries expert parallelism over the FSDP ranks (``parallel.ep``:
+each rank gathers only its experts' weights); a layout whose one-sample micro-batch does not fit (its
+activations: one sequence's are too many) tries context parallelism (``parallel.cp``: each rank keeps
+1/cp of every sequence), the smallest degree that fits. Tied embeddings
 stay tied under pipeline layouts: the last stage holds a copy of the embedding for its LM head (Megatron's
 embedding group), which the memory estimate counts.
 
@@ -19,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hpctrain.config.schema import ClusterConfig, Config
-from hpctrain.config.shape import PIPELINE_SCHEDULES, STRATEGY_DIMS, Degrees, run_shape
+from hpctrain.config.shape import EXTRA_DIMS, PIPELINE_SCHEDULES, STRATEGY_DIMS, Degrees, run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
 from hpctrain.models.facts import ModelFacts
@@ -32,7 +37,9 @@ AC_MODES = ("none", "selective", "full")
 MICROBATCH_FACTORS = (1, 2, 4, 8)
 # The degree left open (derived from the world size) in the printed overrides, per strategy.
 DERIVED = {"hsdp": "dp_replicate", "2d": "dp_shard", "3d": "dp_shard"}
-_DEGREE_KEYS = {f"parallel.{dim}" for dim in ("pp", "dp_replicate", "dp_shard", "tp")}
+_DEGREE_KEYS = {f"parallel.{dim}" for dim in ("pp", "dp_replicate", "dp_shard", "tp", "ep", "cp")}
+# The strategies whose dp_shard is derived and that take ep and cp beside (config.shape.TAKES_EXTRA).
+WITH_EXTRA = ("fsdp", "2d", "3d")
 # Below this much compute per GPU and step, the step's fixed costs dominate it: a kernel launch costs ~5 µs
 # and a transformer step launches hundreds to thousands of them; each collective's latency over NVLink or
 # InfiniBand is tens of µs, several per step; the optimizer's pass over every tensor. More GPUs then only
@@ -68,20 +75,27 @@ def _layouts(world: int) -> Iterator[tuple[str, dict[str, int]]]:
             yield "3d", {"pp": pp, "dp_shard": world // (pp * tp), "tp": tp}
 
 
-def _splits_model(cfg: Config, tp: int, pp: int, per_rank: int, measured: ModelFacts | None = None) -> bool:
+def _splits_model(
+    cfg: Config, tp: int, pp: int, per_rank: int, measured: ModelFacts | None = None, ep: int = 1, cp: int = 1
+) -> bool:
     """The model's own layout rules (its spec's ``check_layout``) for these degrees, checked cheaply first;
     with sequence parallelism, positions that split evenly. A measured model (a user's: its facts hold the
     split of the run's own layout) splits over data-parallel ranks only."""
     if measured is not None:
-        return tp == 1 and pp == 1
+        return tp == 1 and pp == 1 and ep == 1 and cp == 1
     spec = model_spec(cfg.model)
     if tp > 1 and cfg.parallel.sequence_parallel and spec.tokens_per_sample % tp:
         return False
     try:
-        spec.check_layout(Degrees(pp=pp, tp=tp), cfg.parallel, pp * per_rank)
+        spec.check_layout(Degrees(pp=pp, tp=tp, ep=ep, cp=cp), cfg.parallel, pp * per_rank)
     except ConfigError:
         return False
     return True
+
+
+def _experts(cfg: Config, measured: ModelFacts | None) -> int:
+    """Experts of the model's mixture-of-experts layers (0: dense, or a measured model: planned as given)."""
+    return 0 if measured is not None else getattr(model_spec(cfg.model), "experts", 0)
 
 
 def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Config]:
@@ -93,10 +107,12 @@ def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Con
     # Keep the user's schedule when it pipelines already; otherwise 1F1B, which needs one stage per rank.
     schedule = p.schedule if p.name in ("pp", "3d") else "1f1b"
     per_rank = PIPELINE_SCHEDULES[schedule] or 2
-    for name, dims in _layouts(world):
-        pp, tp = dims.get("pp", 1), dims.get("tp", 1)
-        dp = dims.get("dp_replicate", 1) * dims.get("dp_shard", 1)
-        if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1, measured):
+    experts = _experts(cfg, measured)
+    for name, dims in _expert_layouts(_layouts(world), experts):
+        pp, tp, ep = dims.get("pp", 1), dims.get("tp", 1), dims.get("ep", 1)
+        # Expert-parallel ranks train different samples: data parallel (Degrees.dp).
+        dp = dims.get("dp_replicate", 1) * dims.get("dp_shard", 1) * ep
+        if not _splits_model(cfg, tp, pp, per_rank if pp > 1 else 1, measured, ep=ep):
             continue
         sharded = dims.get("dp_shard", 1) > 1
         degrees = {
@@ -112,14 +128,13 @@ def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Con
                     m = pp * factor if pp > 1 else p.microbatches
                     if pp > 1 and per_rank > 1 and m % pp:
                         continue
-                    # The search splits ranks over pp, dp and tp: context and expert parallelism are the
-                    # user's to choose (their own plan is estimated as given).
+                    # Context parallelism: tried by ``alternatives`` where a sample does not fit.
                     parallel = dataclasses.replace(
                         p,
                         name=name,
                         **degrees,
                         cp=0,
-                        ep=0,
+                        ep=ep if ep > 1 else 0,
                         activation_checkpointing=ac,
                         reshard_after_forward=reshard,
                         cpu_offload=p.cpu_offload and sharded,
@@ -138,6 +153,50 @@ def _candidates(cfg: Config, measured: ModelFacts | None = None) -> Iterator[Con
                         yield dataclasses.replace(cfg, parallel=parallel, trainer=trainer)
 
 
+def _expert_layouts(
+    layouts: Iterator[tuple[str, dict[str, int]]], experts: int
+) -> Iterator[tuple[str, dict[str, int]]]:
+    """``layouts``, and for a mixture of ``experts`` each sharded one again with expert parallelism: the
+    largest degree that divides both its FSDP ranks and the experts (each rank then gathers the fewest
+    experts' weights; dp_shard is what ep leaves). One degree, not every one: the search of a mixture of
+    experts costs at most twice a dense one's."""
+    for name, dims in layouts:
+        yield name, dims
+        shard = dims.get("dp_shard", 1)
+        if not experts or name not in WITH_EXTRA:
+            continue
+        ep = max(k for k in _divisors(shard) if experts % k == 0)
+        if ep > 1:
+            yield name, {**dims, "dp_shard": shard // ep, "ep": ep}
+
+
+def _with_context(cfg: Config, measured: ModelFacts | None) -> Iterator[Config]:
+    """``cfg`` (a layout whose one-sample micro-batch does not fit) with context parallelism over its FSDP
+    ranks (which keep their shards: dp_shard × cp): the smallest degree whose one-sample micro-batch fits,
+    then its micro-batch sizes largest first (one estimate per degree tried, not one per size)."""
+    p = cfg.parallel
+    if measured is not None or p.name not in WITH_EXTRA or p.cp > 1:
+        return
+    shape = run_shape(cfg)
+    d, batch = shape.degrees, shape.global_batch_size
+    per_rank = shape.stages_per_rank if d.pp > 1 else 1
+    for cp in _divisors(d.dp_shard)[1:]:
+        per_pass = (d.dp // cp) * (shape.microbatches if d.pp > 1 else 1)
+        if batch % per_pass or not _splits_model(cfg, d.tp, d.pp, per_rank, measured, ep=d.ep, cp=cp):
+            continue
+        parallel = dataclasses.replace(p, cp=cp)
+        sized = [
+            dataclasses.replace(
+                cfg, parallel=parallel,
+                trainer=dataclasses.replace(cfg.trainer, micro_batch_size=size, global_batch_size=batch),
+            )
+            for size in sorted(_divisors(batch // per_pass), reverse=True)
+        ]  # fmt: skip
+        if estimate(sized[-1], measured).verdict.fits:
+            yield from sized
+            return
+
+
 def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
     """The command-line overrides that turn ``original`` into ``cfg`` (for the knobs the search changes)."""
     p, q = original.parallel, cfg.parallel
@@ -145,6 +204,9 @@ def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
     for dim in STRATEGY_DIMS[q.name]:
         if getattr(q, dim):
             out.append(f"parallel.{dim}={getattr(q, dim)}")
+    for dim in EXTRA_DIMS:
+        if dim not in STRATEGY_DIMS[q.name] and (getattr(q, dim) > 1 or getattr(p, dim) > 1):
+            out.append(f"parallel.{dim}={max(getattr(q, dim), 1)}")
     for key in ("activation_checkpointing", "reshard_after_forward", "cpu_offload", "compression"):
         if getattr(q, key) != getattr(p, key):
             out.append(f"parallel.{key}={str(getattr(q, key)).lower()}")
@@ -158,6 +220,29 @@ def overrides_for(original: Config, cfg: Config) -> tuple[str, ...]:
     if shape.samples_per_pass != shape.global_batch_size and original.trainer.global_batch_size is None:
         out.append(f"trainer.global_batch_size={cfg.trainer.global_batch_size}")
     return tuple(out)
+
+
+def _settle(
+    cfg: Config,
+    candidates: Iterator[Config],
+    measured: ModelFacts | None,
+    current: tuple[str, ...],
+    settled: set[tuple[str, ...]],
+    found: dict[tuple[str, ...], Estimate],
+    configs: dict[tuple[str, ...], Config],
+) -> None:
+    """The first of ``candidates`` (one layout family, best first) that fits, recorded as ``alternatives``
+    records its own."""
+    for candidate in candidates:
+        layout = overrides_for(cfg, dataclasses.replace(candidate, trainer=cfg.trainer))
+        if layout in settled:
+            return
+        est = estimate(candidate, measured)
+        if est.verdict.fits:
+            settled.add(layout)
+            if overrides_for(cfg, candidate) != current:
+                found[layout], configs[layout] = est, candidate
+            return
 
 
 def _rank_key(est: Estimate) -> tuple[float, int]:
@@ -182,6 +267,10 @@ def alternatives(
             continue
         est = estimate(candidate, measured)
         if not est.verdict.fits:
+            # Not one sample, and its activations are what does not fit: split the sequences.
+            short = est.verdict.need - est.verdict.usable
+            if candidate.trainer.micro_batch_size == 1 and est.largest.activations > short:
+                _settle(cfg, _with_context(candidate, measured), measured, current, settled, found, configs)
             continue
         settled.add(layout)  # smaller micro-batches of it are no faster
         if keep_current or overrides_for(cfg, candidate) != current:  # the config itself is no alternative

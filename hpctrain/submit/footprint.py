@@ -50,6 +50,10 @@ def measure_model(cfg: Config) -> ModelFacts:
     cannot be built, a note in its measurement when its activations cannot be measured."""
     start = time.perf_counter()
     meta = build_model(cfg, "meta")
+    if cfg.model.adapters == "lora":  # as the trainer adapts it: the base frozen, the adapters beside
+        from hpctrain.models.adapters import add_lora
+
+        add_lora(meta, cfg.model.lora)
     unit_of = {}
     blocks = find_blocks(meta, cfg.parallel.block_classes)
     for k, block in enumerate(blocks):
@@ -64,6 +68,7 @@ def measure_model(cfg: Config) -> ModelFacts:
             unit=unit_of.get(name, -1),
             tp_dim=tp_dims.get(name),
             stages=stages(name),
+            trainable=p.requires_grad,  # frozen: LoRA's base, or a PEFT model's
         )
         for name, p in meta.named_parameters()
     )
@@ -104,7 +109,7 @@ def measure_model(cfg: Config) -> ModelFacts:
 
 
 # The dimension of a module's weight and bias each tensor-parallel role splits (hpctrain.parallel.tp:
-# nn.Linear weights are [out, in], embeddings [vocab, width]).
+# nn.Linear weights are [out, in], embeddings [vocab, width]; transformers' Conv1D weights are [in, out]).
 TP_DIMS = {
     "colwise": (0, 0),
     "vocab_head": (0, 0),
@@ -121,6 +126,7 @@ def _splits(cfg: Config, meta: nn.Module) -> tuple[dict[str, int], Any]:
     shape = run_shape(cfg)
     tp_dims: dict[str, int] = {}
     if shape.degrees.tp > 1:
+        from hpctrain.models.adapters import is_transposed_linear
         from hpctrain.parallel.tp import pattern_modules, tp_plan_of
 
         found = tp_plan_of(meta, dict(cfg.parallel.tp_plan))
@@ -128,10 +134,18 @@ def _splits(cfg: Config, meta: nn.Module) -> tuple[dict[str, int], Any]:
         for pattern, role in (found[0] if found else {}).items():
             dims = TP_DIMS.get(role)
             for module in pattern_modules(meta, pattern) if dims else []:
-                for which, dim in zip(("weight", "bias"), dims, strict=True):
+                weight_dim = dims[0]
+                if role in ("colwise", "rowwise") and is_transposed_linear(module):
+                    weight_dim = 1 - dims[0]
+                for which, dim in zip(("weight", "bias"), (weight_dim, dims[1]), strict=True):
                     tensor = getattr(module, which, None)
                     if dim is not None and isinstance(tensor, nn.Parameter) and tensor.dim() > dim:
                         tp_dims[f"{names[id(module)]}.{which}".lstrip(".")] = dim
+                # LoRA's adapters split as the Linear (hpctrain.parallel.tp): B's rows under a
+                # column-wise split, A's columns under a row-wise one.
+                adapter = {"colwise": ("lora_B", 0), "rowwise": ("lora_A", 1)}.get(role)
+                if adapter and isinstance(getattr(module, adapter[0], None), nn.Module):
+                    tp_dims[f"{names[id(module)]}.{adapter[0]}.weight".lstrip(".")] = adapter[1]
     if shape.degrees.pp <= 1:
         return tp_dims, lambda name: None
     from hpctrain.parallel.stages import pipeline_split, sequential_dropped

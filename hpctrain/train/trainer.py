@@ -106,6 +106,9 @@ class Run:
     resumable: dict[str, Any]  # every Stateful of the checkpoint, by key
     checkpoints: CheckpointManager
     faults: FaultInjector
+    # (parameters of the whole model, of them those that train) where some are frozen (adapters), counted
+    # before the model is split (a pipeline rank holds only its stages'); None where all train.
+    trained: tuple[int, int] | None = None
 
 
 def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
@@ -125,6 +128,10 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         adapted = add_lora(model, cfg.model.lora)
         if env.rank == 0:
             log.info("LoRA adapters on %d module(s): %s", len(adapted), ", ".join(adapted[:4]))
+    distinct = list({id(p): p for p in model.parameters()}.values())  # a tied weight once
+    total, trains = sum(p.numel() for p in distinct), sum(p.numel() for p in distinct if p.requires_grad)
+    # Some frozen (adapters, a user's PEFT model or frozen layers): what trains is said beside the whole.
+    trained = (total, trains) if trains != total else None
     par = parallelize(model, cfg, device, shape)
     optimizer = build_optimizer(par.model, cfg.optim)
     scheduler = build_scheduler(optimizer, cfg.optim, t.max_steps)
@@ -191,7 +198,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
         cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, batches,
-        objective, state, resumable, checkpoints, faults,
+        objective, state, resumable, checkpoints, faults, trained,
     )  # fmt: skip
 
 
@@ -225,10 +232,13 @@ def fit(
     facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
     monitors = _monitors(run, facts, watchdog, run_dir)
     monitors.router = run.par.router
+    counted = f"{facts.n_params:,} parameters"
+    if run.trained is not None:  # some frozen: what trains beside the whole
+        which = "adapters; " if cfg.model.adapters != "none" else ""
+        counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained ({which}the rest frozen)"
     log.info(
-        "Training from step %d to %d: %s parameters, %d rank(s) on %s, parallel=%s (%s)",
-        state.step, t.max_steps, f"{facts.n_params:,}", env.world_size, device, cfg.parallel.name,
-        shape.degrees,
+        "Training from step %d to %d: %s, %d rank(s) on %s, parallel=%s (%s)",
+        state.step, t.max_steps, counted, env.world_size, device, cfg.parallel.name, shape.degrees,
     )  # fmt: skip
     run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it

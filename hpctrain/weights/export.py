@@ -86,7 +86,7 @@ def export(
     import torch
 
     from hpctrain.models import build_model
-    from hpctrain.models.adapters import adapter_names, merged, peft_config
+    from hpctrain.models.adapters import adapter_names, merged, peft_config, transposed_modules
     from hpctrain.rundir import checkpoints as layout
     from hpctrain.weights.load import match_names, read_checkpoint_model, read_weights, wanted_names
     from hpctrain.weights.trust import check_trusted
@@ -123,16 +123,18 @@ def export(
         if not found:
             raise ConfigError("RUN_DIR", str(run_dir), f"the checkpoint {checkpoint.name} holds no adapters")
         if adapters == "only":
+            fan_in_fan_out = bool(transposed_modules(model) & {n.rsplit(".", 2)[0] for n in found})
             return _export_adapters(
-                {n: weights[n] for n in found}, cfg, checkpoint, to, dtype, peft_config, is_hf, layout.step_of
-            )
+                {n: weights[n] for n in found}, cfg, checkpoint, to, dtype, peft_config, is_hf,
+                layout.step_of, fan_in_fan_out,
+            )  # fmt: skip
         if cfg.model.init_from is not None and not set(wanted_names(model)) <= set(weights):
             # The checkpoint holds what trained; the base weights are those the run started from.
             base = match_names(
                 wanted_names(model), read_weights(Path(cfg.model.init_from), "model.init_from")
             )
             weights = {**base, **{n: weights[n] for n in found}}
-        weights = merged(weights, cfg.model.lora)
+        weights = merged(weights, cfg.model.lora, transposed_modules(model))
     names = wanted_names(model)
     missing = [n for n in names if n not in weights]
     if missing:
@@ -201,6 +203,7 @@ def _export_adapters(
     peft_config: Any,
     is_hf: bool,
     step_of: Any,
+    fan_in_fan_out: bool,
 ) -> dict[str, Any]:
     """The adapters alone as PEFT's folder (``PeftModel.from_pretrained(base, DIR)`` loads it onto the base
     model: PEFT's names are ``base_model.model.<module>.lora_A.weight``)."""
@@ -216,7 +219,13 @@ def _export_adapters(
         tensors = {f"base_model.model.{n}": t.to(cast).contiguous() for n, t in weights.items()}
         save_file(tensors, str(partial / PEFT_WEIGHTS), metadata={"format": "pt"})
         base = cfg.model.init_from
-        config = peft_config(cfg.model.lora, targets, str(base) if base else None, causal_lm=is_hf)
+        config = peft_config(
+            cfg.model.lora,
+            targets,
+            str(base) if base else None,
+            causal_lm=is_hf,
+            fan_in_fan_out=fan_in_fan_out,
+        )
         (partial / PEFT_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
         meta = {
             "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": step_of(checkpoint),

@@ -174,3 +174,83 @@ def test_a_peft_model_as_target_trains_its_adapters_only(project: Path, tmp_path
     for name, tensor in saved.items():
         if ".lora_" not in name:
             assert torch.equal(tensor, built[name]), name
+
+
+# GPT-2 (transformers, from a config: examples/user_project's gpt2_tiny) fine-tuned from hpctrain's own hf
+# export. Its projections are transformers' Conv1D (weight [in, out]); c_attn is one fused q/k/v projection,
+# which stays whole under tensor parallelism (no plan of transformers' own for GPT-2), the MLP is split.
+GPT2_DATA = ["model=gpt2_tiny", "data=bytes", "data.max_bytes=20000", "trainer.global_batch_size=8",
+             "trainer.micro_batch_size=4", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",
+             "trainer.log_every=1"]  # fmt: skip
+GPT2_LORA = ["model.adapters=lora", "model.lora.rank=4", "model.lora.alpha=8",
+             "model.lora.targets=[c_attn,c_fc]", "optim.lr=3e-2", "optim.warmup_steps=0",
+             "trainer.max_steps=6"]  # fmt: skip
+GPT2_TP = "parallel.tp_plan={transformer.h.*.mlp.c_fc: colwise, transformer.h.*.mlp.c_proj: rowwise}"
+
+
+def test_gpt2_from_its_export_fine_tunes_under_fsdp_and_tp_and_exports_for_transformers_and_peft(
+    project: Path, tmp_path: Path, cli
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 31, acceptance c: the base stays bitwise what the export holds, the loss falls, the merged
+    export loads in transformers and the adapters in PEFT, both to the logits of the run's own model."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from hpctrain.models.adapters import add_lora
+
+    pre, base = tmp_path / "pre", tmp_path / "base"
+    done = user(project, *GPT2_DATA, "cluster.nproc=1", "parallel=none", "trainer.max_steps=1",
+                f"hydra.run.dir={pre}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert cli("export", str(pre), "--to", str(base), "--format", "hf", cwd=project).returncode == 0
+    base_weights = load_file(str(base / "model.safetensors"))
+    x = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(0))
+    layouts = {"fsdp": ["parallel=fsdp"], "tp": ["parallel=tp", GPT2_TP]}
+    runs: dict[str, Path] = {}
+    for name, layout in layouts.items():
+        run = runs[name] = tmp_path / name
+        done = user(project, *GPT2_DATA, *GPT2_LORA, *layout, f"model.init_from={base}",
+                    "cluster.nproc=2", f"hydra.run.dir={run}")  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr[-3000:])
+        # 4 adapted Conv1D of 64 → 192 (c_attn) and 64 → 256 (c_fc): A is 4 × 64, B out × 4.
+        adapters_numel = 2 * (4 * 64 + 192 * 4) + 2 * (4 * 64 + 256 * 4)
+        said = f"{sum(base_weights[k].numel() for k in base_weights) + adapters_numel:,} parameters, "
+        assert said + f"{adapters_numel:,} trained (adapters" in (run / "logs" / "rank0.log").read_text()
+        losses = {r["step"]: r["loss"] for r in metrics(run)}
+        assert sum(losses[s] for s in (4, 5, 6)) < sum(losses[s] for s in (1, 2, 3)) - 0.15, (name, losses)
+        # What trained: the adapters alone, every one moved from where it started.
+        trained = read_checkpoint_model(run / "checkpoints" / "step_00000006")
+        targets = [f"transformer.h.{i}.{m}" for i in (0, 1) for m in ("attn.c_attn", "mlp.c_fc")]
+        assert sorted(trained) == sorted(f"{t}.lora_{x}.weight" for t in targets for x in "AB"), name
+        assert all(trained[f"{t}.lora_B.weight"].abs().max() > 0 for t in targets), name
+        merged, adapters = tmp_path / f"{name}-merged", tmp_path / f"{name}-adapters"
+        for flags, out in ((["--merge", "--format", "hf"], merged), (["--adapters-only"], adapters)):
+            exported = cli("export", str(run), "--to", str(out), *flags, cwd=project)
+            assert exported.returncode == 0, (name, exported.stderr)
+        # The base bitwise as exported: every weight but the adapted ones; those W + 2 (B A)ᵀ (Conv1D).
+        folded = load_file(str(merged / "model.safetensors"))
+        assert sorted(folded) == sorted(base_weights), name
+        for key, tensor in folded.items():
+            module = key.removesuffix(".weight")
+            if module in targets:
+                delta = 2.0 * (trained[f"{module}.lora_B.weight"] @ trained[f"{module}.lora_A.weight"]).T
+                torch.testing.assert_close(tensor, base_weights[key] + delta, rtol=1e-6, atol=1e-7)
+            else:
+                assert torch.equal(tensor, base_weights[key]), (name, key)
+        # The run's own model: hpctrain builds it from the run's config, the base, the adapters.
+        sys.path.insert(0, str(project))
+        cfg = load_run_config(RunDir(run).config)
+        own = build_model(cfg.model)
+        own.load_state_dict(base_weights, strict=False)  # lm_head is tied to wte
+        add_lora(own, cfg.model.lora)
+        own.load_state_dict(trained, strict=False)
+        expected = _logits(own.eval(), x)
+        theirs = AutoModelForCausalLM.from_pretrained(str(merged)).eval()
+        torch.testing.assert_close(_logits(theirs, x), expected, rtol=1e-5, atol=1e-5)
+        on_base = peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(str(base)), str(adapters)
+        )
+        torch.testing.assert_close(_logits(on_base.eval(), x), expected, rtol=1e-5, atol=1e-5)
+    # Two layouts of the same 6 steps: the math of one process, to rounding.
+    fsdp, tp = ({r["step"]: r["loss"] for r in metrics(runs[n])} for n in ("fsdp", "tp"))
+    assert all(abs(fsdp[s] - tp[s]) < 1e-5 for s in fsdp), (fsdp, tp)

@@ -67,6 +67,22 @@ def test_lora_trains_the_adapters_only() -> None:
     assert mem.params == rank_memory(plain, layout_of(plain), 0).params + 4 * trained
 
 
+def test_fsdp_reduce_scatters_only_what_trains_under_lora() -> None:
+    """FSDP2 reduces the gradients there are: a LoRA run's reduce-scatter buffer is its largest block's
+    adapters (unsharded gradients in fp32 twice, and the fp32 flat input), not the frozen block."""
+    lora = ("model=gpt", "model.adapters=lora", "model.lora.rank=4", "parallel=fsdp", "cluster.nproc=2")
+    cfg, plain = typed(*lora), typed("model=gpt", "parallel=fsdp", "cluster.nproc=2")
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    add_lora(model, cfg.model.lora)
+    block = [p for n, p in model.named_parameters() if n.startswith("layers.0.")]
+    trained = sum(p.numel() for p in block if p.requires_grad)
+    mem, full = rank_memory(cfg, layout_of(cfg), 0), rank_memory(plain, layout_of(plain), 0)
+    assert mem.parts["FSDP reduce-scatter"] == trained * (2 * 4 + 4)
+    frozen = sum(p.numel() for p in block if not p.requires_grad)
+    assert full.parts["FSDP reduce-scatter"] == frozen * (2 * 4 + 4)  # the same block, all of it training
+
+
 def test_context_parallelism_halves_the_blocks_activations_and_adds_its_ring() -> None:
     seq = ("model=gpt", "model.seq_len=1024", "trainer.micro_batch_size=4", "trainer.global_batch_size=8")
     one = typed(*seq, "parallel=fsdp", "cluster.nproc=2")

@@ -175,3 +175,25 @@ def test_a_user_model_under_tp_and_pp_is_split_as_its_plan_and_split_say(in_proj
     stages = [sequential_stage(model, found[0], s, 2) for s in range(2)]
     assert [m.param_numel for m in est.ranks] == [sum(p.numel() for p in s.parameters()) for s in stages]
     assert est.n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_a_users_gpt2_with_lora_under_tp_is_planned_as_it_trains(in_project: Path):
+    """The measured sheet of GPT-2 with LoRA: the base frozen (no gradient, no optimizer state), the
+    adapters trained; its Conv1D projections ([in, out] weights) split on their own dimensions by the
+    tensor-parallel plan, the adapters as hpctrain.parallel.tp splits them."""
+    plan = "parallel.tp_plan={transformer.h.*.mlp.c_fc: colwise, transformer.h.*.mlp.c_proj: rowwise}"
+    cfg = user_cfg(*GPT2, "model.adapters=lora", "model.lora.rank=4", "model.lora.targets=[c_attn,c_fc]",
+                   "parallel=tp", "cluster.nproc=2", plan)  # fmt: skip
+    facts = measure_model(cfg)
+    by_name = {q.name: q for q in facts.params}
+    adapters = [q for q in facts.params if ".lora_" in q.name]
+    assert facts.n_trainable == sum(q.numel for q in adapters) > 0
+    assert all(q.trainable == (".lora_" in q.name) for q in facts.params)
+    mlp = "transformer.h.0.mlp"
+    assert (by_name[f"{mlp}.c_fc.weight"].tp_dim, by_name[f"{mlp}.c_fc.bias"].tp_dim) == (1, 0)
+    assert (by_name[f"{mlp}.c_proj.weight"].tp_dim, by_name[f"{mlp}.c_proj.bias"].tp_dim) == (0, None)
+    assert (by_name[f"{mlp}.c_fc.lora_A.weight"].tp_dim, by_name[f"{mlp}.c_fc.lora_B.weight"].tp_dim) == (
+        None,
+        0,
+    )
+    assert by_name["transformer.h.0.attn.c_attn.lora_B.weight"].tp_dim is None
