@@ -181,10 +181,13 @@ def _with_context(cfg: Config, measured: ModelFacts | None) -> Iterator[Config]:
     d, batch = shape.degrees, shape.global_batch_size
     per_rank = shape.stages_per_rank if d.pp > 1 else 1
     for cp in _divisors(d.dp_shard)[1:]:
-        per_pass = (d.dp // cp) * (shape.microbatches if d.pp > 1 else 1)
+        parallel = dataclasses.replace(p, cp=cp)
+        one = dataclasses.replace(
+            cfg, parallel=parallel, trainer=dataclasses.replace(cfg.trainer, micro_batch_size=1)
+        )
+        per_pass = run_shape(one).samples_per_pass  # one sample per data-parallel rank and micro-batch
         if batch % per_pass or not _splits_model(cfg, d.tp, d.pp, per_rank, measured, ep=d.ep, cp=cp):
             continue
-        parallel = dataclasses.replace(p, cp=cp)
         sized = [
             dataclasses.replace(
                 cfg, parallel=parallel,
