@@ -62,7 +62,14 @@ from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.reader import FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner
-from hpctrain.checkpoint.staging import EncodingSavePlanner, SegmentStager, Staged, state_signature
+from hpctrain.checkpoint.staging import (
+    EncodingSavePlanner,
+    SegmentStager,
+    Staged,
+    fresh_optimizers,
+    state_signature,
+)
+from hpctrain.checkpoint.state import allocate_optimizer_state
 from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
@@ -406,6 +413,18 @@ class CheckpointManager:
     ) -> Path | None:
         if policy == "never":
             return None
+        # The optimizers' state made ready to be loaded into without torch's step at lr 0 (the larger part of
+        # a resume's time otherwise); cleared again when no checkpoint is loaded (they stay fresh).
+        allocated = [o for o in fresh_optimizers(dict(state)) if allocate_optimizer_state(o)]
+        loaded = self._resume_from(state, policy, check)
+        if loaded is None and not self.state_touched:
+            for optimizer in allocated:
+                optimizer.state.clear()
+        return loaded
+
+    def _resume_from(
+        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None
+    ) -> Path | None:
         explicit = policy != "auto"
         candidates = [Path(policy)] if explicit else layout.committed(self.root)
         if not explicit and self.fast is not None:
