@@ -20,8 +20,11 @@ directory) and every rank learns it at the same step: with ``checkpoint.on_write
 goes on with a new generation of writers and a warning, with ``stop`` it stops.
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
-(and logged) in favour of the one before. Sizes are checked first; each file's checksum is verified as the
-reader reads it, before any of its bytes reach the state (``hpctrain.checkpoint.reader``). When a later file
+(and logged) in favour of the one before. A fresh optimizer's state is made ready to be loaded into without
+the step at lr 0 that torch's state-dict API would run for it
+(``hpctrain.checkpoint.state.allocate_optimizer_state``), and cleared again when nothing loads. Sizes are
+checked first; each file's checksum is verified as the reader reads it, before any of its bytes reach the
+state (``hpctrain.checkpoint.reader``). When a later file
 of a checkpoint fails, what was copied is overwritten by the next candidate; when none loads,
 :attr:`state_touched` tells the trainer to build the fresh state again. An intact checkpoint that does not
 fit the model (another shape, other parameter names) is not skipped: resume refuses with
