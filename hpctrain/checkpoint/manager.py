@@ -20,8 +20,11 @@ directory) and every rank learns it at the same step: with ``checkpoint.on_write
 goes on with a new generation of writers and a warning, with ``stop`` it stops.
 
 Resume: the newest committed checkpoint whose files match its manifest is loaded; a damaged one is skipped
-(and logged) in favour of the one before. Sizes are checked first; each file's checksum is verified as the
-reader reads it, before any of its bytes reach the state (``hpctrain.checkpoint.reader``). When a later file
+(and logged) in favour of the one before. A fresh optimizer's state is made ready to be loaded into without
+the step at lr 0 that torch's state-dict API would run for it
+(``hpctrain.checkpoint.state.allocate_optimizer_state``), and cleared again when nothing loads. Sizes are
+checked first; each file's checksum is verified as the reader reads it, before any of its bytes reach the
+state (``hpctrain.checkpoint.reader``). When a later file
 of a checkpoint fails, what was copied is overwritten by the next candidate; when none loads,
 :attr:`state_touched` tells the trainer to build the fresh state again. An intact checkpoint that does not
 fit the model (another shape, other parameter names) is not skipped: resume refuses with
@@ -62,7 +65,14 @@ from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.reader import FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner
-from hpctrain.checkpoint.staging import EncodingSavePlanner, SegmentStager, Staged, state_signature
+from hpctrain.checkpoint.staging import (
+    EncodingSavePlanner,
+    SegmentStager,
+    Staged,
+    fresh_optimizers,
+    state_signature,
+)
+from hpctrain.checkpoint.state import allocate_optimizer_state
 from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
@@ -406,6 +416,18 @@ class CheckpointManager:
     ) -> Path | None:
         if policy == "never":
             return None
+        # The optimizers' state made ready to be loaded into without torch's step at lr 0 (the larger part of
+        # a resume's time otherwise); cleared again when no checkpoint is loaded (they stay fresh).
+        allocated = [o for o in fresh_optimizers(dict(state)) if allocate_optimizer_state(o)]
+        loaded = self._resume_from(state, policy, check)
+        if loaded is None and not self.state_touched:
+            for optimizer in allocated:
+                optimizer.state.clear()
+        return loaded
+
+    def _resume_from(
+        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None
+    ) -> Path | None:
         explicit = policy != "auto"
         candidates = [Path(policy)] if explicit else layout.committed(self.root)
         if not explicit and self.fast is not None:

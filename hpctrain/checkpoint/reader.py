@@ -10,8 +10,9 @@ the pages arrive, and only once the file matches its manifest copies each reques
 a tensor written by ``hpctrain.checkpoint.direct`` (:data:`~hpctrain.checkpoint.direct.RAW`) is viewed in
 place from the bytes with the dtype and chunk shape DCP's metadata records; nothing is unpickled for it. A
 thread verifies the next shard while this one is copied out (CRC-32C and torch's copy both release the GIL).
-DCP's planner and metadata still decide what each rank reads, so a checkpoint reshards across layouts and
-world sizes as before.
+While the first file is checksummed, another thread makes the targets' pages present (:func:`_prefault`:
+copying into fresh memory was one page fault per 4 KiB). DCP's planner and metadata still decide what each
+rank reads, so a checkpoint reshards across layouts and world sizes as before.
 
 Safety is :mod:`hpctrain.checkpoint.safe`'s: ``.metadata`` through the allow-listed unpickler; non-tensor
 values through ``SafeLoadPlanner`` (weights-only); a tensor of a checkpoint written before the raw format
@@ -86,7 +87,10 @@ class FastReader(SafeFileSystemReader):
         if names:  # rank r starts on the r-th shard: concurrent readers do not queue on one file
             shift = self.start_rank % len(names)
             names = names[shift:] + names[:shift]
-        with ThreadPoolExecutor(1, thread_name_prefix="hpctrain-verify") as verifier:
+        targets = [planner.resolve_tensor(item) for item in plan.items if item.type != LoadItemType.BYTE_IO]
+        with ThreadPoolExecutor(2, thread_name_prefix="hpctrain-verify") as verifier:
+            # Beside the checksum of the first file: the targets' pages made present (see _prefault).
+            verifier.submit(_prefault, targets)
             pending = verifier.submit(self._verified, names[0]) if names else None
             for i, name in enumerate(names):
                 assert pending is not None
@@ -147,6 +151,36 @@ class FastReader(SafeFileSystemReader):
         self.touched = True
         target.copy_(tensor)
         planner.commit_tensor(item, target)
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range in, writable, without changing its contents
+PREFAULT_MIN = 1 << 20  # a target smaller than this is not worth a system call
+
+
+def _prefault(targets: list[torch.Tensor]) -> None:
+    """Make the pages of the large contiguous targets present (``madvise(MADV_POPULATE_WRITE)``), in a
+    thread of the reader while it checksums the first file. Why: a fresh optimizer's state (and any state not
+    written yet) is memory the kernel has not given pages to; copying into it took one page fault per 4 KiB
+    (a 456 MiB copy 0.5-0.6 s here against 0.12 s into present pages), now taken in one call per tensor and
+    beside the checksum. Contents are untouched (present pages are left as they are), so it may run before
+    the file is verified; a kernel without it (EINVAL) is left to fault as before."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return
+    page = mmap.PAGESIZE
+    for target in targets:
+        nbytes = target.numel() * target.element_size()
+        if nbytes < PREFAULT_MIN or target.device.type != "cpu" or not target.is_contiguous():
+            continue
+        start = -(-target.data_ptr() // page) * page  # whole pages inside the tensor only
+        end = (target.data_ptr() + nbytes) // page * page
+        if end > start and madvise(start, end - start, MADV_POPULATE_WRITE) != 0:
+            return  # not supported here (or memory it may not touch): the copy faults the pages itself
 
 
 class _Shard:

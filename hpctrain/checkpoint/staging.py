@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from hpctrain.checkpoint.direct import nice_this_thread
+from hpctrain.checkpoint.state import allocate_optimizer_state
 
 ALIGN = 4096  # slots start on a page: the writer's copies and any O_DIRECT write see aligned memory
 
@@ -84,18 +85,26 @@ def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def fresh_optimizers_kept(state: dict[str, Any]) -> Iterator[None]:
     """Leave an optimizer that has not stepped yet as it was. torch's ``get_state_dict`` gives one without
     state a step at lr 0 to create its state (``_init_optim_state``), which counts as AdamW's first step and
-    changes every update after: a look at the state before training must not."""
-    fresh = [
-        optimizer
-        for stateful in state.values()
-        if isinstance(optimizer := getattr(stateful, "optimizer", None), torch.optim.Optimizer)
-        and not optimizer.state
-    ]
+    changes every update after: a look at the state before training must not. The state is made without
+    that step where it can be (:func:`~hpctrain.checkpoint.state.allocate_optimizer_state`)."""
+    fresh = fresh_optimizers(state)
+    for optimizer in fresh:
+        allocate_optimizer_state(optimizer)
     try:
         yield
     finally:
         for optimizer in fresh:
             optimizer.state.clear()
+
+
+def fresh_optimizers(state: dict[str, Any]) -> list[torch.optim.Optimizer]:
+    """The optimizers of these Statefuls that have no state yet (they have not stepped)."""
+    return [
+        optimizer
+        for stateful in state.values()
+        if isinstance(optimizer := getattr(stateful, "optimizer", None), torch.optim.Optimizer)
+        and not optimizer.state
+    ]
 
 
 def state_bytes(state: dict[str, Any]) -> int:
