@@ -249,6 +249,18 @@ class RunDir:
         """The generation (0, 1, ...) of the workers of one job start: an agent that sees it move restarts."""
         return self.agents / f"{job}.generation"
 
+    def agent_members(self, job: str) -> Path:
+        """The nodes the current generation of one job start runs on (cluster.spare_nodes, min_nodes)."""
+        return self.agents / f"{job}.members"
+
+    def agent_alive(self, job: str, node: str, local: int) -> Path:
+        """A file an agent touches while it lives: a node none of whose agents touch theirs is lost."""
+        return self.agents / f"{job}.alive" / f"{node}.{local}"
+
+    def agent_done(self, job: str) -> Path:
+        """Written when the job start's ranks are done (finished, stopped, given up): its spares leave."""
+        return self.agents / f"{job}.done"
+
     def agent_probe(self, host: str) -> Path:
         """A file a node's health check writes and removes: is the run directory writable from there?"""
         return self.agents / f"{host}.probe"
