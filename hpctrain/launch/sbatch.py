@@ -93,6 +93,7 @@ def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) ->
         time=c.time.strip(),
         nodes=allocation_nodes(c),
         tasks_per_node=c.tasks_per_node,
+        max_restarts=c.max_restarts,
         cpus_per_task=c.cpus_per_task,
         gpus_per_node=c.gpus_per_node,
         mem=c.mem,

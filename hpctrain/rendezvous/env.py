@@ -25,6 +25,20 @@ RESTARTS_LEFT_ENV = "HPCTRAIN_RESTARTS_LEFT"
 NODES_ENV = "HPCTRAIN_NODES"
 
 
+def adopt_torchrun_restarts(env: dict[str, str] | os._Environ[str]) -> int:
+    """A worker started by torchrun's agent (the torchrun sbatch template, ``--max-restarts`` from
+    ``cluster.max_restarts``) takes torchrun's restart count for its generation and the restarts left after
+    it, as a worker of hpctrain's own agent is told them: a fault is then answered by torchrun's restart,
+    not a requeue, and a fault injected in generation G fires only there. Returns torchrun's restart count
+    (0: none, or not started by torchrun)."""
+    count, most = env.get("TORCHELASTIC_RESTART_COUNT"), env.get("TORCHELASTIC_MAX_RESTARTS")
+    if RESTART_ENV in env or count is None or most is None or not count.isdigit() or not most.isdigit():
+        return 0
+    env[RESTART_ENV] = count
+    env[RESTARTS_LEFT_ENV] = str(max(0, int(most) - int(count)))
+    return int(count)
+
+
 def restart_generation(environ: dict[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     return int(env.get(RESTART_ENV, "0") or 0)
