@@ -238,9 +238,10 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
     c, shape = cfg.cluster, run_shape(cfg)
     log.info("Dry run: nothing submitted.")
     log.info(
-        "Plan: %d node%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
+        "Plan: %d node%s%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
         c.nodes,
         "s" * (c.nodes > 1),
+        f" (+ {c.spare_nodes} spare{'s' * (c.spare_nodes > 1)}, waiting)" if c.spare_nodes else "",
         c.tasks_per_node,
         "s" * (c.tasks_per_node > 1),
         shape.world_size,
