@@ -7,6 +7,8 @@ package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an ap
 
 Outside the run directory, on each node: ``<checkpoint.local_path>/hpctrain-fast-<uid>/...``, the checkpoints'
 node-local fast tier (:mod:`hpctrain.rundir.checkpoints` names its paths).
+
+Over 400 lines: one class holds every path of the layout, so that no other module spells one.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ LAYOUT: dict[str, str] = {
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
     RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
-    f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims",
+    f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
+    "with spare_nodes or min_nodes its member nodes and the agents' liveness files",
     CONTROL_FILE: "hpctrain save|stop: the operator's request to the live run, and its answer",
     EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",

@@ -33,7 +33,8 @@ EVAL_SUBMIT_WAIT_S = 60.0
 def on_members(cfg: Config) -> Config:
     """``cfg`` on the nodes its restart agent gave this generation (a job that lost a node and continues on
     fewer, cluster.min_nodes: hpctrain.launch.nodes); ``cfg`` itself on all of its nodes."""
-    from hpctrain.config.shape import on_nodes, run_shape
+    from hpctrain.config.shape import run_shape
+    from hpctrain.config.shrink import on_nodes
     from hpctrain.rendezvous.env import NODES_ENV
 
     members = [n for n in os.environ.get(NODES_ENV, "").split(",") if n]

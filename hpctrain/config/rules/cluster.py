@@ -49,7 +49,7 @@ def check_lost_nodes(cfg: Config) -> None:
     """cluster.spare_nodes and cluster.min_nodes: a lost node is answered by a restart inside the allocation
     (on a spare, or on fewer nodes), so both need restarts, the srun-started agents, and a layout that runs
     on every node count down to min_nodes."""
-    from hpctrain.config.shape import on_nodes
+    from hpctrain.config.shrink import on_nodes
 
     c = cfg.cluster
     if c.min_nodes is not None:

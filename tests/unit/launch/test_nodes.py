@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.config.shape import on_nodes, run_shape
+from hpctrain.config.shape import run_shape
+from hpctrain.config.shrink import on_nodes
 from hpctrain.errors import ConfigError
 from hpctrain.launch.agent import summary
 from hpctrain.launch.nodes import LOST_AFTER_S, Nodes, Replacement, first_members, replace_lost
