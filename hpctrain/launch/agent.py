@@ -346,7 +346,7 @@ def run_task(run_dir: Path) -> int:
                     _requeue_without(run_dir, replacement.lost, cfg.cluster.max_requeues, first_step)
                     return _final(book, run_dir, rank, code)
                 if replacement is not None:
-                    nodes.commit(replacement, outcome.rank, first_step, requeue.slurm_job_id())
+                    nodes.commit(replacement, first_step, requeue.slurm_job_id())
                     lost = {"lost": replacement.lost, "nodes": replacement.members,
                             "spares": replacement.spares, "shrunk": replacement.shrunk}  # fmt: skip
                     outcome = Outcome(None, replacement.lost[0], f"lost node {', '.join(replacement.lost)}")

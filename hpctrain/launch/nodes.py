@@ -159,7 +159,7 @@ class Nodes:
         found = replace_lost(members, lost, live, self.wanted, self.min_nodes)
         return found or Replacement([], lost, [], True)
 
-    def commit(self, replacement: Replacement, rank: int | None, step: int, job_id: str | None) -> None:
+    def commit(self, replacement: Replacement, step: int, job_id: str | None) -> None:
         """Record the lost nodes (excluded from every later rendezvous and requeue of the run) and the next
         generation's members, before the generation moves on."""
         how = (
@@ -173,7 +173,7 @@ class Nodes:
                     "time": time.time(),
                     "job_id": job_id,
                     "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
-                    "rank": rank,
+                    "rank": None,  # every rank of the node
                     "host": node,
                     "step": step,
                     "why": f"node lost: no agent on {node} answered for {LOST_AFTER_S:.0f} s",
