@@ -863,16 +863,20 @@ class SlurmTestCluster:
 
     def lose_node(self, name: str) -> None:
         """Node ``name`` dies: its slurmd and every process in its namespace (the job's steps and ranks on it)
-        are SIGKILLed at once, as a power cut would leave them; its ranks are unreachable from then on."""
+        are SIGKILLed at once, as a power cut would leave them; its ranks are unreachable from then on. The
+        controller is told at once (``scontrol update State=DOWN``) what it would notice after SlurmdTimeout
+        (300 s): a job running with --no-kill then loses the node and its tasks, and goes on."""
         pids = _netns_pids(self._netns(name))
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _kill_and_wait(pids, grace=0.0)
+        self.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=False)
 
     def revive_node(self, name: str, timeout: float = 30.0) -> None:
         """Node ``name`` comes back (a reboot): its slurmd again, registered with the controller."""
         self._start_slurmd(name)
+        self.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
 
         def responding() -> bool:
             proc = self.run(["sinfo", "-h", "-n", name, "-o", "%T"], check=False, timeout=10)

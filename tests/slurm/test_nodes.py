@@ -57,9 +57,9 @@ def lose_node2(cluster: SlurmTestCluster, run: Path, job_id: str) -> dict:
     cluster.lose_node("node2")
     try:
         wait_until(lambda: any(r.get("lost") for r in restarts(run)), "the lost node's restart", timeout=60)
+        state = wait_final([job_id], timeout=180)[job_id]
     finally:
         cluster.revive_node("node2")
-    state = wait_final([job_id], timeout=180)[job_id]
     assert state.state == "COMPLETED", (state, restarts(run))
     assert commands.job_fields(job_id).get("Restarts") == "0"  # the same job: no requeue
     (record,) = restarts(run)
