@@ -3,8 +3,8 @@ and every process on it SIGKILLed: :meth:`SlurmTestCluster.lose_node`). With ``c
 (submitit) the waiting spare node3 takes its place in the same job and the run ends bitwise equal to an
 uninterrupted one; with ``cluster.min_nodes=1`` and no spare (the srun template) the run shrinks onto node1
 (data-parallel size 2, the global batch kept by two passes a step) and completes, its final loss within
-1e-5 of the uninterrupted run's. One job per mode; the node comes back (a reboot) once the loss is answered,
-so the job can end and later tests have three nodes."""
+1e-5 of the uninterrupted run's. One job per mode; the node comes back (a reboot) once the job has ended,
+so later tests have three nodes (a slurmd back during the job would make srun abort the step)."""
 
 from __future__ import annotations
 
