@@ -42,6 +42,29 @@ def run(run_dir: Path) -> bool:
         raise
 
 
+def _record_torchrun_restart(run_dir: Path, generation: int) -> None:
+    """restarts.jsonl's line for a restart by torchrun's agent (it names no cause: the failed worker's own
+    log and error record do)."""
+    import time
+
+    from hpctrain.resilience.requeue import slurm_job_id
+    from hpctrain.rundir import checkpoints as layout
+
+    found = layout.committed(RunDir(run_dir).checkpoints)
+    RunDir(run_dir).append_restart(
+        {
+            "time": time.time(),
+            "job": f"{slurm_job_id() or 'local'}.r{os.environ.get('SLURM_RESTART_COUNT', '0')}",
+            "generation": generation - 1,
+            "cause": "a worker failed (restarted by torchrun's agent)",
+            "rank": None,
+            "host": None,
+            "action": "restart",
+            "resume_step": layout.step_of(found[0]) if found else 0,
+        }
+    )
+
+
 def main(argv: list[str]) -> None:
     _die_with_launcher()
     try:
@@ -58,11 +81,14 @@ def _train(run_dir: Path) -> bool:
     # for USR2, kill the process, its default action).
     signals = StopSignals({"USR2", "TERM"})
 
-    from hpctrain.rendezvous.env import DistEnv
+    from hpctrain.rendezvous.env import DistEnv, adopt_torchrun_restarts
     from hpctrain.resilience import requeue
     from hpctrain.rundir.records import error_file
 
+    restarted = adopt_torchrun_restarts(os.environ)
     env = DistEnv.from_environ()
+    if restarted and env.is_main:  # torchrun's agent restarted the workers: recorded as hpctrain's agent does
+        _record_torchrun_restart(run_dir, restarted)
     error_file(run_dir, env.rank).unlink(missing_ok=True)  # left by an earlier start of a requeued job
     job_id = requeue.slurm_job_id()
     # One run per directory: under Slurm rank 0 holds the lock (the local launcher holds it for local runs).

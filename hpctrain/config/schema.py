@@ -277,6 +277,14 @@ class ClusterConfig:
     # absolute path, executable on every node) exiting 0. A node that fails is excluded: the job is requeued
     # without it. None: no site script (the other checks still run under cluster.max_restarts).
     health_check: str | None = None
+    # A lost node (its slurmd gone, its ranks unreachable) does not end the job (hpctrain.launch.agent; both
+    # need max_restarts ≥ 1, since the answer is a restart inside the allocation). spare_nodes: the job asks
+    # Slurm for this many extra nodes, whose agents wait; a spare takes a lost node's place at the next
+    # rendezvous. min_nodes: with no spare left, the job continues on fewer nodes, down to this many (the
+    # data-parallel size shrinks, the global batch is kept by more accumulation: config.shape.on_nodes).
+    # None: cluster.nodes (no shrinking).
+    spare_nodes: int = 0
+    min_nodes: int | None = None
     # Mean time between interruptions assumed by trainer.ckpt_every=auto before the run has seen one, hours.
     mtbf_h: float = 24.0
     # Peak dense FLOP/s of one device (data sheet, no sparsity), one per kind of matmul: the planner prices a

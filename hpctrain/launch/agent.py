@@ -28,6 +28,9 @@ step end the run (a crash loop: the same import error, a full disk) with the cau
 Before each start of its worker an agent checks its node (:mod:`hpctrain.launch.health`); a node that fails
 is excluded by a requeue without it.
 
+A lost node (its slurmd gone, its ranks unreachable) is replaced by a spare or left out at the next
+generation (``cluster.spare_nodes``, ``cluster.min_nodes``): :mod:`hpctrain.launch.nodes` decides which.
+
 Over 400 lines: the restart book, the Slurm task's agent loop and its status lines belong together (one
 protocol); the health check lives apart.
 
@@ -53,8 +56,11 @@ from types import FrameType
 from typing import Any
 
 from hpctrain.launch import health
+from hpctrain.launch.jobscript import survives_lost_nodes
+from hpctrain.launch.nodes import Nodes
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
-from hpctrain.resilience.watchdog import PHASES, job_key, read_heartbeats
+from hpctrain.resilience import requeue
+from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.rundir.files import atomic_write
@@ -132,7 +138,15 @@ class RestartBook:
             count += 1
         return count
 
-    def decide(self, generation: int, outcome: Outcome, started: float, first_step: int, key: str) -> bool:
+    def decide(
+        self,
+        generation: int,
+        outcome: Outcome,
+        started: float,
+        first_step: int,
+        key: str,
+        nodes: dict[str, Any] | None = None,
+    ) -> bool:
         """Record how ``generation`` ended and whether the next one starts: True: restart now (the generation
         file moved on); False: no restart (used up: the worker's own answer stands; or a crash loop: the run
         was stopped, recorded, and every agent stops)."""
@@ -146,6 +160,7 @@ class RestartBook:
             "host": outcome.host,
             "progress": progress,
             "attempt_s": round(time.time() - started, 3),
+            **(nodes or {}),  # a lost node: which, what took its place (hpctrain.launch.nodes)
         }
         in_a_row = 0 if progress else self.no_progress_run() + 1
         if in_a_row >= self.max_no_progress:
@@ -254,6 +269,12 @@ def run_task(run_dir: Path) -> int:
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     host = os.uname().nodename
     book = RestartBook(run_dir, slurm_job_start(), cfg.cluster.max_restarts, cfg.cluster.max_no_progress)
+    # Spares, or shrinking: this generation's ranks run on its member nodes (hpctrain.launch.nodes).
+    nodes = (
+        Nodes(run_dir, book.job, cfg.cluster.nodes, cfg.cluster.min_nodes)
+        if survives_lost_nodes(cfg.cluster)
+        else None
+    )
     server: ForkServer | None = None
     pending: list[int] = []  # signals that reached this agent, forwarded to the worker
     worker: list[Any] = []
@@ -266,20 +287,35 @@ def run_task(run_dir: Path) -> int:
     for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
         signal.signal(getattr(signal, name), forward)
     try:
+        if nodes is not None:
+            nodes.start()
         server = _node_server(cfg.cluster.fork_server)
         generation = book.generation()
         while generation is not None:
+            place: dict[str, str] = {}
+            if nodes is not None:
+                members = nodes.members()
+                if nodes.node not in members:  # a spare: wait for a lost node's place, or the end
+                    rank = -1
+                    if not _wait_as_spare(book, nodes, generation, pending):
+                        return 0
+                    generation = book.generation()
+                    continue
+                place = nodes.place(members)
+                rank = int(place["SLURM_PROCID"])
             unhealthy = health.problem(run_dir, cfg.cluster.health_check, host)
             if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
                 health.exclude(run_dir, rank, host, unhealthy, cfg.cluster.max_requeues)
                 return health.EXIT_UNHEALTHY
             env = dict(os.environ)
+            env.update(place)
             env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
             env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
             started = time.time()
             first_step = book.resume_step()
             worker[:] = [_start(server, env, run_dir)]
             code, moved = _watch(worker[0], book, generation)
+            ended = time.time()
             if moved:  # another rank's fault: this worker was killed, the next generation starts
                 generation = book.generation()
                 continue
@@ -303,7 +339,18 @@ def run_task(run_dir: Path) -> int:
                 generation = book.generation()
                 continue
             key = job_key({**os.environ, RESTART_ENV: str(generation)})
-            if not book.decide(generation, outcome, started, first_step, key):
+            lost: dict[str, Any] | None = None
+            if nodes is not None and (symptom or hang is not None):
+                replacement = nodes.replace(ended)
+                if replacement is not None and not replacement.members:  # fewer than min_nodes would remain
+                    _requeue_without(run_dir, replacement.lost, cfg.cluster.max_requeues, first_step)
+                    return _final(book, run_dir, rank, code)
+                if replacement is not None:
+                    nodes.commit(replacement, first_step, requeue.slurm_job_id())
+                    lost = {"lost": replacement.lost, "nodes": replacement.members,
+                            "spares": replacement.spares, "shrunk": replacement.shrunk}  # fmt: skip
+                    outcome = Outcome(None, replacement.lost[0], f"lost node {', '.join(replacement.lost)}")
+            if not book.decide(generation, outcome, started, first_step, key, lost):
                 return _final(book, run_dir, rank, code)
             generation = book.generation()
         return _final(book, run_dir, rank, 1)
@@ -312,6 +359,33 @@ def run_task(run_dir: Path) -> int:
             _signal_group(worker[0].pid, signal.SIGKILL)
         if server is not None:
             server.close()
+        if nodes is not None:
+            nodes.done()  # the spares leave
+            nodes.close()
+
+
+def _wait_as_spare(book: RestartBook, nodes: Nodes, generation: int, pending: list[int]) -> bool:
+    """A spare's wait: True when the generation moved on (perhaps onto this node), False when the job start's
+    ranks are done or Slurm signalled this task (a pre-emption: the members save and requeue)."""
+    while not nodes.is_done() and not pending:
+        if book.generation() != generation:
+            return True
+        time.sleep(POLL_S)
+    return False
+
+
+def _requeue_without(run_dir: Path, lost: list[str], max_requeues: int, step: int) -> None:
+    """Fewer than cluster.min_nodes would remain: the fault is answered as before, by a requeue without the
+    lost nodes (recorded excluded, so the requeue leaves them out)."""
+    now = time.time()
+    for node in lost:
+        RunDir(run_dir).append_fault(
+            {"time": now, "job_id": requeue.slurm_job_id(), "rank": None, "host": node, "step": step,
+             "why": "node lost, and fewer than cluster.min_nodes would remain", "action": "requeue",
+             "excluded": True}
+        )  # fmt: skip
+    culprit = Heartbeat(-1, lost[0], 0, step, "startup", now, now)
+    requeue.respond_to_fault(run_dir, requeue.slurm_job_id(), culprit, f"lost node {lost[0]}", max_requeues)
 
 
 def _node_server(fork_server: bool) -> Any:
@@ -417,6 +491,11 @@ def summary(records: list[dict[str, Any]]) -> list[str]:
             f"{len(restarts)} inside the allocation; last {_when(last['time'])}: {where} "
             f"{last.get('cause', '')} → resumed from step {last.get('resume_step', 0)}"
         )
+    for record in (r for r in restarts if r.get("lost")):
+        lost, now_on = ", ".join(record["lost"]), ", ".join(record.get("nodes", []))
+        how = f"replaced by {', '.join(record['spares'])}" if record.get("spares") else "left out"
+        shrunk = f"; shrunk to {len(record.get('nodes', []))} nodes" if record.get("shrunk") else ""
+        lines.append(f"node {lost} lost {_when(record['time'])}: {how}{shrunk} (now on {now_on})")
     stopped = [r for r in records if r.get("action") == "stopped"]
     if stopped:
         lines.append(str(stopped[-1].get("why", "crash loop")))

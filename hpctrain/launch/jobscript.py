@@ -42,11 +42,24 @@ def setup_lines(
     return lines
 
 
+def allocation_nodes(cluster: ClusterConfig) -> int:
+    """The nodes a job asks Slurm for: ``cluster.nodes`` and its waiting spares (``cluster.spare_nodes``)."""
+    return cluster.nodes + cluster.spare_nodes
+
+
+def survives_lost_nodes(cluster: ClusterConfig) -> bool:
+    """Whether a lost node must not end the job (spares, or shrinking onto fewer nodes)."""
+    return bool(cluster.spare_nodes) or (cluster.min_nodes is not None and cluster.min_nodes < cluster.nodes)
+
+
 def container_srun_args(cluster: ClusterConfig) -> list[str]:
-    """pyxis/enroot options for srun (values validated against SAFE_CONTAINER / SAFE_MOUNT)."""
+    """srun's own options: pyxis/enroot's (values validated against SAFE_CONTAINER / SAFE_MOUNT), and
+    ``--no-kill`` where a lost node must not end the step (its tasks are then not taken for failed: the
+    surviving restart agents replace the node or shrink, hpctrain.launch.agent)."""
+    args = ["--no-kill"] if survives_lost_nodes(cluster) else []
     if cluster.container_image is None:
-        return []
-    args = [f"--container-image={cluster.container_image}"]
+        return args
+    args.append(f"--container-image={cluster.container_image}")
     if cluster.container_mounts:
         args.append(f"--container-mounts={','.join(cluster.container_mounts)}")
     return args

@@ -16,7 +16,7 @@ NOW_S = 5.0  # an estimate this close to now is "now"
 def resource_options(c: ClusterConfig) -> list[str]:
     """The sbatch options that decide where and when a job of this profile can start."""
     options = [
-        f"--nodes={c.nodes}",
+        f"--nodes={c.nodes + c.spare_nodes}",
         f"--ntasks-per-node={c.tasks_per_node}",
         f"--cpus-per-task={c.cpus_per_task}",
         f"--time={parse_time_limit(c.time)}",

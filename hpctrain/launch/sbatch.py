@@ -31,7 +31,7 @@ from hpctrain.config.redact import export_secrets, secret_env
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
-from hpctrain.launch.jobscript import container_srun_args, setup_lines
+from hpctrain.launch.jobscript import allocation_nodes, container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
 from hpctrain.launch.snapshot import plan_project, project_path_entry
 from hpctrain.launch.submitit import print_dry_run, print_submitted, take_snapshot
@@ -91,8 +91,9 @@ def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) ->
         account=c.account,
         qos=c.qos,
         time=c.time.strip(),
-        nodes=c.nodes,
+        nodes=allocation_nodes(c),
         tasks_per_node=c.tasks_per_node,
+        max_restarts=c.max_restarts,
         cpus_per_task=c.cpus_per_task,
         gpus_per_node=c.gpus_per_node,
         mem=c.mem,

@@ -18,7 +18,12 @@ from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
-from hpctrain.launch.jobscript import container_srun_args, setup_lines
+from hpctrain.launch.jobscript import (
+    allocation_nodes,
+    container_srun_args,
+    setup_lines,
+    survives_lost_nodes,
+)
 from hpctrain.launch.project import project_dir
 from hpctrain.launch.snapshot import (
     ProjectSnapshot,
@@ -47,7 +52,7 @@ def submitit_parameters(
         "account": cluster.account,
         "qos": cluster.qos,
         "time": parse_time_limit(cluster.time),
-        "nodes": cluster.nodes,
+        "nodes": allocation_nodes(cluster),
         "ntasks_per_node": cluster.tasks_per_node,
         "cpus_per_task": cluster.cpus_per_task,
         "gpus_per_node": cluster.gpus_per_node or None,
@@ -79,6 +84,8 @@ def sbatch_extras(cluster: ClusterConfig) -> dict[str, Any]:
         "requeue": True,
         "signal": f"{cluster.signal}@{cluster.signal_lead_s}",
     }
+    if survives_lost_nodes(cluster):  # a node's failure does not end the job (hpctrain.launch.agent)
+        extras["no-kill"] = True
     if cluster.reservation is not None:
         extras["reservation"] = cluster.reservation
     for name, value in cluster.additional.items():
@@ -231,9 +238,10 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
     c, shape = cfg.cluster, run_shape(cfg)
     log.info("Dry run: nothing submitted.")
     log.info(
-        "Plan: %d node%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
+        "Plan: %d node%s%s × %d task%s = %d ranks (%s), %s, time limit %s, partition %s",
         c.nodes,
         "s" * (c.nodes > 1),
+        f" (+ {c.spare_nodes} spare{'s' * (c.spare_nodes > 1)}, waiting)" if c.spare_nodes else "",
         c.tasks_per_node,
         "s" * (c.tasks_per_node > 1),
         shape.world_size,

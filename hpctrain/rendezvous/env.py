@@ -18,6 +18,25 @@ from hpctrain.slurm.spec import expand_nodelist, rendezvous_port
 # restarts inside the allocation are left after this one (0 or unset: a fault is answered by a requeue).
 RESTART_ENV = "HPCTRAIN_RESTART"
 RESTARTS_LEFT_ENV = "HPCTRAIN_RESTARTS_LEFT"
+# Set by a Slurm task's restart agent when the job has spare nodes or may shrink (cluster.spare_nodes,
+# cluster.min_nodes): the nodes this generation's ranks run on, in rank order, comma-separated. A task on
+# another node of the allocation waits (a spare); ranks, world size and the rendezvous host follow this list
+# rather than srun's step (which still counts the spares and the lost nodes).
+NODES_ENV = "HPCTRAIN_NODES"
+
+
+def adopt_torchrun_restarts(env: dict[str, str] | os._Environ[str]) -> int:
+    """A worker started by torchrun's agent (the torchrun sbatch template, ``--max-restarts`` from
+    ``cluster.max_restarts``) takes torchrun's restart count for its generation and the restarts left after
+    it, as a worker of hpctrain's own agent is told them: a fault is then answered by torchrun's restart,
+    not a requeue, and a fault injected in generation G fires only there. Returns torchrun's restart count
+    (0: none, or not started by torchrun)."""
+    count, most = env.get("TORCHELASTIC_RESTART_COUNT"), env.get("TORCHELASTIC_MAX_RESTARTS")
+    if RESTART_ENV in env or count is None or most is None or not count.isdigit() or not most.isdigit():
+        return 0
+    env[RESTART_ENV] = count
+    env[RESTARTS_LEFT_ENV] = str(max(0, int(most) - int(count)))
+    return int(count)
 
 
 def restart_generation(environ: dict[str, str] | None = None) -> int:
@@ -81,6 +100,9 @@ def task_from_environ(env: dict[str, str]) -> DistEnv | None:
     """
     if "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
         return None
+    members = [n for n in env.get(NODES_ENV, "").split(",") if n]
+    if members:
+        return _member_task(env, members)
     nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
     restart = env.get("SLURM_RESTART_COUNT", "0")
     generation = restart_generation(env)
@@ -93,6 +115,30 @@ def task_from_environ(env: dict[str, str]) -> DistEnv | None:
         world_size=int(env["SLURM_NTASKS"]),
         local_world_size=_tasks_on_this_node(env),
         master_addr=nodes[0],
+        master_port=rendezvous_port(*key),
+        hostname=socket.gethostname(),
+        port_key=key,
+    )
+
+
+def this_node(env: dict[str, str]) -> str:
+    """The Slurm name of the node this task runs on."""
+    return env.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _member_task(env: dict[str, str], members: list[str]) -> DistEnv:
+    """This task's place among the generation's ``members`` (NODES_ENV): node-major ranks, as srun's block
+    distribution numbers them, over the member nodes only."""
+    per_node = _tasks_on_this_node(env)
+    restart = env.get("SLURM_RESTART_COUNT", "0")
+    generation = restart_generation(env)
+    key = (env["SLURM_JOB_ID"], env.get("SLURM_ARRAY_TASK_ID", ""), f"{restart}.{generation}")
+    return DistEnv(
+        rank=members.index(this_node(env)) * per_node + int(env.get("SLURM_LOCALID", "0")),
+        local_rank=int(env.get("SLURM_LOCALID", "0")),
+        world_size=len(members) * per_node,
+        local_world_size=per_node,
+        master_addr=members[0],
         master_port=rendezvous_port(*key),
         hostname=socket.gethostname(),
         port_key=key,

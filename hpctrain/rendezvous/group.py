@@ -43,6 +43,15 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
         if env.port_key is not None and run_dir is not None:
             store, port = slurm_store(env, run_dir, timeout_s)
             where: dict[str, object] = {"store": store}
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agent hosts the store and keeps it across its restarts (--max-restarts): a prefix per
+            # restart keeps a restarted group off the addresses the one before left there.
+            client = dist.TCPStore(
+                env.master_addr, env.master_port, env.world_size, is_master=False,
+                timeout=timedelta(seconds=timeout_s),
+            )  # fmt: skip
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            where = {"store": dist.PrefixStore(f"hpctrain/restart_{restart}", client)}
         else:
             where = {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
         dist.init_process_group(

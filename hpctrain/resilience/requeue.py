@@ -44,13 +44,24 @@ def slurm_job_id() -> str | None:
     return os.environ.get("SLURM_JOB_ID")
 
 
+def excluded_nodes(run_dir: Path) -> set[str]:
+    """The nodes this run lost (faults.jsonl records with ``"excluded": true``: a node lost inside the
+    allocation, hpctrain.launch.nodes): no later rendezvous or requeue of the run takes them back."""
+    from hpctrain.rundir.files import read_jsonl
+
+    return {str(r["host"]) for r in read_jsonl(RunDir(run_dir).faults) if r.get("excluded") and r.get("host")}
+
+
 def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
 
 
-def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_main: bool) -> None:
+def requeue_or_fail(
+    job_id: str, reason: str, step: int, max_requeues: int, is_main: bool, run_dir: Path | None = None
+) -> None:
     """Requeue ``job_id`` (rank 0 asks), or raise RequeueCapReached on every rank when the cap is reached.
-    A job that was cancelled is left to end."""
+    A job that was cancelled is left to end. ``run_dir``: the nodes the run lost are excluded from the
+    requeued job."""
     if commands.was_cancelled(job_id):
         log.info("Stopped by %s %s: the job was cancelled, not requeueing", reason, _saved(step))
         return
@@ -71,6 +82,10 @@ def requeue_or_fail(job_id: str, reason: str, step: int, max_requeues: int, is_m
             max_requeues,
         )
         result = commands.requeue(job_id)
+        lost = excluded_nodes(run_dir) if run_dir is not None and result.ok else set()
+        exclude = _exclusion(job_id, None, lost) if lost else None
+        if exclude:  # while the requeued job is pending, as respond_to_fault does
+            _logged(commands.update_job(job_id, {"ExcNodeList": exclude}, attempts=5, ignore_sigterm=True))
         if not result.ok:
             why = (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
             state = commands.job_fields(job_id).get("JobState", "")
@@ -137,7 +152,8 @@ def respond_to_fault(
             max_requeues,
         )
         return
-    exclude = _exclusion(job_id, culprit.host) if culprit else None
+    lost = excluded_nodes(run_dir)
+    exclude = _exclusion(job_id, culprit.host if culprit else None, lost) if culprit or lost else None
     _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))
     # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
     # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
@@ -230,22 +246,24 @@ def _logged(result: commands.Outcome) -> bool:
     return result.ok
 
 
-def _exclusion(job_id: str, host: str) -> str | None:
-    """The job's excluded nodes plus ``host``, or None when too few nodes would remain to run it."""
+def _exclusion(job_id: str, host: str | None, lost: set[str] | None = None) -> str | None:
+    """The job's excluded nodes plus ``host`` and the nodes the run lost (``lost``), or None when too few
+    nodes would remain to run it."""
     fields = commands.job_fields(job_id)
     excluded = (
         [] if fields.get("ExcNodeList", "(null)") == "(null)" else expand_nodelist(fields["ExcNodeList"])
     )
     partition = fields.get("Partition", os.environ.get("SLURM_JOB_PARTITION", ""))
-    available = commands.partition_nodes(partition) - set(excluded) - {host}
+    adding = ({host} if host else set()) | (lost or set())
+    available = commands.partition_nodes(partition) - set(excluded) - adding
     needed = int(os.environ.get("SLURM_JOB_NUM_NODES", fields.get("NumNodes", "1").split("-")[0]))
     if len(available) < needed:
         log.warning(
             "Not excluding %s: only %d other node(s) in partition %s, the job needs %d",
-            host,
+            ",".join(sorted(adding)),
             len(available),
             partition,
             needed,
         )
         return None
-    return ",".join(sorted({*excluded, host}))
+    return ",".join(sorted({*excluded, *adding}))

@@ -36,6 +36,7 @@ PHASES = ("startup", "data", "compute", "report", "checkpoint")  # in the order 
 # ("checkpoint") take as long as they take: a slow save is not a hang, and killing it would requeue forever.
 ARMED_PHASES = ("data", "compute")
 HEARTBEAT_S = 1.0
+CHECK_S = 0.25  # how often the thread compares the step's age with its limit (a file write only every beat)
 STALE_AFTER_S = 3 * HEARTBEAT_S
 EXIT_HUNG = 6  # apart from a stopped worker's 3 (hpctrain.rundir.records.EXIT_STOPPED): a hang is a fault
 
@@ -149,8 +150,11 @@ class Watchdog:
 
     # --- the thread
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            self._write_heartbeat()
+        written = time.monotonic()
+        while not self._stop.wait(CHECK_S):
+            if time.monotonic() - written >= HEARTBEAT_S:
+                self._write_heartbeat()
+                written = time.monotonic()
             limit = self._limit()
             age = time.time() - self.step_started
             if limit is not None and self.phase in ARMED_PHASES and age > limit:
@@ -187,9 +191,11 @@ class Watchdog:
         for handler in logging.getLogger().handlers:
             handler.flush()
         faulthandler.dump_traceback(file=_log_stream(), all_threads=True)
-        for _ in range(int(STALE_AFTER_S / HEARTBEAT_S) + 1):  # every rank's heartbeat catches up meanwhile
-            self._write_heartbeat()
-            time.sleep(HEARTBEAT_S)
+        # Every live rank's thread writes its (step, phase) once a beat: one beat and a little, and each shows
+        # where it waits. A stopped or dead rank needs no more: its last beat is the earliest (step, phase),
+        # or already stale (a step ran over the limit since it stopped).
+        self._write_heartbeat()
+        time.sleep(HEARTBEAT_S + CHECK_S)
         culprit, why = find_culprit(read_heartbeats(self.run_dir, self.job), time.time())
         where = f"rank {culprit.rank} on {culprit.host}" if culprit else "no single rank"
         write_error_record(

@@ -7,6 +7,8 @@ package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an ap
 
 Outside the run directory, on each node: ``<checkpoint.local_path>/hpctrain-fast-<uid>/...``, the checkpoints'
 node-local fast tier (:mod:`hpctrain.rundir.checkpoints` names its paths).
+
+Over 400 lines: one class holds every path of the layout, so that no other module spells one.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ LAYOUT: dict[str, str] = {
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
     RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
-    f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims",
+    f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
+    "with spare_nodes or min_nodes its member nodes and the agents' liveness files",
     CONTROL_FILE: "hpctrain save|stop: the operator's request to the live run, and its answer",
     EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
@@ -248,6 +251,18 @@ class RunDir:
     def agent_generation(self, job: str) -> Path:
         """The generation (0, 1, ...) of the workers of one job start: an agent that sees it move restarts."""
         return self.agents / f"{job}.generation"
+
+    def agent_members(self, job: str) -> Path:
+        """The nodes the current generation of one job start runs on (cluster.spare_nodes, min_nodes)."""
+        return self.agents / f"{job}.members"
+
+    def agent_alive(self, job: str, node: str, local: int) -> Path:
+        """A file an agent touches while it lives: a node none of whose agents touch theirs is lost."""
+        return self.agents / f"{job}.alive" / f"{node}.{local}"
+
+    def agent_done(self, job: str) -> Path:
+        """Written when the job start's ranks are done (finished, stopped, given up): its spares leave."""
+        return self.agents / f"{job}.done"
 
     def agent_probe(self, host: str) -> Path:
         """A file a node's health check writes and removes: is the run directory writable from there?"""

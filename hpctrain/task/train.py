@@ -19,6 +19,7 @@ from hpctrain.rundir import RunDir
 from hpctrain.rundir.runs import continue_command
 
 if TYPE_CHECKING:
+    from hpctrain.config.schema import Config
     from hpctrain.rendezvous.env import DistEnv
     from hpctrain.resilience.signals import StopSignals
     from hpctrain.resilience.watchdog import Heartbeat
@@ -27,6 +28,26 @@ log = logging.getLogger("hpctrain.worker")
 # The evaluation jobs still being submitted when training ends (sbatch answers in ~0.1 s; a busy controller
 # in seconds) finish before the process exits, at most this long.
 EVAL_SUBMIT_WAIT_S = 60.0
+
+
+def on_members(cfg: Config) -> Config:
+    """``cfg`` on the nodes its restart agent gave this generation (a job that lost a node and continues on
+    fewer, cluster.min_nodes: hpctrain.launch.nodes); ``cfg`` itself on all of its nodes."""
+    from hpctrain.config.shape import run_shape
+    from hpctrain.config.shrink import on_nodes
+    from hpctrain.rendezvous.env import NODES_ENV
+
+    members = [n for n in os.environ.get(NODES_ENV, "").split(",") if n]
+    if not members or len(members) == cfg.cluster.nodes:
+        return cfg
+    fewer = on_nodes(cfg, len(members))
+    shape = run_shape(fewer)
+    log.warning(
+        "Shrunk: on %d of cluster.nodes=%d nodes (%s): data-parallel size %d, the global batch of %d kept "
+        "by %d passes a step",
+        len(members), cfg.cluster.nodes, ",".join(members), shape.dp, shape.global_batch_size, shape.passes,
+    )  # fmt: skip
+    return fewer
 
 
 def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> bool:
@@ -52,7 +73,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
 
     console = open_console() if env.is_main else None
     setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
-    cfg = load_run_config(RunDir(run_dir).config)
+    cfg = on_members(load_run_config(RunDir(run_dir).config))
     signals.listen(cfg.cluster.signal)
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
@@ -125,7 +146,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir))
         return False
     requeue.requeue_or_fail(
-        job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main
+        job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main, run_dir
     )
     return True  # requeued: Slurm runs the job again; its exit status stays what Slurm expects
 

@@ -859,6 +859,31 @@ class SlurmTestCluster:
                 registered_and_sacct_answers, deadline, f"cluster {CLUSTER_NAME} in sacctmgr, sacct"
             )
 
+    # ---- faults ----------------------------------------------------------------------------
+
+    def lose_node(self, name: str) -> None:
+        """Node ``name`` dies: its slurmd and every process in its namespace (the job's steps and ranks on it)
+        are SIGKILLed at once, as a power cut would leave them; its ranks are unreachable from then on. The
+        controller is told at once (``scontrol update State=DOWN``) what it would notice after SlurmdTimeout
+        (300 s): a job running with --no-kill then loses the node and its tasks, and goes on."""
+        pids = _netns_pids(self._netns(name))
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _kill_and_wait(pids, grace=0.0)
+        self.run(["scontrol", "update", f"NodeName={name}", "State=DOWN", "Reason=lost"], check=False)
+
+    def revive_node(self, name: str, timeout: float = 30.0) -> None:
+        """Node ``name`` comes back (a reboot): its slurmd again, registered with the controller."""
+        self._start_slurmd(name)
+        self.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], check=False)
+
+        def responding() -> bool:
+            proc = self.run(["sinfo", "-h", "-n", name, "-o", "%T"], check=False, timeout=10)
+            return proc.returncode == 0 and bool(proc.stdout.strip()) and "*" not in proc.stdout
+
+        self._wait_for(responding, time.monotonic() + timeout, f"{name} to register again")
+
     # ---- tear-down helpers -----------------------------------------------------------------
 
     def _cancel_all_jobs(self, timeout: float = 30.0) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.slurm.commands import job_states, run
+from hpctrain.slurm.commands import job_fields, job_states, run
 from tests.support import FAST, hpctrain, metrics
 
 from .cluster import SlurmTestCluster
@@ -61,7 +61,15 @@ def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFacto
     pwned = root / "pwned"
     runs = {
         "sbatch": [*TWO_BY_TWO, "launcher=sbatch"],
-        "torchrun": [*ONE_NODE, "launcher=sbatch", "cluster.sbatch_template=torchrun"],
+        # Rank 1 kills itself at step 4: torchrun's agent restarts both workers (cluster.max_restarts=1).
+        "torchrun": [
+            *ONE_NODE,
+            "launcher=sbatch",
+            "cluster.sbatch_template=torchrun",
+            "cluster.max_restarts=1",
+            "faults.kill_at=1:4",
+            "trainer.ckpt_every=2",
+        ],
         "submitit": TWO_BY_TWO,
         # Fails on rank 1 at step 3; also carries shell code in cluster.env that must not run.
         "failing": [
@@ -102,11 +110,20 @@ def test_sbatch_and_submitit_train_alike(jobs: dict[str, tuple]) -> None:
     assert _final_loss(sbatch_dir) == _final_loss(submitit_dir)
 
 
-def test_torchrun_template_completes(jobs: dict[str, tuple]) -> None:
+def test_torchrun_template_completes_after_a_restart(jobs: dict[str, tuple]) -> None:
     run_dir, job_id = jobs["torchrun"]
     assert _wait_final(job_id, run_dir) == "COMPLETED", _slurm_output(run_dir)
     script = (run_dir / "job.sbatch").read_text()
-    assert "torch.distributed.run" in script and "--nproc-per-node=2" in script
+    assert (
+        "torch.distributed.run" in script and "--nproc-per-node=2" in script and "--max-restarts=1" in script
+    )
+    # Restarted by torchrun inside the job (no requeue), from the step-2 checkpoint, recorded.
+    assert job_fields(job_id).get("Restarts") == "0"
+    (record,) = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert (record["action"], record["resume_step"]) == ("restart", 2) and "torchrun" in record["cause"], (
+        record
+    )
+    assert "Resumed from" in (run_dir / "logs" / "rank0.log").read_text()
     ranks = json.loads((run_dir / "ranks.json").read_text())
     assert [r["local_rank"] for r in ranks] == [0, 1]
     assert len({r["host"] for r in ranks}) == 1

@@ -45,6 +45,39 @@ def check_health_script(path: str) -> None:
         raise ConfigError("cluster.health_check", path, "not executable (chmod +x)", valid=valid)
 
 
+def check_lost_nodes(cfg: Config) -> None:
+    """cluster.spare_nodes and cluster.min_nodes: a lost node is answered by a restart inside the allocation
+    (on a spare, or on fewer nodes), so both need restarts, the srun-started agents, and a layout that runs
+    on every node count down to min_nodes."""
+    from hpctrain.config.shrink import on_nodes
+
+    c = cfg.cluster
+    if c.min_nodes is not None:
+        at_least("cluster.min_nodes", c.min_nodes, 1)
+        if c.min_nodes > c.nodes:
+            raise ConfigError(
+                "cluster.min_nodes", c.min_nodes, f"more than cluster.nodes={c.nodes}", valid=f"1..{c.nodes}"
+            )
+    shrinks = c.min_nodes is not None and c.min_nodes < c.nodes
+    if not c.spare_nodes and not shrinks:
+        return
+    key, value = (
+        ("cluster.spare_nodes", c.spare_nodes) if c.spare_nodes else ("cluster.min_nodes", c.min_nodes)
+    )
+    if c.max_restarts < 1:
+        raise ConfigError(
+            key, value, "a lost node is replaced (or left out) by a restart inside the allocation, and "
+            "cluster.max_restarts=0", valid="cluster.max_restarts ≥ 1 with it",
+        )  # fmt: skip
+    if cfg.launcher == "sbatch" and c.sbatch_template == "torchrun":
+        raise ConfigError(
+            key, value, "the torchrun template's agent keeps its nodes (no spares, no shrinking)",
+            valid="cluster.sbatch_template=srun or launcher=submitit with it",
+        )  # fmt: skip
+    for nodes in range(c.min_nodes or c.nodes, c.nodes):
+        on_nodes(cfg, nodes)
+
+
 def check_cluster(cfg: Config) -> None:
     """The cluster group: local processes, or a Slurm job and every sbatch option it renders."""
     c = cfg.cluster
@@ -58,7 +91,16 @@ def check_cluster(cfg: Config) -> None:
     if c.health_check is not None:
         check_health_script(c.health_check)
     check_ssh(cfg)
+    at_least("cluster.spare_nodes", c.spare_nodes, 0)
     if c.kind == "local":
+        if c.spare_nodes or c.min_nodes is not None:
+            key, value = (
+                ("cluster.spare_nodes", c.spare_nodes)
+                if c.spare_nodes
+                else ("cluster.min_nodes", c.min_nodes)
+            )
+            raise ConfigError(key, value, "spare nodes and shrinking are for a Slurm job's nodes",
+                              valid="0 and null for cluster.kind=local")  # fmt: skip
         at_least("cluster.nproc", c.nproc, 1)
         check_local_cluster(c.nproc, c.master_addr)
         return
@@ -66,6 +108,7 @@ def check_cluster(cfg: Config) -> None:
         at_least(f"cluster.{key}", getattr(c, key), 1)
     for key in ("gpus_per_node", "max_requeues", "signal_lead_s"):
         at_least(f"cluster.{key}", getattr(c, key), 0)
+    check_lost_nodes(cfg)
     if c.gpus_per_node and c.tasks_per_node > c.gpus_per_node:
         raise ConfigError(
             "cluster.tasks_per_node",

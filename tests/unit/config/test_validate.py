@@ -120,6 +120,35 @@ INVALID = [
     (["parallel=ddp", "parallel.cpu_offload=true"], ["parallel.cpu_offload=True", "no FSDP"]),
     (["parallel=ddp", "parallel.tp=2"], ["parallel.tp=2", "parallel=ddp has no tp dimension", "tp, 2d, 3d"]),
     (["parallel=zero4"], ["parallel=zero4", "fsdp", "3d"]),
+    # --- a lost node (issue 27, item 2): spares and shrinking
+    (["cluster=slurm_test", "cluster.spare_nodes=-1"], ["cluster.spare_nodes=-1", "≥ 0"]),
+    (["cluster=slurm_test", "cluster.spare_nodes="], ["cluster.spare_nodes=", "integer"]),
+    (["cluster=slurm_test", "cluster.spare_nodes=one"], ["cluster.spare_nodes=one", "integer"]),
+    (["cluster=slurm_test", "cluster.spare_nodes=\x01"], ["cluster.spare_nodes=", "\\x01"]),
+    (["cluster=slurm_test", "cluster.spare_nodes=1"], ["cluster.spare_nodes=1", "cluster.max_restarts ≥ 1"]),
+    (["cluster.spare_nodes=1", "cluster.max_restarts=1"], ["cluster.spare_nodes=1", "cluster.kind=local"]),
+    (["cluster=slurm_test", "cluster.min_nodes=3"], ["cluster.min_nodes=3", "more than cluster.nodes=2"]),
+    (
+        [
+            "cluster=slurm_test",
+            "cluster.min_nodes=1",
+            "cluster.max_restarts=1",
+            "parallel=2d",
+            "parallel.tp=4",
+            "model.n_heads=4",
+        ],
+        ["cluster.min_nodes=1", "on 1 node the layout cannot run", "tp=4"],
+    ),
+    (
+        [
+            "cluster=slurm_test",
+            "cluster.spare_nodes=1",
+            "cluster.max_restarts=1",
+            "launcher=sbatch",
+            "cluster.sbatch_template=torchrun",
+        ],
+        ["cluster.spare_nodes=1", "torchrun"],
+    ),
 ]
 
 

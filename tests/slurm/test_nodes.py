@@ -1,0 +1,102 @@
+"""A lost node does not end the job, on the real test cluster: node2 of a 2-node job dies mid-run (its slurmd
+and every process on it SIGKILLed: :meth:`SlurmTestCluster.lose_node`). With ``cluster.spare_nodes=1``
+(submitit) the waiting spare node3 takes its place in the same job and the run ends bitwise equal to an
+uninterrupted one; with ``cluster.min_nodes=1`` and no spare (the srun template) the run shrinks onto node1
+(data-parallel size 2, the global batch kept by two passes a step) and completes, its final loss within
+1e-5 of the uninterrupted run's. One job per mode; the node comes back (a reboot) once the job has ended,
+so later tests have three nodes (a slurmd back during the job would make srun abort the step)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.rundir import checkpoints as layout
+from hpctrain.slurm import commands
+from tests.support import FAST, REPO, hpctrain, metrics, model_and_optimizer
+
+from .cluster import SlurmTestCluster
+from .test_preemption import last_step, submit, wait_until
+from .test_submit import wait_final
+
+STEPS = 16
+RUN = [
+    *FAST,
+    f"trainer.max_steps={STEPS}",
+    "trainer.ckpt_every=4",
+    "trainer.log_every=1",
+    "trainer.eval_every=0",
+]
+LOSSY = ["cluster=slurm_test", "cluster.max_restarts=1", "cluster.dist_timeout_s=60"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("nodes") / "reference"
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctrain", *RUN, "cluster.nproc=4", f"hydra.run.dir={run}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
+def restarts(run: Path) -> list[dict]:
+    path = run / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lose_node2(cluster: SlurmTestCluster, run: Path, job_id: str) -> dict:
+    """Kill node2 once the step-4 checkpoint is behind the run; the restart that answered it."""
+    wait_until(lambda: last_step(run) >= 6, "training past the step-4 checkpoint", timeout=180)
+    cluster.lose_node("node2")
+    try:
+        wait_until(lambda: any(r.get("lost") for r in restarts(run)), "the lost node's restart", timeout=60)
+        state = wait_final([job_id], timeout=180)[job_id]
+    finally:
+        cluster.revive_node("node2")
+    assert state.state == "COMPLETED", (state, restarts(run))
+    assert commands.job_fields(job_id).get("Restarts") == "0"  # the same job: no requeue
+    (record,) = restarts(run)
+    assert record["lost"] == ["node2"] and record["resume_step"] >= 4, record
+    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[-1])
+    assert (fault["host"], fault["excluded"]) == ("node2", True), fault  # no later start takes it back
+    assert [r["step"] for r in metrics(run)][-1] == STEPS
+    return record
+
+
+def test_a_spare_takes_the_lost_nodes_place(slurm_cluster, reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    job_id = submit(run, *RUN, *LOSSY, "cluster.spare_nodes=1")
+    record = lose_node2(slurm_cluster, run, job_id)
+    assert (record["spares"], record["nodes"], record["shrunk"]) == (["node3"], ["node1", "node3"], False)
+    hosts = {r["rank"]: r["host"] for r in json.loads((run / "ranks.json").read_text())}
+    assert hosts == {0: "node1", 1: "node1", 2: "node3", 3: "node3"}, hosts
+    final = layout.checkpoint_name(STEPS)
+    ours = model_and_optimizer(run / "checkpoints" / final)
+    theirs = model_and_optimizer(reference / "checkpoints" / final)
+    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    status = hpctrain("status", str(run)).stdout
+    assert "node node2 lost" in status and "replaced by node3" in status, status
+
+
+def test_without_a_spare_the_run_shrinks_and_completes(
+    slurm_cluster, reference: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    job_id = submit(run, *RUN, *LOSSY, "cluster.min_nodes=1", "cluster.exclude=node3", "launcher=sbatch")
+    record = lose_node2(slurm_cluster, run, job_id)
+    assert (record["spares"], record["nodes"], record["shrunk"]) == ([], ["node1"], True)
+    assert {r["host"] for r in json.loads((run / "ranks.json").read_text())} == {"node1"}
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "Shrunk: on 1 of cluster.nodes=2 nodes (node1): data-parallel size 2" in log, log[-2000:]
+    ours, theirs = metrics(run)[-1]["loss"], metrics(reference)[-1]["loss"]
+    assert abs(ours - theirs) <= 1e-5, (ours, theirs)
+    status = hpctrain("status", str(run)).stdout
+    assert "node node2 lost" in status and "shrunk to 1 nodes" in status, status
