@@ -7,6 +7,8 @@ package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an ap
 
 Outside the run directory, on each node: ``<checkpoint.local_path>/hpctrain-fast-<uid>/...``, the checkpoints'
 node-local fast tier (:mod:`hpctrain.rundir.checkpoints` names its paths).
+
+Over 400 lines: one room per concern puts every name of the run directory, and its accessor, here.
 """
 
 from __future__ import annotations
