@@ -1,5 +1,7 @@
 """``hpctrain save RUN_DIR`` and ``hpctrain stop RUN_DIR``: a checkpoint now, or a checkpoint and the end of
-the run without a requeue (:mod:`hpctrain.jobs.control`). No torch import here."""
+the run without a requeue (:mod:`hpctrain.jobs.control`). A run submitted from here over ``cluster.ssh`` is
+asked on the cluster, where its ranks read the request (:func:`hpctrain.jobs.targets.forward`). No torch
+import here."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from pathlib import Path
 
 from hpctrain.cli.common import EXIT_OK, Parser, UsageError, guarded
 from hpctrain.jobs.control import request
+from hpctrain.jobs.targets import forward, remote_target
 
 DEFAULT_WAIT_S = 120.0
 
@@ -20,6 +23,9 @@ def _run(name: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.wait >= 0:
         raise UsageError(f"--wait must be 0 or more seconds, not {args.wait}")
+    target = remote_target(args.run_dir)
+    if target is not None:  # submitted from here over cluster.ssh: the run and its ranks are on the cluster
+        return forward(target, name, [f"--wait={args.wait!r}"])
     print(f"hpctrain {name}: {request(Path(args.run_dir), name, args.wait)}")
     return EXIT_OK
 

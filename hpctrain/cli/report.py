@@ -1,7 +1,8 @@
 """``hpctrain report RUN_DIR|SWEEP_DIR [--out DIR]``: parse, resolve the target, print what was drawn.
 
 Exit status: 0 written; 1 nothing to plot or a file that cannot be written; 2 bad arguments or a directory
-that is neither a run nor a sweep. No torch import here.
+that is neither a run nor a sweep. A run or sweep submitted from here over ``cluster.ssh`` is drawn on the
+cluster, where its metrics are, and the pictures are copied back into ``--out`` here. No torch import here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpctrain.cli.common import EXIT_OK, JobsError, Parser, UsageError, guarded, table
+from hpctrain.jobs.targets import Target, forward, remote_target
 from hpctrain.observe.report import ReportError, report_sweep, run_pictures, unit_of
 from hpctrain.observe.results import (
     Member,
@@ -22,6 +24,7 @@ from hpctrain.observe.results import (
 )
 from hpctrain.rundir import JOB_RECORD, METRICS_FILE, MULTIRUN_RECORD, RUN_CONFIG, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import first_error
+from hpctrain.slurm.remote import RemoteError
 
 
 def _member_table(members: list[Member]) -> str:
@@ -85,6 +88,9 @@ def _run(argv: Sequence[str]) -> int:
     parser.add_argument("target", metavar="RUN_DIR|SWEEP_DIR")
     parser.add_argument("--out", type=Path, metavar="DIR", help="where to write the pictures (TARGET/report)")
     args = parser.parse_args(list(argv))
+    remote = remote_target(args.target)
+    if remote is not None:
+        return _report_remote(remote, args.out or RunDir(Path(args.target)).report)
     kind, path = _resolve(args.target)
     if kind == "run":
         pictures = run_pictures(path, args.out)
@@ -107,6 +113,21 @@ def _run(argv: Sequence[str]) -> int:
         raise ReportError("nothing to plot: no member of the sweep has metrics")
     for picture in report.pictures:
         print(f"wrote {picture.path}")
+    return EXIT_OK
+
+
+def _report_remote(target: Target, out: Path) -> int:
+    """Draw on the cluster (the pictures go to the run's report folder there), then copy them into ``out``."""
+    assert target.remote is not None and target.remote_dir is not None
+    there = str(RunDir(Path(target.remote_dir)).report)
+    code = forward(target, "report", [f"--out={there}"])
+    if code != 0:
+        return code
+    try:
+        target.remote.fetch(there, out)
+    except RemoteError as err:
+        raise JobsError(str(err)) from None
+    print(f"copied the pictures to {out}")
     return EXIT_OK
 
 

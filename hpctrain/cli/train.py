@@ -99,7 +99,7 @@ def _train(argv: list[str]) -> int:
                 if note is not None:  # a submission would be refused: said before the plan of it
                     print(f"note: {note}; without dry_run it is refused until they are yours")
                 return dry_run(first, composed)
-            return run_single(composed, config_dirs)
+            return run_single(composed, config_dirs, first)
         if args.multirun and first.dry_run and not args.cfg:
             from hpctrain.config.redact import secret_env
 

@@ -16,10 +16,23 @@ from hpctrain.rundir import RunDir
 def run_config_text(cfg: DictConfig) -> str:
     """``cfg`` as config.yaml holds it: resolved, without Hydra's own node, secret ``cluster.env`` values as
     ``***``."""
-    keys = [k for k in cfg if k != "hydra"]
+    import yaml
+    from omegaconf import Container
+    from omegaconf._utils import get_omega_conf_dumper
+
     declare_secret(env_references(OmegaConf.select(cfg, "cluster.env")))  # taken from the environment
-    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
-    return OmegaConf.to_yaml(OmegaConf.create(redact_config(plain)))
+    plain = {
+        key: OmegaConf.to_container(node, resolve=True) if isinstance(node, Container) else cfg[key]
+        for key in cfg
+        if key != "hydra" and (node := cfg._get_node(key)) is not None
+    }
+    # What OmegaConf.to_yaml writes (its dumper quotes a string OmegaConf would read back as another type,
+    # such as "1e-3"), from the plain values: building a config of them again first cost a submission
+    # 40-60 ms (tests/unit/config/test_io.py holds the two texts equal).
+    dumper = get_omega_conf_dumper()
+    return yaml.dump(
+        redact_config(plain), Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False
+    )
 
 
 def write_run_config(run_dir: Path, cfg: DictConfig) -> Path:

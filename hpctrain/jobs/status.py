@@ -11,7 +11,6 @@ from hpctrain.jobs.control import describe as describe_control
 from hpctrain.jobs.states import FAILED, RunState, run_state
 from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
-from hpctrain.launch.agent import summary as restart_summary
 from hpctrain.observe.text import table
 from hpctrain.rundir import JOB_RECORD, RunDir, eval_metrics
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
@@ -124,8 +123,12 @@ def status(target: Target) -> Report:
         control = describe_control(RunDir(target.run_dir).read_control())
         if control is not None:
             out.append(("control", control))
-        for i, line in enumerate(restart_summary(RunDir(target.run_dir).read_restarts())):
-            out.append(("restarts" if i == 0 else "", line))
+        restarts = RunDir(target.run_dir).read_restarts()
+        if restarts:  # its module imports launch, omegaconf, checkpoints: only for a run that restarted
+            from hpctrain.launch.agent import summary as restart_summary
+
+            for i, line in enumerate(restart_summary(restarts)):
+                out.append(("restarts" if i == 0 else "", line))
         failed = run_word is not None and run_word.word == FAILED
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)

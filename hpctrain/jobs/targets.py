@@ -75,6 +75,10 @@ def resolve(text: str | None) -> Target:
 def _resolve_dir(text: str, path: Path) -> Target:
     try:
         sweep = read_sweep(path)
+        if sweep is not None and sweep.ssh is not None:  # submitted from here over cluster.ssh
+            remote = Remote(sweep.ssh, sweep.ssh_config)
+            there = sweep.remote_sweep_dir or str(path)
+            return Target(text, sweep=sweep, sweep_dir=path, remote=remote, remote_dir=there)
         if sweep is not None:
             return Target(text, sweep=sweep, sweep_dir=path)
         job = read_job(path)
@@ -209,6 +213,19 @@ def states_of(job_ids: list[str]) -> dict[str, JobState]:
         raise JobsError(str(err)) from None
     except (RuntimeError, OSError, ValueError) as err:  # a client that failed or timed out
         raise JobsError(f"cannot query Slurm: {err}") from None
+
+
+def remote_target(text: str) -> Target | None:
+    """The run or sweep directory ``text`` when it was submitted from here over ``cluster.ssh`` (its record
+    names the login node), else None: ``save``, ``stop`` and ``report`` then run on the cluster."""
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        return None
+    try:
+        target = _resolve_dir(text, path.absolute())
+    except JobsError:
+        return None
+    return target if target.remote is not None else None
 
 
 def forward(target: Target, command: str, options: list[str]) -> int:

@@ -70,22 +70,30 @@ def launch_array(
         return [_job_return(m[3], m[2], m[1], JobStatus.COMPLETED, None) for m in members]
 
     from hpctrain.launch.submitit import pack_groups, submit_array
+    from hpctrain.slurm.commands import use_remote
+    from hpctrain.slurm.remote import Remote
 
-    limits = site_limits(len(pack_groups(len(members), first.cluster.pack)))  # before anything is written
-    for _, run_dir, overrides, sweep_config in members:
-        write_run_config(run_dir, sweep_config)
-        RunDir(run_dir).write_hydra_overrides(overrides)
+    # cluster.ssh: every Slurm command runs on the login node, and the arrays are sbatch scripts shipped
+    # there (hpctrain.launch.sbatch.submit_sweep_over_ssh); submitit's would submit from here.
+    remote = Remote(first.cluster.ssh, first.cluster.ssh_config) if first.cluster.ssh else None
+    with use_remote(remote):
+        limits = site_limits(len(pack_groups(len(members), first.cluster.pack)))  # before anything is written
+        for _, run_dir, overrides, sweep_config in members:
+            write_run_config(run_dir, sweep_config)
+            RunDir(run_dir).write_hydra_overrides(overrides)
 
-    ranks = run_shape(first).world_size
-    record = submit_array(
-        first.cluster,
-        [m[1] for m in members],
-        [m[2] for m in members],
-        sweep_dir,
-        ranks,
-        limits.max_array_size,
-        first,
-    )
+        ranks = run_shape(first).world_size
+        run_dirs, member_overrides = [m[1] for m in members], [m[2] for m in members]
+        if remote is not None:
+            from hpctrain.launch.sbatch import submit_sweep_over_ssh
+
+            record = submit_sweep_over_ssh(
+                first, run_dirs, member_overrides, sweep_dir, ranks, limits.max_array_size
+            )
+        else:
+            record = submit_array(
+                first.cluster, run_dirs, member_overrides, sweep_dir, ranks, limits.max_array_size, first
+            )
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
     if previous is not None:
         record.members = previous.members + record.members

@@ -37,7 +37,7 @@ from hpctrain.launch.snapshot import plan_project, project_path_entry
 from hpctrain.launch.submitit import print_dry_run, print_submitted, take_snapshot
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import JobRecord, write_json
+from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, write_json
 from hpctrain.slurm.commands import SlurmUnavailable, check_client, submit_script, use_remote
 from hpctrain.slurm.remote import Remote, RemoteError, remote_run_dir
 
@@ -56,12 +56,16 @@ def slurm_output(run_dir: Path) -> str:
     return str(RunDir(run_dir).slurm / "%j.out")
 
 
-def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) -> str:
+def render_script(
+    cfg: Config, run_dir: Path, submit_dir: Path | None = None, members: list[Path] | None = None
+) -> str:
     """The sbatch script for the run in ``run_dir``, from ``cluster.sbatch_template``.
 
     Validates ``cfg`` first (ConfigError): the templates rely on the checks for what they do not quote. The
     user's project copy (:func:`hpctrain.launch.snapshot.plan_project`) follows the package on PYTHONPATH.
     ``submit_dir``: the job's working directory, HPCTRAIN_PROJECT_DIR (default: the one submitting here).
+    ``members``: a job array (a sweep over cluster.ssh) whose task i trains the run in ``members[i]``;
+    ``run_dir`` is then the sweep directory (its code snapshot, its slurm/ output folder).
     """
     check_run(cfg)
     c = cfg.cluster
@@ -84,6 +88,25 @@ def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) ->
     python = "python" if c.container_image or c.ssh else sys.executable
     # Slurm expands %-patterns in --output: a literal % in the run directory is written %%.
     output = str(RunDir(run_dir).slurm).replace("%", "%%") + "/%j.out"
+    extra = _extra_options(c)
+    array_lines: list[str] = []
+    run_target = shlex.quote(str(run_dir))
+    config_where, script_where = f"{run_target}/config.yaml", str(RunDir(Path(run_target)).sbatch_script)
+    if members is not None:
+        for member in members:
+            if any(ord(ch) < 32 or ord(ch) == 127 for ch in str(member)):
+                raise ConfigError("hydra.sweep.dir", str(member), "contains a control character")
+        # %A_%a: the array's id and the task's index, which hpctrain names a member's job by (123_4).
+        output = str(RunDir(run_dir).slurm).replace("%", "%%") + "/%A_%a.out"
+        extra.append(f"--array=0-{len(members) - 1}%{c.array_parallelism}")
+        array_lines = [
+            "# A job array: task i trains the sweep member whose run directory is the i-th of RUN_DIRS.",
+            f"RUN_DIRS=({' '.join(shlex.quote(str(m)) for m in members)})",
+            'RUN_DIR="${RUN_DIRS[$SLURM_ARRAY_TASK_ID]}"',
+        ]
+        run_target = '"$RUN_DIR"'
+        config_where = "its member's run directory (RUN_DIRS below), config.yaml"
+        script_where = "the sweep's array-K.sbatch (this file)"
     return template.render(
         run_dir=str(run_dir),
         job_name=c.job_name,
@@ -110,7 +133,11 @@ def render_script(cfg: Config, run_dir: Path, submit_dir: Path | None = None) ->
         ),
         srun_args=container_srun_args(c),
         python=python,
-        extra_options=_extra_options(c),
+        extra_options=extra,
+        array_lines=array_lines,
+        run_target=run_target,
+        config_where=config_where,
+        script_where=script_where,
     )
 
 
@@ -128,6 +155,65 @@ def _extra_options(c: ClusterConfig) -> list[str]:
         for name, value in {**options, **extras}.items()
         if value is not None
     ]
+
+
+def submit_sweep_over_ssh(
+    first: Config,
+    run_dirs: list[Path],
+    overrides: list[list[str]],
+    sweep_dir: Path,
+    ranks: int,
+    max_array_size: int,
+) -> SweepRecord:
+    """A sweep from a laptop (``cluster.ssh``; call it inside :func:`use_remote`): its members' directories
+    are prepared here (config.yaml), the sweep's code snapshot taken and the array scripts rendered for the
+    sweep directory's place on the cluster, the whole directory shipped, then one ``sbatch`` per job array
+    (the site's MaxArraySize splits) there. The cluster's copies get a login node's records; the ones here
+    (returned: the sweep's) name the login node, so that ``status``, ``summary``, ``cancel`` and ``report``
+    of the sweep, and of each member, run there. ConfigError: refused before anything was shipped."""
+    c = first.cluster
+    assert c.ssh is not None
+    remote = Remote(c.ssh, c.ssh_config)
+    secrets = sorted(secret_env(c.env))
+    if secrets:  # as for a single run: sbatch's environment over ssh is the login node's
+        raise ConfigError(f"cluster.env.{secrets[0]}", "(secret, not shown)", "a secret reaches the job from "
+                          "the environment sbatch runs in; over cluster.ssh, the login node's",
+                          valid="set it in the login node's environment, not in cluster.env")  # fmt: skip
+    job_sweep = Path(remote_run_dir(sweep_dir, c.remote_dir, project_dir()))
+    job_dirs = [job_sweep / d.relative_to(sweep_dir) for d in run_dirs]
+    workdir = _remote_workdir(first, job_sweep)
+    chunks = [
+        list(range(i, min(i + max_array_size, len(run_dirs))))
+        for i in range(0, len(run_dirs), max_array_size)
+    ]
+    scripts = [render_script(first, job_sweep, workdir, [job_dirs[i] for i in chunk]) for chunk in chunks]
+    take_snapshot(c, sweep_dir)
+    RunDir(sweep_dir).slurm.mkdir(parents=True, exist_ok=True)  # Slurm does not create --output's folder
+    for k, script in enumerate(scripts):
+        _write_private(RunDir(sweep_dir).array_script(k), script)
+    cli_script = remote_cli_script(first, job_sweep, workdir)  # the sweep's snapshot serves each member
+    for folder in (sweep_dir, *run_dirs):
+        _write_private(RunDir(folder).remote_cli, cli_script)
+    ship_run(remote, sweep_dir, job_sweep)
+    arrays = [submit_script(RunDir(job_sweep).array_script(k), workdir) for k in range(len(chunks))]
+    output = str(RunDir(job_sweep).slurm / "%j.out")  # %j: the member's job, ARRAY_TASK (Slurm's %A_%a)
+    members, there = [], []
+    for array, chunk in zip(arrays, chunks, strict=True):
+        for task, index in enumerate(chunk):
+            job_id = f"{array}_{task}"
+            record = JobRecord(job_id, "sbatch", c.name, c.nodes, c.tasks_per_node, output, ranks)
+            write_remote_record(remote, job_dirs[index], record)
+            here = replace(record, ssh=c.ssh, ssh_config=c.ssh_config, remote_run_dir=str(job_dirs[index]))
+            write_json(RunDir(run_dirs[index]).job, here)
+            members.append(SweepMember(index, overrides[index], str(run_dirs[index]), job_id))
+            there.append(SweepMember(index, overrides[index], str(job_dirs[index]), job_id))
+    login_record = SweepRecord(arrays[0], c.name, there, array_job_ids=arrays)
+    try:
+        remote.write_file(str(RunDir(job_sweep).sweep), json.dumps(asdict(login_record), indent=2) + "\n")
+    except RemoteError as err:
+        raise SlurmUnavailable(f"submitted as job arrays {', '.join(arrays)}, but {err}") from None
+    return SweepRecord(arrays[0], c.name, members, array_job_ids=arrays, ssh=c.ssh, ssh_config=c.ssh_config,
+                       remote_sweep_dir=str(job_sweep))  # fmt: skip
 
 
 class SbatchLauncher:

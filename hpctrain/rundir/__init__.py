@@ -43,6 +43,7 @@ HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
 SBATCH_SCRIPT = "job.sbatch"
+ARRAY_SCRIPT = "array-{}.sbatch"  # cluster.ssh sweeps: one per job array, k = 0, 1, ... (MaxArraySize splits)
 REMOTE_CLI = "hpctrain.sh"  # cluster.ssh: hpctrain's commands on this run, as the laptop runs them there
 EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
 LOGS_DIR = "logs"
@@ -85,8 +86,9 @@ LAYOUT: dict[str, str] = {
     f"{CODE_DIR}/": f"Slurm runs: the code snapshot the job runs (the user's under {PROJECT_SUBDIR}/)",
     f"{SLURM_DIR}/": "Slurm runs: Slurm's output files (submitit's pickled job and script)",
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
+    ARRAY_SCRIPT.format("K"): "a sweep directory over cluster.ssh: the script of its K-th job array",
     EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
-    REMOTE_CLI: "cluster.ssh: hpctrain status/logs/cancel/summary as the laptop runs them on the cluster",
+    REMOTE_CLI: "cluster.ssh: hpctrain status, logs, save, report, ... as the laptop runs them there",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -197,6 +199,10 @@ class RunDir:
     @property
     def sbatch_script(self) -> Path:
         return self.path / SBATCH_SCRIPT
+
+    def array_script(self, k: int) -> Path:
+        """A sweep submitted over cluster.ssh: the script of its ``k``-th job array."""
+        return self.path / ARRAY_SCRIPT.format(k)
 
     @property
     def eval_script(self) -> Path:

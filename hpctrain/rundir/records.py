@@ -69,6 +69,11 @@ class SweepRecord:
     submitted_at: float = field(default_factory=time.time)
     # Every array of the sweep: a sweep larger than the site's MaxArraySize is split into several.
     array_job_ids: list[str] = field(default_factory=list)
+    # Submitted from a laptop (cluster.ssh): the login node, the ssh config file, and where the sweep
+    # directory is on the cluster. None in a login node's own records (and in those of older versions).
+    ssh: str | None = None
+    ssh_config: str | None = None
+    remote_sweep_dir: str | None = None
 
     @property
     def arrays(self) -> list[str]:

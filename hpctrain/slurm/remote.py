@@ -203,6 +203,33 @@ class Remote:
                               f"failed ({way}): {why}")  # fmt: skip
         return way
 
+    def fetch(self, remote: str, local: Path) -> None:
+        """Copy the files of the folder ``remote`` there into the folder ``local`` here (made if missing), as
+        a tar stream over the connection; RemoteError when either end fails."""
+        local.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile("w+") as err:
+            packing = self.argv(["tar", "-C", remote, "-cf", "-", "."])
+            sender = subprocess.Popen(packing, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=err)
+            assert sender.stdout is not None
+            try:  # --no-same-owner: the files are the user's here, whoever owned them there
+                unpacked = subprocess.run(["tar", "-C", str(local), "--no-same-owner", "-xf", "-"],
+                                          stdin=sender.stdout, capture_output=True, text=True, timeout=600,
+                                          check=False)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                sender.kill()
+                why = f"cluster.ssh={self.destination}: copying {self.host}:{remote} timed out"
+                raise RemoteError(why) from None
+            finally:
+                sender.stdout.close()
+                sender.wait()
+            err.seek(0)
+            why = err.read()
+        if sender.returncode == SSH_FAILED:
+            raise RemoteError(self.failure(why))
+        if sender.returncode != 0 or unpacked.returncode != 0:
+            raise RemoteError(f"cluster.ssh={self.destination}: copying {self.host}:{remote} to {local} "
+                              f"failed: {_last_line(why or unpacked.stderr)}")  # fmt: skip
+
 
 def remote_run_dir(run_dir: Path, remote_dir: str | None, submit_dir: Path) -> PurePosixPath:
     """Where the run directory ``run_dir`` is on the cluster: the same path without ``remote_dir``; else

@@ -18,6 +18,9 @@ from hpctrain.errors import ConfigError
 EXIT_BAD_CONFIG = 2
 # run directory → the outermost folder creating it made (hpctrain.rundir.first_missing), for a single run.
 _MADE: dict[Path, Path | None] = {}
+# run directory → the typed config the precheck made of the very composition run_single hands Hydra: the task
+# does not type it a second time (0.1-0.2 s of a submission's own time, omegaconf merging every schema).
+_TYPED: dict[Path, Config] = {}
 
 
 def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
@@ -76,10 +79,12 @@ def print_composed(overrides: list[str], config_dirs: list[Path], which: str) ->
         print(OmegaConf.to_yaml(part, resolve=False), end="", flush=True)
 
 
-def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
+def run_single(cfg: DictConfig, config_dirs: list[Path], typed: Config | None = None) -> int:
     """One run from the config the precheck composed, through Hydra's own ``run_job`` (output directory,
     logging, .hydra/ files, callbacks), sparing the two further compositions ``hydra.main`` would make:
-    submitting from a login node should take about a second."""
+    submitting from a login node should take about a second. ``typed``: the precheck's typed config of
+    ``cfg``, used as it is unless a run key interpolates (``${now:...}``, ``${hydra:...}`` resolve anew
+    inside Hydra's run)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
@@ -96,6 +101,8 @@ def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
         cfg.hydra.mode = RunMode.RUN
     run_dir = Path(os.path.abspath(cfg.hydra.run.dir))  # as Hydra's run_job makes runtime.output_dir
     _MADE[run_dir] = first_missing(run_dir)  # what to take away again if the run never starts
+    if typed is not None and not any(_interpolates(cfg._get_node(key)) for key in cfg if key != "hydra"):
+        _TYPED[run_dir] = typed
     callbacks = Callbacks(cfg)
     with config_context(config_dirs):
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
@@ -104,6 +111,20 @@ def run_single(cfg: DictConfig, config_dirs: list[Path]) -> int:
         callbacks.on_run_end(config=cfg, config_name=CONFIG_NAME, job_return=result)
     _ = result.return_value  # re-raises what the task raised
     return 0
+
+
+def _interpolates(node: object) -> bool:
+    """Whether an OmegaConf node is, or holds, an interpolation (``${...}``) anywhere below it."""
+    from omegaconf import Container, Node
+
+    if not isinstance(node, Node):
+        return False
+    if node._is_interpolation():
+        return True
+    if isinstance(node, Container) and not node._is_none() and not node._is_missing():
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))  # type: ignore[arg-type]
+        return any(_interpolates(node._get_node(key)) for key in keys)
+    return False
 
 
 def dry_run(typed: Config, cfg: DictConfig) -> int:
@@ -146,7 +167,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
     lock, typed = None, None
     try:
         try:
-            typed = to_typed(cfg)
+            typed = _TYPED.pop(run_dir, None) or to_typed(cfg)
             check_run(typed)
             # A local run is one process tree: the launcher holds the run directory's lock for the run's
             # life (a Slurm job's rank 0 takes it in hpctrain.worker).

@@ -88,7 +88,7 @@ def precheck(
         if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
             # What the config itself cannot do is said first (above), then where it cannot be submitted
             # from; before the snapshot: nothing to write where none submits.
-            _check_ssh(typed, multirun)
+            _check_ssh(typed, multirun, cfg)
             _check_slurm_here(typed)
             _check_not_example(typed)
         checked.append((typed, cfg))
@@ -222,15 +222,21 @@ def composed_run(overrides: list[str], config_dirs: list[Path] | None = None) ->
     return to_typed(compose([*overrides, choice], config_dirs or []))
 
 
-def _check_ssh(cfg: Config, multirun: bool) -> None:
-    """``cluster.ssh``: a sweep is refused (its job arrays are submitit's, which submits from this
-    machine)."""
-    if cfg.cluster.ssh is None:
+def _check_ssh(cfg: Config, multirun: bool, composed: DictConfig) -> None:
+    """``cluster.ssh``: a sweep goes as sbatch job arrays shipped to the login node, so what needs submitit's
+    tasks (``cluster.pack``'s packs) or this machine to read the members' results while they run (a sweeper
+    other than Hydra's basic one, such as Optuna) is refused."""
+    if cfg.cluster.ssh is None or not multirun:
         return
-    if multirun:
-        raise ConfigError("cluster.ssh", cfg.cluster.ssh, "a sweep (-m) is not submitted over ssh yet: its "
-                          "job arrays go through submitit", valid="single runs, or submit the sweep from the "
-                          "login node")  # fmt: skip
+    if cfg.cluster.pack > 1:
+        raise ConfigError("cluster.pack", cfg.cluster.pack, "packs run as submitit's tasks, which submit "
+                          "from this machine, not over cluster.ssh", valid="1 with cluster.ssh, or submit "
+                          "the packed sweep from the login node")  # fmt: skip
+    sweeper = str(composed.hydra.sweeper.get("_target_", "BasicSweeper"))
+    if "BasicSweeper" not in sweeper:
+        raise ConfigError("hydra.sweeper", sweeper.rsplit(".", 1)[-1], "chooses trials from the members' "
+                          "results, which are on the cluster, not here (cluster.ssh)", valid="the basic "
+                          "sweeper (a grid) over cluster.ssh, or this one on the login node")  # fmt: skip
 
 
 def _check_slurm_here(cfg: Config) -> None:

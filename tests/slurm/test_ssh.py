@@ -5,8 +5,10 @@ they were called (every Slurm command must go over ssh). The "login node" is an 
 this machine, started by the module fixture with a host key, a client key pair and a known_hosts file made
 here; the sessions it starts have the cluster's SLURM_CONF (sshd_config's SetEnv), as a login node's shell
 has it. ``cluster.remote_dir`` puts the run directory in another folder there, so what ``status``, ``logs``,
-``summary`` and ``cancel`` show can only have come through ssh. One tiny training job (1 rank, 6 steps), one
-held job to cancel, and the refusals: a host key that does not match, a port where nothing listens.
+``summary`` and ``cancel`` show can only have come through ssh. One sweep of 2 tiny members (1 rank each)
+as a job array (logs -f, status, summary, report, save, stop and cancel of it and its members from the
+laptop), one held single run to cancel, and the refusals: a host key that does not match, a port where
+nothing listens.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.slurm.commands import job_states
+from hpctrain.slurm.commands import cancel, job_states
 from hpctrain.slurm.remote import Remote
 from tests.support import FAST, REPO, this_checkout_first
 
@@ -150,34 +152,61 @@ def _overrides(login: Login, config: Path | None = None) -> list[str]:
     ]
 
 
-def test_a_run_submitted_over_ssh_trains_and_is_looked_after_from_the_laptop(login: Login) -> None:
-    local = login.root / "laptop" / "run"
-    run = ["trainer.max_steps=6", "trainer.log_every=1", *FAST, f"hydra.run.dir={local}"]
-    submitted = laptop(login, *_overrides(login), *run)
+def test_a_sweep_submitted_over_ssh_is_looked_after_from_the_laptop(login: Login) -> None:
+    local = login.root / "laptop" / "sweep"
+    sweep = ["-m", "trainer.max_steps=6,20000", "trainer.log_every=1", *FAST, f"hydra.sweep.dir={local}"]
+    submitted = laptop(login, *_overrides(login), *sweep)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
-    record = json.loads((local / "job.json").read_text())
-    remote_dir = login.root / "cluster" / "run"
-    assert record["ssh"] == DEST and record["remote_run_dir"] == str(remote_dir)
-    # The login node's copy: the script, the code snapshot, a login node's record (no ssh in it).
-    assert (remote_dir / "code" / "hpctrain" / "worker.py").is_file()
-    assert json.loads((remote_dir / "job.json").read_text())["ssh"] is None
-
-    # logs -f streams rank 0's log through ssh until the job ends.
-    followed = laptop(login, "logs", str(local), "-f", "-n", "100", timeout=240)
-    assert followed.returncode == 0, followed.stderr[-3000:]
-    assert "step 6" in followed.stdout, followed.stdout[-2000:]
-    assert job_states([record["job_id"]])[record["job_id"]].state == "COMPLETED"
-
+    record = json.loads((local / "sweep.json").read_text())
+    there = login.root / "cluster" / "sweep"
+    assert record["ssh"] == DEST and record["remote_sweep_dir"] == str(there)
+    jobs = [m["job_id"] for m in record["members"]]
+    assert jobs == [f"{record['array_job_id']}_0", f"{record['array_job_id']}_1"], jobs
+    # The login node's copies: the array's script, the code snapshot, login-node records (no ssh in them).
+    assert (there / "array-0.sbatch").is_file() and (there / "code" / "hpctrain" / "worker.py").is_file()
+    assert json.loads((there / "sweep.json").read_text())["ssh"] is None
+    assert json.loads((there / "1" / "job.json").read_text())["job_id"] == jobs[1]
+    try:
+        # logs -f streams member 0's rank 0 log through ssh until its job ends.
+        followed = laptop(login, "logs", str(local / "0"), "-f", "-n", "100", timeout=240)
+        assert followed.returncode == 0 and "step 6" in followed.stdout, (
+            followed.stdout[-2000:] + followed.stderr
+        )
+        member = laptop(login, "status", str(local / "0"))
+        assert re.search(r"^step\s+6/6", member.stdout, re.M) and jobs[0] in member.stdout, member.stdout
+        # What logs and status showed came from the cluster's run directory: the laptop's has no metrics.
+        assert (there / "0" / "metrics.jsonl").is_file() and not (local / "0" / "metrics.jsonl").exists()
+        one = laptop(login, "summary", str(local / "0"))  # a member is no sweep: the cluster's one line
+        assert one.returncode == 1 and "not a sweep directory" in one.stderr.strip(), one.stderr
+        deadline = time.monotonic() + 240
+        while not (there / "1" / "metrics.jsonl").is_file():  # member 1 (20000 steps) trains
+            assert time.monotonic() < deadline, laptop(login, "status", str(local)).stdout
+            time.sleep(1)
+        saved = laptop(login, "save", str(local / "1"), "--wait", "120", timeout=200)
+        assert saved.returncode == 0 and "the run trains on" in saved.stdout, saved.stdout + saved.stderr
+        stopped = laptop(login, "stop", str(local / "1"), "--wait", "120", timeout=200)
+        assert stopped.returncode == 0 and "stopped (no requeue)" in stopped.stdout, stopped.stderr
+        deadline = time.monotonic() + 240
+        while not all(s.final for s in job_states(jobs).values()):
+            assert time.monotonic() < deadline, job_states(jobs)
+            time.sleep(1)
+    finally:
+        cancel(jobs)
     status = laptop(login, "status", str(local))
-    assert status.returncode == 0, status.stderr
-    assert record["job_id"] in status.stdout and re.search(r"^step\s+6/6", status.stdout, re.M), status.stdout
-    assert re.search(r"^state\s+COMPLETED", status.stdout, re.M), status.stdout
-    # What status and logs showed came from the cluster's run directory: the laptop's has no metrics.
-    assert (remote_dir / "metrics.jsonl").is_file() and not (local / "metrics.jsonl").exists()
-
-    summary = laptop(login, "summary", str(local))  # a single run: refused on the cluster, in one line
-    assert summary.returncode == 1 and summary.stderr.strip().count("\n") == 0, summary.stderr
-    assert "not a sweep directory" in summary.stderr
+    assert status.returncode == 0 and all(job in status.stdout for job in jobs), status.stdout + status.stderr
+    summary = laptop(login, "summary", str(local))
+    assert summary.returncode == 0 and f"wrote {there / 'summary.csv'}" in summary.stdout, summary.stderr
+    assert "trainer.max_steps=6" in summary.stdout and "trainer.max_steps=20000" in summary.stdout
+    report = laptop(login, "report", str(local))
+    assert report.returncode == 0 and f"copied the pictures to {local / 'report'}" in report.stdout, (
+        report.stderr
+    )
+    assert (local / "report" / "sweep_loss.png").is_file() or list((local / "report").glob("*.png"))
+    # A member that has ended: the cluster's own refusal, in one line naming the run there.
+    again = laptop(login, "stop", str(local / "0"), "--wait", "0")
+    assert again.returncode == 1 and f"{there / '0'}: the run is not running" in again.stderr, again.stderr
+    cancelled = laptop(login, "cancel", str(local))
+    assert cancelled.returncode == 0, cancelled.stderr
     assert not login.called.exists(), f"a Slurm client ran on the laptop: {login.called.read_text()}"
 
 
@@ -186,7 +215,14 @@ def test_cancel_from_the_laptop(login: Login) -> None:
     held = ["trainer.max_steps=2", *FAST, "cluster.additional.hold=true", f"hydra.run.dir={local}"]
     submitted = laptop(login, *_overrides(login), *held)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
-    job_id = json.loads((local / "job.json").read_text())["job_id"]
+    record = json.loads((local / "job.json").read_text())
+    job_id, remote_dir = record["job_id"], login.root / "cluster" / "held"
+    assert record["ssh"] == DEST and record["remote_run_dir"] == str(remote_dir)
+    # The login node's copy: the script, the code snapshot, a login node's record (no ssh in it).
+    assert (remote_dir / "job.sbatch").is_file() and (
+        remote_dir / "code" / "hpctrain" / "worker.py"
+    ).is_file()
+    assert json.loads((remote_dir / "job.json").read_text())["ssh"] is None
     status = laptop(login, "status", str(local))
     assert "PENDING" in status.stdout and "JobHeldUser" in status.stdout, status.stdout + status.stderr
     cancelled = laptop(login, "cancel", str(local))

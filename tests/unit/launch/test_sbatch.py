@@ -5,6 +5,7 @@ config exactly as its golden file (tests/unit/launch/golden/, regenerated with H
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -75,3 +76,26 @@ def test_each_template_renders_its_golden_file(name: str, tmp_path: Path, monkey
     script = render_script(to_typed(compose(GOLDEN_RUNS[name])), GOLDEN_RUN_DIR)
     check_golden(f"{name}.sbatch", as_golden(script, project))
     assert "not-written" not in script  # a secret cluster.env value stays in the environment
+
+
+def test_an_array_script_runs_the_member_of_its_task(tmp_path: Path) -> None:
+    """A sweep over cluster.ssh: one script per job array, whose task i trains the i-th member's directory
+    (paths quoted, whatever they hold), with the sweep's code snapshot and Slurm output per array task."""
+    sweep = tmp_path / "it's a sweep"
+    members = [sweep / "0", sweep / "1 $(touch pwned)"]
+    for template in ("srun", "torchrun"):
+        cfg = to_typed(compose(["cluster=slurm_test", "cluster.array_parallelism=3",
+                                f"cluster.sbatch_template={template}"]))  # fmt: skip
+        script = render_script(cfg, sweep, tmp_path, members)
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+        assert "#SBATCH --array=0-1%3" in script and "/slurm/%A_%a.out" in script
+        assert (
+            script.rstrip().endswith('"$RUN_DIR"')
+            and f"export PYTHONPATH={shlex.quote(str(sweep / 'code'))}" in script
+        )
+        selecting = [line for line in script.splitlines() if line.startswith("RUN_DIR")]
+        chosen = subprocess.run(
+            ["bash", "-c", "\n".join([*selecting, 'printf %s "$RUN_DIR"']), "x"],
+            env={"SLURM_ARRAY_TASK_ID": "1"}, capture_output=True, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert chosen.stdout == str(members[1]) and not (tmp_path / "pwned").exists()

@@ -135,8 +135,10 @@ def test_bad_ssh_keys_are_one_line(cli, tmp_path: Path, overrides: list[str], wo
     assert not Path("/tmp/pwned").exists()
 
 
-def test_a_sweep_over_ssh_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    result = cli("-m", "cluster=slurm_test", "cluster.ssh=root@127.0.0.1", "trainer.seed=1,2",
-                 f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+def test_a_packed_sweep_over_ssh_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A sweep goes over ssh as sbatch arrays; packs are submitit's tasks, which submit from the laptop.
+    result = cli("-m", "cluster=slurm_test", "cluster.ssh=root@127.0.0.1", "cluster.pack=2",
+                 "trainer.seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and len(lines) == 1 and "sweep (-m)" in lines[0], result.stderr
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert "cluster.pack=2" in lines[0] and "cluster.ssh" in lines[0] and not (tmp_path / "sweep").exists()
