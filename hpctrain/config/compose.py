@@ -33,6 +33,7 @@ from hpctrain.config.overrides import (
 )
 from hpctrain.config.overrides import choice as _choice
 from hpctrain.config.overrides import parse_overrides as _parse_overrides
+from hpctrain.config.repository import shared_repository
 from hpctrain.config.schema import (
     DATA_KEYS,
     GROUP_SCHEMAS,
@@ -129,7 +130,9 @@ def config_context(config_dirs: Sequence[Path] = ()) -> Iterator[None]:
         )
     try:
         GlobalHydra.instance().clear()
-        Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+        hydra = Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+        # Each file of the search path parsed once per process, not once per composition.
+        hydra.config_loader.repository = shared_repository(search_path)  # type: ignore[attr-defined]
         yield
     finally:
         restore_gh_from_backup(backup)

@@ -298,8 +298,17 @@ def main(argv: list[str]) -> NoReturn:
         os.execve(sys.executable, [*sys.orig_argv, *room_args()], {**os.environ, **room_env()})
     os.environ.pop(ROOM_ENV, None)  # the block keeps it, for the children's environments
     shielded = os.environ.pop(SHIELD_ENV, "") == "1"
+
+    def stop_starting(_signum: int, _frame: object) -> None:
+        # Stopped while it starts (a launch refused its config and ends this server before it is up): quietly,
+        # with no traceback on the launch's console and no socket left behind.
+        if args.socket:
+            with contextlib.suppress(OSError):
+                os.unlink(args.socket)
+        os._exit(0)
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _on_stop)
+        signal.signal(sig, stop_starting)
     if shielded:
         for sig in SHIELDED:
             signal.signal(sig, signal.SIG_IGN)
@@ -317,6 +326,8 @@ def main(argv: list[str]) -> NoReturn:
     ident = identity()  # before the imports: a source changed while they ran is a change
     listener = _listen(args.socket) if args.socket else None
     try:
+        for sig in () if shielded else (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _on_stop)  # from here the finally below closes and removes the socket
         os.environ["OPENBLAS_NUM_THREADS"] = "1"  # numpy's OpenBLAS starts no thread pool here
         preload()
         # What the imports put in the environment, a worker's own imports would have put in its own.

@@ -406,3 +406,28 @@ def test_a_server_run_with_interpreter_options_starts_fresh_interpreters(tmp_pat
         server.wait(timeout=30)
     assert child.mode == "exec: the server runs with interpreter options -X dev"
     assert (tmp_path / "log").read_text() == "False\n"
+
+
+def test_a_server_stopped_while_it_starts_exits_quietly(tmp_path: Path):
+    """A launch that refuses its config ends the server it started beside Hydra's composition, often before
+    that server is up: a SIGTERM in each phase of its start (fingerprinting the sources, before the socket
+    exists; importing torch, after) leaves no traceback on the console and no socket."""
+    for phase in ("identity", "preload"):
+        sock = tmp_path / f"{phase}.sock"
+        code = (
+            "import os, signal, sys\n"
+            "import hpctrain.forkserver.serve as serve\n"
+            f"original = serve.{phase}\n"
+            "def stopped(*args):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return original(*args)\n"
+            f"serve.{phase} = stopped\n"
+            f"sys.orig_argv = [sys.executable, '-m', 'hpctrain.forkserver', '--room', 'x']\n"
+            f"serve.main(['--socket', {str(sock)!r}, '--room', 'x'])\n"
+        )
+        server = subprocess.run(
+            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert server.returncode == 0 and "Traceback" not in server.stderr, (phase, server.stderr)
+        assert not sock.exists(), phase

@@ -1,0 +1,135 @@
+"""Hydra's config files, read once per process: the repository every composition of a search path shares.
+
+Hydra builds its repository of config sources afresh for each composition and deep-copies it (the copy guards
+the repository against ``hydra.searchpath`` overrides), then loads and parses every file of the defaults
+tree again: ~30 YAML files and structured schemas, 40-60 % of a composition's CPU. A process that composes
+many times (the precheck and the run of one command, a sweep's members, ``plan`` searching layouts, the
+test suite) pays that each time.
+
+:class:`SharedRepository` keeps what a search path's sources loaded, keyed by config path and checked
+against the file's size and modification time on every use (an edited or replaced file is read again; a
+file that was absent is looked for again). A composition's own copy (what Hydra's deep copy returns,
+:class:`_Composition`) reads through the shared one, except after ``hydra.searchpath`` re-initializes its
+sources: from then on it owns a private copy, as Hydra's would, and caches nothing.
+
+Hydra treats a loaded :class:`ConfigResult` as read-only within a composition (its own per-composition cache
+hands the same object to every use); the shared one extends that across compositions.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections import OrderedDict
+from typing import Any
+
+from hydra._internal.config_repository import ConfigRepository, IConfigRepository
+from hydra.core.config_search_path import ConfigSearchPath
+from hydra.core.object_type import ObjectType
+from hydra.plugins.config_source import ConfigResult, ConfigSource
+
+# Search paths remembered at once: a process composes with hpctrain's conf/ and a few user directories.
+MAX_SEARCH_PATHS = 8
+_SHARED: OrderedDict[tuple[tuple[str, str], ...], SharedRepository] = OrderedDict()
+
+
+def _stamp(result: ConfigResult, config_path: str) -> tuple[int, int] | None:
+    """Size and modification time of a file source's file; None for other sources (packages, structured)."""
+    if not result.path.startswith("file://"):
+        return None
+    name = config_path if config_path.endswith(".yaml") else f"{config_path}.yaml"
+    try:
+        info = os.stat(os.path.join(result.path[len("file://") :], name))
+    except OSError:
+        return (-1, -1)
+    return (info.st_size, info.st_mtime_ns)
+
+
+class SharedRepository(IConfigRepository):
+    """The loaded configs of one search path's sources, shared by every composition on it."""
+
+    def __init__(self, search_path: ConfigSearchPath) -> None:
+        self.delegate = ConfigRepository(config_search_path=search_path)
+        self._loaded: dict[str, tuple[tuple[int, int] | None, ConfigResult]] = {}
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Composition:
+        return _Composition(self)  # Hydra's per-composition copy: a view, not a copy of every source
+
+    def load_config(self, config_path: str) -> ConfigResult | None:
+        hit = self._loaded.get(config_path)
+        if hit is None or hit[0] != _stamp(hit[1], config_path):
+            result = self.delegate.load_config(config_path=config_path)
+            if result is None:
+                return None
+            hit = self._loaded[config_path] = (_stamp(result, config_path), result)
+        # A copy of the config: a composition merges the loaded nodes into its result without copying them
+        # (Hydra's no_deepcopy_set_nodes) and later merges change them in place.
+        return dataclasses.replace(hit[1], config=copy.deepcopy(hit[1].config))
+
+    def get_schema_source(self) -> ConfigSource:
+        return self.delegate.get_schema_source()
+
+    def initialize_sources(self, config_search_path: ConfigSearchPath) -> None:
+        raise AssertionError("a shared repository's sources are fixed; a composition re-initializes its own")
+
+    def group_exists(self, config_path: str) -> bool:
+        return self.delegate.group_exists(config_path=config_path)
+
+    def config_exists(self, config_path: str) -> bool:
+        return self.delegate.config_exists(config_path=config_path)
+
+    def get_group_options(
+        self, group_name: str, results_filter: ObjectType | None = ObjectType.CONFIG
+    ) -> list[str]:
+        return self.delegate.get_group_options(group_name=group_name, results_filter=results_filter)
+
+    def get_sources(self) -> list[ConfigSource]:
+        return self.delegate.get_sources()
+
+
+class _Composition(IConfigRepository):
+    """One composition's repository: the shared one's configs, until ``hydra.searchpath`` changes its
+    sources (then a private copy of the sources, loading afresh, as Hydra does)."""
+
+    def __init__(self, shared: SharedRepository) -> None:
+        self._shared = shared
+        self._own: ConfigRepository | None = None
+
+    def _source(self) -> IConfigRepository:
+        return self._own if self._own is not None else self._shared
+
+    def load_config(self, config_path: str) -> ConfigResult | None:
+        return self._source().load_config(config_path=config_path)
+
+    def get_schema_source(self) -> ConfigSource:
+        return self._source().get_schema_source()
+
+    def initialize_sources(self, config_search_path: ConfigSearchPath) -> None:
+        self._own = copy.deepcopy(self._shared.delegate)
+        self._own.initialize_sources(config_search_path)
+
+    def group_exists(self, config_path: str) -> bool:
+        return self._source().group_exists(config_path=config_path)
+
+    def config_exists(self, config_path: str) -> bool:
+        return self._source().config_exists(config_path=config_path)
+
+    def get_group_options(
+        self, group_name: str, results_filter: ObjectType | None = ObjectType.CONFIG
+    ) -> list[str]:
+        return self._source().get_group_options(group_name=group_name, results_filter=results_filter)
+
+    def get_sources(self) -> list[ConfigSource]:
+        return self._source().get_sources()
+
+
+def shared_repository(search_path: ConfigSearchPath) -> SharedRepository:
+    """The process's repository for ``search_path`` (the least recently used beyond
+    :data:`MAX_SEARCH_PATHS` is forgotten)."""
+    key = tuple((element.provider or "", element.path or "") for element in search_path.get_path())
+    repository = _SHARED.pop(key, None) or SharedRepository(search_path)
+    _SHARED[key] = repository
+    while len(_SHARED) > MAX_SEARCH_PATHS:
+        _SHARED.popitem(last=False)
+    return repository
