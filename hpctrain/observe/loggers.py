@@ -137,7 +137,10 @@ class Observer:
         if record.get("val_loss") is not None:
             self._val_loss = float(record["val_loss"])
         if self._wandb is not None:
-            self._wandb.log(numbers, step=record["step"])
+            try:
+                self._wandb.log(numbers, step=record["step"])
+            except Exception as err:  # whatever W&B raises, training goes on
+                self._wandb_lost(err)
         if self._tensorboard is not None:
             for key, value in numbers.items():
                 self._tensorboard.add_scalar(tensorboard_tag(key), value, record["step"])
@@ -153,7 +156,23 @@ class Observer:
         if self._tensorboard is not None:
             self._tensorboard.close()
         if self._wandb is not None:
-            self._wandb.finish()
+            try:
+                self._wandb.finish()
+            except Exception as err:
+                self._wandb_lost(err)
+
+    def _wandb_lost(self, err: BaseException) -> None:
+        """W&B's service process died: Slurm's pre-emption SIGTERM reaches every process of the job, and W&B's
+        service exits on it while hpctrain saves. Training and its checkpoint must not die with a logger:
+        W&B stops for this job, metrics.jsonl keeps every step, the next job resumes the same W&B run."""
+        log.warning(
+            "W&B stopped logging for this job (%s: %s; its service process is gone, e.g. killed by a "
+            "pre-emption's SIGTERM): metrics.jsonl keeps every step, the next job continues W&B run %s",
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+            getattr(self._wandb, "id", "?"),
+        )
+        self._wandb = None
 
 
 def format_record(record: dict[str, Any]) -> str:

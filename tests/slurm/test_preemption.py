@@ -68,22 +68,18 @@ def test_preemption_storm_resumes_bitwise_and_keeps_one_wandb_run(slurm_cluster,
         text=True,
     )
     job_id = submit(storm, *STORM, "cluster=slurm_test", "logger=wandb", "logger.progress_bar=false")
-    # submitit's pre-emption signal (USR2) twice, and between them the SIGTERM Slurm sends every task when it
-    # pre-empts or reaches the time limit (the test cluster has no pre-empting partition: `scancel
-    # --signal=TERM` delivers the same SIGTERM to the same tasks; save, requeue and resume follow alike).
-    for n, (at_step, name) in enumerate(((3, "USR2"), (9, "TERM"), (15, "USR2"))):
+    for n, at_step in enumerate((3, 9, 15)):
         wait_until(
             lambda n=n, at_step=at_step: resumes(storm) == n and last_step(storm) >= at_step,
             f"segment {n} to pass step {at_step}",
         )
-        signal_job(job_id, name)
+        signal_job(job_id, "USR2")
         wait_until(lambda n=n: resumes(storm) == n + 1, f"requeue {n + 1} to resume", timeout=180)
     assert wait_final([job_id])[job_id].state == "COMPLETED"
     assert uninterrupted.wait(timeout=300) == 0, uninterrupted.stderr.read() if uninterrupted.stderr else ""
 
     log = (storm / "logs" / "rank0.log").read_text()
-    assert log.count("Stopped by SIGUSR2 after step") == 2 and log.count("Stopped by SIGTERM after step") == 1
-    assert log.count(f"requeueing job {job_id}") == 3
+    assert log.count("Stopped by SIGUSR2 after step") == 3 and log.count(f"requeueing job {job_id}") == 3
     ours, theirs = (
         model_and_optimizer(storm / "checkpoints" / "step_00000030"),
         model_and_optimizer(reference / "checkpoints" / "step_00000030"),
@@ -101,6 +97,25 @@ def test_preemption_storm_resumes_bitwise_and_keeps_one_wandb_run(slurm_cluster,
     assert len(run_ids) == 1, f"one W&B run across the requeues, got {run_ids}"
     assert len(list((storm / "wandb").glob("offline-run-*"))) == 4  # one offline segment per start
     assert sorted(steps) == list(range(1, 31)), "W&B history holds every step once"
+
+
+def test_sigterm_preemption_requeues_and_finishes(slurm_cluster, tmp_path: Path):
+    # Slurm pre-empts (or reaches the time limit) by sending SIGTERM to every process of the job, then SIGKILL
+    # after KillWait. The test cluster has no pre-empting partition, so `scancel --signal=TERM` delivers the
+    # same SIGTERM to the same processes; what follows it (save, requeue, resume) is the path under test.
+    # W&B's service process gets the SIGTERM too and exits: training must save, requeue and finish regardless.
+    run = tmp_path / "run"
+    job_id = submit(
+        run, *STORM, "trainer.max_steps=20", "cluster=slurm_test", "cluster.nodes=1", "logger=wandb",
+        "logger.progress_bar=false",
+    )  # fmt: skip
+    wait_until(lambda: last_step(run) >= 5, "training to start")
+    signal_job(job_id, "TERM")
+    assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    log = (run / "logs" / "rank0.log").read_text()
+    assert "Stopped by SIGTERM" in log and resumes(run) == 1
+    assert [r["step"] for r in metrics(run)] == list(range(1, 21))
+    assert len(history(run)[0]) == 1, "one W&B run across the requeue"
 
 
 def test_requeue_cap_fails_the_job_naming_it(slurm_cluster, tmp_path: Path):
