@@ -403,13 +403,22 @@ class SlurmTestCluster:
         original = self.conf_path.read_text()
         kept = [line for line in original.splitlines() if line.split("=", 1)[0] not in (settings or {})]
         changed = kept + [f"{key}={value}" for key, value in (settings or {}).items()] + list(lines)
-        self.conf_path.write_text("\n".join(changed) + "\n")
+        self._replace_conf("\n".join(changed) + "\n")
         try:
             self.run(["scontrol", "reconfigure"])
             yield
         finally:
-            self.conf_path.write_text(original)
+            self._replace_conf(original)
             self.run(["scontrol", "reconfigure"], check=False)
+
+    def _replace_conf(self, text: str) -> None:
+        """slurm.conf replaced in one rename: a slurmd still re-reading it for the last ``scontrol
+        reconfigure`` sees the old file or the new one, never a truncated one (it read an empty file once,
+        exited "Unable to process configuration file", and its node stopped responding for the rest of the
+        suite)."""
+        tmp = self.conf_path.with_name(f".{self.conf_path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.conf_path)
 
     def start(self, timeout: float = 60) -> None:
         """Bring the cluster up; return once every node is idle (and sacct answers)."""
