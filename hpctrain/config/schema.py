@@ -481,10 +481,16 @@ OPEN_MAPPINGS = {"parallel": ("tp_plan", "pp_split"), "cluster": ("additional",)
 
 
 def register_configs() -> None:
-    """Register the schemas so that ``conf/<group>/*.yaml`` can extend ``schema/<group>/<name>``."""
+    """Register the schemas so that ``conf/<group>/*.yaml`` can extend ``schema/<group>/<name>``.
+
+    Once per process: Hydra's ConfigStore is a process-wide singleton, and building the structured nodes
+    is a fifth of a composition's CPU (every composition calls this). Registered again only when the store
+    no longer holds them (something cleared it)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
+    if _registered(cs):
+        return
     cs.store(name="hpctrain_schema", node=Config)
     # Sweeps on Slurm: one job array (hydra_plugins/hpctrain_slurm_launcher), chosen by hpctrain.cli.
     cs.store(
@@ -503,3 +509,19 @@ def register_configs() -> None:
                 # a struct node would refuse as new keys.
                 OmegaConf.set_struct(structured[key], False)
             cs.store(group=f"schema/{group}", name=name, node=structured)
+
+
+def _registered(cs: Any) -> bool:
+    """Whether ``cs`` holds what :func:`register_configs` stores (the primary schema, the array launcher
+    and every group schema)."""
+    repo = cs.repo
+    if "hpctrain_schema.yaml" not in repo:
+        return False
+    if f"{SLURM_ARRAY_LAUNCHER}.yaml" not in repo.get("hydra", {}).get("launcher", {}):
+        return False
+    schema = repo.get("schema", {})
+    return all(
+        f"{name}.yaml" in schema.get(group, {})
+        for group, schemas in GROUP_SCHEMAS.items()
+        for name in schemas
+    )
