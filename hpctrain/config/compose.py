@@ -33,7 +33,7 @@ from hpctrain.config.overrides import (
 )
 from hpctrain.config.overrides import choice as _choice
 from hpctrain.config.overrides import parse_overrides as _parse_overrides
-from hpctrain.config.repository import shared_repository
+from hpctrain.config.repository import remember_compositions, shared_repository
 from hpctrain.config.schema import (
     DATA_KEYS,
     GROUP_SCHEMAS,
@@ -133,6 +133,7 @@ def config_context(config_dirs: Sequence[Path] = ()) -> Iterator[None]:
         hydra = Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
         # Each file of the search path parsed once per process, not once per composition.
         hydra.config_loader.repository = shared_repository(search_path)  # type: ignore[attr-defined]
+        remember_compositions(hydra.config_loader)
         yield
     finally:
         restore_gh_from_backup(backup)

@@ -14,6 +14,12 @@ sources: from then on it owns a private copy, as Hydra's would, and caches nothi
 
 Hydra treats a loaded :class:`ConfigResult` as read-only within a composition (its own per-composition cache
 hands the same object to every use); the shared one extends that across compositions.
+
+:func:`remember_compositions` does the same one level up: merging the loaded files of a defaults list into one
+config is half of what remains of a composition, and it depends only on that list (which files, under which
+packages) and on the files. The merged config of a list is kept on the shared repository, checked against
+every file's size and modification time, and each composition gets a deep copy (Hydra then applies the
+overrides to it in place). A composition with its own sources (``hydra.searchpath``) merges afresh.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from hydra._internal.config_repository import ConfigRepository, IConfigRepositor
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.object_type import ObjectType
 from hydra.plugins.config_source import ConfigResult, ConfigSource
+from omegaconf import DictConfig
 
 # Search paths remembered at once: a process composes with hpctrain's conf/ and a few user directories.
 MAX_SEARCH_PATHS = 8
+# Merged defaults lists kept per search path: one per distinct set of group choices (model=, data=, ...).
+MAX_COMPOSITIONS = 64
 _SHARED: OrderedDict[tuple[tuple[str, str], ...], SharedRepository] = OrderedDict()
 
 
@@ -52,6 +61,34 @@ class SharedRepository(IConfigRepository):
     def __init__(self, search_path: ConfigSearchPath) -> None:
         self.delegate = ConfigRepository(config_search_path=search_path)
         self._loaded: dict[str, tuple[tuple[int, int] | None, ConfigResult]] = {}
+        # defaults list → (the stamps of its files when merged, the merged config)
+        self._merged: OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], DictConfig]] = OrderedDict()
+
+    def _stamps(self, paths: list[str]) -> tuple[Any, ...] | None:
+        """The current stamps of ``paths`` (each loaded before), or None when one was never loaded."""
+        stamps = []
+        for path in paths:
+            hit = self._loaded.get(path)
+            if hit is None:
+                return None
+            stamps.append(_stamp(hit[1], path))
+        return tuple(stamps)
+
+    def merged(self, key: tuple[Any, ...], paths: list[str]) -> DictConfig | None:
+        """A copy of the merged config of defaults list ``key`` (its files ``paths``), if none changed."""
+        hit = self._merged.get(key)
+        if hit is None or hit[0] != self._stamps(paths):
+            return None
+        self._merged.move_to_end(key)
+        return copy.deepcopy(hit[1])
+
+    def remember_merged(self, key: tuple[Any, ...], paths: list[str], cfg: DictConfig) -> None:
+        stamps = self._stamps(paths)
+        if stamps is None:
+            return
+        self._merged[key] = (stamps, copy.deepcopy(cfg))
+        while len(self._merged) > MAX_COMPOSITIONS:
+            self._merged.popitem(last=False)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Composition:
         return _Composition(self)  # Hydra's per-composition copy: a view, not a copy of every source
@@ -122,6 +159,40 @@ class _Composition(IConfigRepository):
 
     def get_sources(self) -> list[ConfigSource]:
         return self._source().get_sources()
+
+
+def _shared_behind(repo: IConfigRepository) -> SharedRepository | None:
+    """The shared repository a composition's repository reads through (Hydra wraps it in its
+    CachingConfigRepository), or None when it has sources of its own."""
+    inner = getattr(repo, "delegate", repo)
+    if isinstance(inner, _Composition) and inner._own is None:
+        return inner._shared
+    return None
+
+
+def remember_compositions(loader: Any) -> None:
+    """Let Hydra's config loader ``loader`` reuse the merged config of a defaults list it merged before
+    (module docstring). Its ``_compose_config_from_defaults_list`` is wrapped on this instance only; a Hydra
+    without that method composes as it always did."""
+    merge = getattr(loader, "_compose_config_from_defaults_list", None)
+    if merge is None:
+        return
+
+    def compose_from_defaults(defaults: list[Any], repo: IConfigRepository) -> DictConfig:
+        shared = _shared_behind(repo)
+        if shared is None:
+            return merge(defaults=defaults, repo=repo)
+        key = tuple(
+            (d.config_path, d.parent, d.package, d.is_self, d.primary, d.override_key) for d in defaults
+        )
+        paths = [d.config_path for d in defaults if d.config_path is not None]
+        cfg = shared.merged(key, paths)
+        if cfg is None:
+            cfg = merge(defaults=defaults, repo=repo)
+            shared.remember_merged(key, paths, cfg)
+        return cfg
+
+    loader._compose_config_from_defaults_list = compose_from_defaults
 
 
 def shared_repository(search_path: ConfigSearchPath) -> SharedRepository:

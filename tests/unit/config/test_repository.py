@@ -31,6 +31,18 @@ def test_a_warm_composition_is_the_cold_one() -> None:
     assert len(repository._SHARED) == 1
 
 
+def test_a_merged_defaults_list_is_reused_and_no_composition_changes_the_next() -> None:
+    repository._SHARED.clear()
+    first = compose(["model=gpt", "model.d_model=32"])
+    (shared,) = repository._SHARED.values()
+    assert len(shared._merged) == 1  # the merge of this defaults list, kept
+    first.model.n_layers = 99  # a composition's result is its own to change
+    second = compose(["model=gpt", "trainer.max_steps=3"])  # the same group choices: the kept merge
+    assert len(shared._merged) == 1
+    assert second.model.n_layers != 99 and second.model.d_model != 32 and second.trainer.max_steps == 3
+    assert OmegaConf.to_yaml(second) == _cold(["model=gpt", "trainer.max_steps=3"])
+
+
 def test_an_edited_file_is_read_again_and_searchpath_adds_its_directory(tmp_path: Path) -> None:
     conf = tmp_path / "conf"
     (conf / "model").mkdir(parents=True)
