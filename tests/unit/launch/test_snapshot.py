@@ -111,3 +111,28 @@ def test_slurm_dry_run_from_a_project_names_its_snapshot(cli: CLI, tmp_path: Pat
     assert f"export PYTHONPATH={run_dir}/code:{run_dir}/code/project${{PYTHONPATH" in out
     assert f"export {PROJECT_DIR_ENV}={project}" in out
     assert not (run_dir / "code").exists()  # a dry run copies nothing
+
+
+def test_the_package_snapshot_brings_bytecode_its_sources_validate(tmp_path: Path):
+    """A job's tasks import the snapshot's compiled modules instead of compiling them each: the package's
+    __pycache__ is copied, and each .pyc still matches its copied source (size and modification time, what
+    Python checks before using it)."""
+    import importlib.util
+    import py_compile
+    import struct
+
+    import hpctrain
+    from hpctrain.launch.snapshot import snapshot_package
+
+    source = Path(hpctrain.__file__).resolve().parent / "errors.py"
+    compiled = Path(importlib.util.cache_from_source(str(source)))
+    py_compile.compile(str(source), cfile=str(compiled), doraise=True)  # what an import writes there
+    code = snapshot_package(tmp_path) / "hpctrain"
+    copied_source = code / "errors.py"
+    copied = Path(importlib.util.cache_from_source(str(copied_source)))
+    assert copied.is_file()
+    header = copied.read_bytes()[:16]
+    assert header[:4] == importlib.util.MAGIC_NUMBER
+    flags, mtime, size = struct.unpack("<III", header[4:16])
+    info = copied_source.stat()
+    assert flags == 0 and (mtime, size) == (int(info.st_mtime) & 0xFFFFFFFF, info.st_size & 0xFFFFFFFF)
