@@ -10,10 +10,16 @@ HPCTRAIN_SLURM_TEST_WORKDIR=DIR reuses a cluster brought up by hand with
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from hpctrain.rundir.records import read_job, read_sweep
+from tests.support import FAST, hpctrain
 
 from .cluster import SlurmClusterError, SlurmTestCluster
 
@@ -56,3 +62,81 @@ def _slurm_env(slurm_cluster: SlurmTestCluster) -> Iterator[None]:
         for key, value in slurm_cluster.env().items():
             mp.setenv(key, value)
         yield
+
+
+# Jobs that several modules look at alike, submitted once per session (the Slurm tier runs on one xdist
+# worker, so a session fixture is shared by all its modules): each task of a job is a fresh interpreter that
+# imports torch (~4.5 CPU-s on this machine), and a job that two tests submit alike costs that twice.
+# Session fixtures are set up before the module-scoped _slurm_env: they export the cluster's env themselves.
+
+
+@dataclass
+class Submitted:
+    """A job as ``hpctrain`` submitted it: the CLI's output and how long the submission took."""
+
+    run: Path
+    job_id: str
+    result: subprocess.CompletedProcess[str]
+    submit_s: float
+
+
+# 2 nodes × 2 tasks of the 2-layer GPT on node1 + node2 (node3 excluded, so where the ranks run is known),
+# 10 steps, seed 7; with sbatch options as people know them (a comment, --exclusive).
+TWO_NODE_DDP = [
+    "cluster=slurm_test",
+    "trainer.max_steps=10",
+    "trainer.seed=7",
+    "cluster.exclude=node3",
+    *FAST,
+    "cluster.additional.comment=hpctrain-test",
+    "cluster.exclusive=true",
+]
+
+
+@pytest.fixture(scope="session")
+def two_node_ddp(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Submitted:
+    """One 2-node × 2-task DDP run through submitit (:data:`TWO_NODE_DDP`), submitted, not waited for:
+    test_submit.py checks the submission and the run; test_sbatch.py trains the same thing through the
+    sbatch template and compares."""
+    run = tmp_path_factory.mktemp("two_node_ddp") / "run"
+    with pytest.MonkeyPatch.context() as mp:  # the session fixture may be first asked for before _slurm_env
+        for key, value in slurm_cluster.env().items():
+            mp.setenv(key, value)
+        started = time.monotonic()
+        result = hpctrain(*TWO_NODE_DDP, f"hydra.run.dir={run}")
+        submit_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = read_job(run)
+    assert record is not None
+    return Submitted(run, record.job_id, result, submit_s)
+
+
+# A 4-member sweep as one job array, 1 node × 2 tasks a member, 12 steps: two learning rates, each once
+# completing and once failing on rank 1 at step 5.
+SWEEP = [
+    "cluster=slurm_test",
+    "cluster.nodes=1",
+    "trainer.max_steps=12",
+    "trainer.log_every=3",
+    "trainer.eval_every=6",
+    *FAST,
+    "optim.lr=1e-3,3e-3",
+    "faults.fail_at=null,'1:5'",
+]
+
+
+@pytest.fixture(scope="session")
+def slurm_sweep(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFactory) -> Submitted:
+    """The :data:`SWEEP` array, submitted, not waited for (``job_id``: the array's): test_submit.py checks it
+    is one array, test_report.py reports on it."""
+    sweep = tmp_path_factory.mktemp("slurm_sweep") / "sweep"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in slurm_cluster.env().items():
+            mp.setenv(key, value)
+        started = time.monotonic()
+        result = hpctrain("-m", *SWEEP, f"hydra.sweep.dir={sweep}")
+        submit_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = read_sweep(sweep)
+    assert record is not None
+    return Submitted(sweep, record.array_job_id, result, submit_s)

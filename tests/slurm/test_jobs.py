@@ -33,7 +33,7 @@ class Job:
 @dataclass
 class Jobs:
     failing: Job  # 2 nodes × 2 tasks; rank 1 raises at step 3
-    long: Job  # 1 node × 2 tasks, 100000 steps: cancelled by a test
+    long: Job  # 1 node × 1 task, 100000 steps: cancelled by a test
 
 
 def jobs_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -92,6 +92,7 @@ def jobs(slurm_cluster: object, tmp_path_factory: pytest.TempPathFactory) -> Ite
     long = submit(
         root / "long",
         "cluster.nodes=1",
+        "cluster.tasks_per_node=1",  # what is under test is status and cancel, not its ranks
         "cluster.time=00:03:00",
         "trainer.max_steps=100000",
         "trainer.log_every=5",

@@ -10,29 +10,17 @@ from pathlib import Path
 
 from hpctrain.observe.report import report_sweep
 from hpctrain.rundir.records import read_sweep
-from tests.support import REPO, hpctrain, metrics
+from tests.support import REPO, metrics
 from tests.support.png import check_png
 
+from .conftest import Submitted
 from .test_submit import wait_final
 
-SMALL = [
-    "cluster=slurm_test",
-    "cluster.nodes=1",
-    "trainer.max_steps=12",
-    "trainer.log_every=3",
-    "trainer.eval_every=6",
-    "data.max_bytes=200000",
-    "logger=jsonl",
-    "trainer.eval_batches=1",
-]
 
-
-def test_report_of_a_slurm_sweep(slurm_cluster: object, tmp_path: Path) -> None:
-    sweep = tmp_path / "sweep"
-    result = hpctrain(
-        "-m", *SMALL, "optim.lr=1e-3,3e-3", "faults.fail_at=null,'1:5'", f"hydra.sweep.dir={sweep}"
-    )
-    assert result.returncode == 0, result.stderr
+def test_report_of_a_slurm_sweep(slurm_sweep: Submitted, tmp_path: Path) -> None:
+    """The sweep (conftest.py, shared with test_submit.py): lr=1e-3,3e-3 × faults.fail_at=null,'1:5', 12 steps
+    logged every 3."""
+    sweep = slurm_sweep.run
     record = read_sweep(sweep)
     assert record is not None and len(record.members) == 4
     states = wait_final([m.job_id for m in record.members])

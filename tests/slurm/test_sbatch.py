@@ -2,7 +2,9 @@
 (Rendering alone, golden files included: tests/unit/launch/test_sbatch.py.)
 
 The jobs are submitted together by one module fixture (the cluster runs them side by side where nodes
-allow), then each test waits for its own. Every job is tiny: 10 steps of the 2-layer GPT on 200 kB.
+allow), then each test waits for its own. Every job is tiny: 10 steps of the 2-layer GPT on 200 kB. The
+submitit run that the sbatch template's is compared with is conftest.py's ``two_node_ddp``, which
+test_submit.py looks at too.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from hpctrain.slurm.commands import job_fields, job_states, run
 from tests.support import FAST, hpctrain, metrics
 
 from .cluster import SlurmTestCluster
+from .conftest import TWO_NODE_DDP, Submitted
 
-# 2 nodes × 2 tasks on node1 + node2 (node3 excluded, so where the ranks run is known).
+# 2 nodes × 2 tasks on node1 + node2 (node3 excluded, so where the ranks run is known): conftest.py's
+# two_node_ddp run, less its sbatch comment and --exclusive.
 TWO_BY_TWO = ["cluster=slurm_test", "trainer.max_steps=10", "trainer.seed=7", "cluster.exclude=node3", *FAST]
 ONE_NODE = ["cluster=slurm_test", "cluster.nodes=1", "trainer.max_steps=10", *FAST]
 
@@ -55,7 +59,9 @@ def _final_loss(run_dir: Path) -> float:
 
 
 @pytest.fixture(scope="module")
-def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+def jobs(
+    slurm_cluster: SlurmTestCluster, two_node_ddp: Submitted, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple]:
     """Submit every run of this module at once: name → (run dir, job id)."""
     root = tmp_path_factory.mktemp("sbatch")
     pwned = root / "pwned"
@@ -70,7 +76,6 @@ def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFacto
             "faults.kill_at=1:4",
             "trainer.ckpt_every=2",
         ],
-        "submitit": TWO_BY_TWO,
         # Fails on rank 1 at step 3; also carries shell code in cluster.env that must not run.
         "failing": [
             *ONE_NODE,
@@ -83,11 +88,13 @@ def jobs(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFacto
     for name, overrides in runs.items():
         run_dir = root / name
         submitted[name] = (run_dir, _submit(run_dir, *overrides))
+    submitted["submitit"] = (two_node_ddp.run, two_node_ddp.job_id)
     submitted["pwned"] = (pwned, "")
     return submitted
 
 
 def test_sbatch_and_submitit_train_alike(jobs: dict[str, tuple]) -> None:
+    assert set(TWO_BY_TWO) <= set(TWO_NODE_DDP), "the two runs must train the same thing"
     sbatch_dir, sbatch_job = jobs["sbatch"]
     submitit_dir, submitit_job = jobs["submitit"]
     assert _wait_final(sbatch_job, sbatch_dir) == "COMPLETED", _slurm_output(sbatch_dir)

@@ -17,6 +17,8 @@ from hpctrain.rundir.records import read_job, read_sweep
 from hpctrain.slurm.commands import JobState, job_states
 from tests.support import REPO, hpctrain, metrics
 
+from .conftest import Submitted
+
 SMALL = [
     "cluster=slurm_test",
     "trainer.max_steps=10",
@@ -41,19 +43,15 @@ def queued_jobs() -> list[str]:
     return out.stdout.split()
 
 
-def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
-    """Also: sbatch options as people know them reach the job (cluster.additional, cluster.exclusive)."""
-    run = tmp_path / "run"
-    started = time.monotonic()
-    extra = ["cluster.additional.comment=hpctrain-test", "cluster.exclusive=true"]
-    result = hpctrain(*SMALL, *extra, f"hydra.run.dir={run}")
-    submit_s = time.monotonic() - started
-    assert result.returncode == 0, result.stderr
+def test_two_node_ddp_run(two_node_ddp: Submitted):
+    """Also: sbatch options as people know them reach the job (cluster.additional, cluster.exclusive).
+    The job (conftest.py) is shared with test_sbatch.py, which trains the same through the sbatch template."""
+    run, result = two_node_ddp.run, two_node_ddp.result
     record = read_job(run)
     assert record is not None and record.nodes == 2 and record.tasks_per_node == 2
     assert f"Submitted Slurm job {record.job_id} (2 nodes × 2 tasks = 4 ranks" in result.stdout
     assert f"hpctrain status {run}" in result.stdout
-    assert submit_s < 10, "submission must return once the job is queued, not wait for it"
+    assert two_node_ddp.submit_s < 10, "submission must return once the job is queued, not wait for it"
 
     state = wait_final([record.job_id])[record.job_id]
     assert state.state == "COMPLETED", (state, (run / "logs" / "rank0.log").read_text()[-2000:])
@@ -63,24 +61,24 @@ def test_two_node_ddp_run(slurm_cluster, tmp_path: Path):
     assert "Comment=hpctrain-test" in shown and "OverSubscribe=NO" in shown, shown
     ranks = json.loads((run / "ranks.json").read_text())
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
-    hosts = {r["host"] for r in ranks}  # whichever two nodes Slurm chose (others may hold earlier jobs)
-    assert len(hosts) == 2 and hosts <= {"node1", "node2", "node3"}, hosts
-    assert sorted(r["host"] for r in ranks) == sorted([*hosts, *hosts])  # two ranks on each
+    # Two ranks on each of the two nodes (cluster.exclude=node3 leaves Slurm node1 and node2).
+    assert sorted(r["host"] for r in ranks) == ["node1", "node1", "node2", "node2"]
     assert metrics(run)[-1]["step"] == 10
     assert (run / "checkpoints" / "step_00000010").is_dir()
 
 
-def test_sweep_is_one_job_array(slurm_cluster, tmp_path: Path):
-    sweep = tmp_path / "sweep"
-    result = hpctrain("-m", *SMALL, "cluster.nodes=1", "optim.lr=1e-3,3e-4,1e-4", f"hydra.sweep.dir={sweep}")
-    assert result.returncode == 0, result.stderr
+def test_sweep_is_one_job_array(slurm_sweep: Submitted):
+    """The sweep (conftest.py, shared with test_report.py): 2 learning rates × a fault on or off."""
+    sweep = slurm_sweep.run
     record = read_sweep(sweep)
-    assert record is not None and len(record.members) == 3
-    assert {m.job_id for m in record.members} == {f"{record.array_job_id}_{i}" for i in range(3)}
-    assert f"Submitted job array {record.array_job_id}: 3 members" in result.stdout
+    assert record is not None and len(record.members) == 4
+    assert {m.job_id for m in record.members} == {f"{record.array_job_id}_{i}" for i in range(4)}
+    assert f"Submitted job array {record.array_job_id}: 4 members" in slurm_sweep.result.stdout
 
     states = wait_final([m.job_id for m in record.members])
-    assert {s.state for s in states.values()} == {"COMPLETED"}, states
+    failing = {m.job_id for m in record.members if "faults.fail_at='1:5'" in m.overrides}
+    expected = {m.job_id: "FAILED" if m.job_id in failing else "COMPLETED" for m in record.members}
+    assert {job: s.state for job, s in states.items()} == expected, states
     sacct = subprocess.run(
         [
             "sacct",
@@ -97,9 +95,13 @@ def test_sweep_is_one_job_array(slurm_cluster, tmp_path: Path):
     )
     array_ids = {line.split("_")[0] for line in sacct.stdout.split()}
     assert array_ids == {record.array_job_id}, sacct.stdout
-    for member, lr in zip(record.members, ("0.001", "0.0003", "0.0001"), strict=True):
-        assert f"optim.lr={lr}" in member.overrides
-        assert metrics(Path(member.run_dir))[-1]["step"] == 10
+    combos = set()
+    for member in record.members:
+        (lr,) = [o for o in member.overrides if o.startswith("optim.lr=")]
+        combos.add((lr, member.job_id in failing))
+        if member.job_id not in failing:
+            assert metrics(Path(member.run_dir))[-1]["step"] == 12
+    assert combos == {(f"optim.lr={lr}", fails) for lr in ("0.001", "0.003") for fails in (False, True)}
 
     summary = subprocess.run(
         [sys.executable, "-m", "hpctrain", "summary", str(sweep)], capture_output=True, text=True, cwd=REPO
@@ -108,7 +110,7 @@ def test_sweep_is_one_job_array(slurm_cluster, tmp_path: Path):
     for member in record.members:
         assert member.job_id in summary.stdout or Path(member.run_dir).name in summary.stdout
     rows = (sweep / "summary.csv").read_text().strip().splitlines()
-    assert len(rows) == 4  # header + 3 members
+    assert len(rows) == 5  # header + 4 members
 
 
 def test_job_runs_the_code_as_submitted(slurm_cluster, tmp_path: Path):
