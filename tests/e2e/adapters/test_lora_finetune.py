@@ -20,7 +20,7 @@ from hpctrain.config.io import load_run_config
 from hpctrain.models import build_model
 from hpctrain.rundir import RunDir
 from hpctrain.weights.load import read_checkpoint_model
-from tests.support import hpctrain, metrics
+from tests.support import CLI, hpctrain, metrics
 from tests.support.user_project import user
 
 peft = pytest.importorskip("peft")
@@ -49,11 +49,18 @@ def _logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return getattr(out, "logits", out)
 
 
-def test_init_from_then_lora_resumes_exactly_and_exports(tmp_path: Path) -> None:
-    pre, ref, run = tmp_path / "pre", tmp_path / "ref", tmp_path / "run"
-    pretrained = hpctrain(*TINY, "cluster.nproc=1", "parallel=none", "trainer.max_steps=4",
-                          f"hydra.run.dir={pre}")  # fmt: skip
-    assert pretrained.returncode == 0, pretrained.stderr
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A plain run (no adapters) of 4 steps: the base that fine-tuning starts from, and the run without
+    adapters that ``--merge`` refuses. Read only, by every test that takes it."""
+    pre = tmp_path_factory.mktemp("pretrained") / "pre"
+    done = hpctrain(*TINY, "cluster.nproc=1", "parallel=none", "trainer.max_steps=4", f"hydra.run.dir={pre}")
+    assert done.returncode == 0, done.stderr
+    return pre
+
+
+def test_init_from_then_lora_resumes_exactly_and_exports(pretrained: Path, tmp_path: Path, cli: CLI) -> None:
+    pre, ref, run = pretrained, tmp_path / "ref", tmp_path / "run"
     tune = [*TINY, *LORA, f"model.init_from={pre}", "cluster.nproc=2", "parallel=fsdp", "trainer.max_steps=8",
             "trainer.ckpt_every=4"]  # fmt: skip
     whole = hpctrain(*tune, f"hydra.run.dir={ref}")
@@ -75,9 +82,9 @@ def test_init_from_then_lora_resumes_exactly_and_exports(tmp_path: Path) -> None
     merged, adapters, base = tmp_path / "merged", tmp_path / "adapters", tmp_path / "base"
     for args in (["--merge"], ["--adapters-only"]):
         out = merged if args == ["--merge"] else adapters
-        done = hpctrain("export", str(run), "--to", str(out), *args)
+        done = cli("export", str(run), "--to", str(out), *args)  # no process boundary under test: in-process
         assert done.returncode == 0, done.stderr
-    assert hpctrain("export", str(pre), "--to", str(base)).returncode == 0
+    assert cli("export", str(pre), "--to", str(base)).returncode == 0
     assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 4
     # Merged: W + (alpha / rank) · B A, every other weight the base's.
     lora = read_checkpoint_model(run / "checkpoints" / "step_00000008")
@@ -100,23 +107,24 @@ def test_init_from_then_lora_resumes_exactly_and_exports(tmp_path: Path) -> None
     torch.testing.assert_close(_logits(adapted, x), _logits(plain, x), rtol=1e-5, atol=1e-5)
 
 
-def test_bad_export_flags_are_one_line(tmp_path: Path) -> None:
-    run, plain = tmp_path / "run", tmp_path / "plain"
+def test_bad_export_flags_are_one_line(pretrained: Path, tmp_path: Path, cli: CLI) -> None:
+    run, plain = tmp_path / "run", pretrained
     common = [*TINY, "cluster.nproc=1", "parallel=none", "trainer.max_steps=1"]
     assert hpctrain(*common, *LORA, f"hydra.run.dir={run}").returncode == 0
-    assert hpctrain(*common, f"hydra.run.dir={plain}").returncode == 0
     for args, words in [
         ([str(run)], ["RUN_DIR=", "model.adapters=lora", "valid: --merge or --adapters-only"]),
         ([str(plain), "--merge"], ["--merge=True", "trained no adapters"]),
         ([str(run), "--adapters-only", "--format", "pt"], ["--format=pt", "valid: safetensors"]),
     ]:
-        done = hpctrain("export", *args, "--to", str(tmp_path / "out"))
+        done = cli("export", *args, "--to", str(tmp_path / "out"))  # a refusal: in-process
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words), done.stderr
         assert not (tmp_path / "out").exists()
 
 
-def test_a_transformers_llama_takes_adapters_by_its_own_names(project: Path, tmp_path: Path) -> None:
+def test_a_transformers_llama_takes_adapters_by_its_own_names(
+    project: Path, tmp_path: Path, cli: CLI
+) -> None:
     from transformers import AutoModelForCausalLM
 
     run, merged, adapters = tmp_path / "run", tmp_path / "merged", tmp_path / "adapters"
@@ -126,7 +134,7 @@ def test_a_transformers_llama_takes_adapters_by_its_own_names(project: Path, tmp
                 "model.lora.targets=[q_proj,v_proj]", f"hydra.run.dir={run}")  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     for args, out in ((["--merge", "--format", "hf"], merged), (["--adapters-only"], adapters)):
-        exported = hpctrain("export", str(run), "--to", str(out), *args, cwd=project)
+        exported = cli("export", str(run), "--to", str(out), *args, cwd=project)
         assert exported.returncode == 0, exported.stderr
     config = json.loads((adapters / "adapter_config.json").read_text())
     assert config["task_type"] == "CAUSAL_LM" and len(config["target_modules"]) == 8  # 4 layers × q, v
