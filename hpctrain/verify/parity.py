@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
     from omegaconf import DictConfig
 
+    from hpctrain.config.schema import Config
     from hpctrain.rendezvous.env import DistEnv
 
 TOLERANCE = 1e-5
@@ -218,11 +219,10 @@ class _Recorder:
         pass
 
 
-def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, DictConfig]], out: str) -> None:
+def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, DictConfig, Config]], out: str) -> None:
     """One rank: train every (case, model) of this world size in turn; rank 0 writes their records."""
     import torch.distributed as dist
 
-    from hpctrain.config.compose import to_typed
     from hpctrain.config.io import write_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.resilience.signals import StopSignals
@@ -232,8 +232,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, str, DictC
 
     rank = env.rank
     results = {}
-    for key, _model, composed in jobs:
-        cfg = to_typed(composed)
+    for key, composed, cfg in jobs:
         run_dir = Path(out).parent / key.replace(": ", "-").replace(" ", "_").replace("/", "_")
         if rank == 0:
             write_run_config(run_dir, composed)
@@ -255,8 +254,8 @@ def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.plan.check import check_run
 
-    # Composed and checked here, once per case, not by each of its ranks (a composition is ~0.1 CPU-s).
-    by_world: dict[int, list[tuple[str, str, DictConfig]]] = {}
+    # Composed, typed and checked here, once per case, not by each of its ranks (a composition is ~0.1 CPU-s).
+    by_world: dict[int, list[tuple[str, DictConfig, Config]]] = {}
     needed = {(c.reference, model) for c in cases for model in c.models}
     references = [
         r for r in (REFERENCE, TIED_REFERENCE, MICRO_REFERENCE) if any(c.reference == r.name for c in cases)
@@ -266,8 +265,9 @@ def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
             if case in references and (case.name, model) not in needed:
                 continue  # a reference only for the models compared with it
             composed = compose(overrides(case, model))
-            check_run(to_typed(composed))
-            by_world.setdefault(case.ranks, []).append((f"{model}: {case.name}", model, composed))
+            cfg = to_typed(composed)
+            check_run(cfg)
+            by_world.setdefault(case.ranks, []).append((f"{model}: {case.name}", composed, cfg))
     results: dict[str, dict[str, Any]] = {}
     for world, jobs in sorted(by_world.items()):
         out = work_dir / f"world{world}" / "results.json"

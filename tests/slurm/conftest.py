@@ -9,6 +9,7 @@ HPCTRAIN_SLURM_TEST_WORKDIR=DIR reuses a cluster brought up by hand with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -58,6 +59,12 @@ def _slurm_env(slurm_cluster: SlurmTestCluster) -> Iterator[None]:
     cluster (a Slurm client without SLURM_CONF falls back to DNS look-ups that leave the machine), while a
     test elsewhere that this xdist worker runs afterwards must not find a cluster it did not ask for (the
     partition check of a submission would ask it)."""
+    with _cluster_env(slurm_cluster):
+        yield
+
+
+@contextlib.contextmanager
+def _cluster_env(slurm_cluster: SlurmTestCluster) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         for key, value in slurm_cluster.env().items():
             mp.setenv(key, value)
@@ -80,6 +87,17 @@ class Submitted:
     submit_s: float
 
 
+def _submit(slurm_cluster: SlurmTestCluster, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``hpctrain ARGS`` against the cluster (a session fixture may be asked for before _slurm_env), and how
+    long it took; it must succeed."""
+    with _cluster_env(slurm_cluster):
+        started = time.monotonic()
+        result = hpctrain(*args)
+        submit_s = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, submit_s
+
+
 # 2 nodes × 2 tasks of the 2-layer GPT on node1 + node2 (node3 excluded, so where the ranks run is known),
 # 10 steps, seed 7; with sbatch options as people know them (a comment, --exclusive).
 TWO_NODE_DDP = [
@@ -99,13 +117,7 @@ def two_node_ddp(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempP
     test_submit.py checks the submission and the run; test_sbatch.py trains the same thing through the
     sbatch template and compares."""
     run = tmp_path_factory.mktemp("two_node_ddp") / "run"
-    with pytest.MonkeyPatch.context() as mp:  # the session fixture may be first asked for before _slurm_env
-        for key, value in slurm_cluster.env().items():
-            mp.setenv(key, value)
-        started = time.monotonic()
-        result = hpctrain(*TWO_NODE_DDP, f"hydra.run.dir={run}")
-        submit_s = time.monotonic() - started
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, submit_s = _submit(slurm_cluster, *TWO_NODE_DDP, f"hydra.run.dir={run}")
     record = read_job(run)
     assert record is not None
     return Submitted(run, record.job_id, result, submit_s)
@@ -130,13 +142,7 @@ def slurm_sweep(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPa
     """The :data:`SWEEP` array, submitted, not waited for (``job_id``: the array's): test_submit.py checks it
     is one array, test_report.py reports on it."""
     sweep = tmp_path_factory.mktemp("slurm_sweep") / "sweep"
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in slurm_cluster.env().items():
-            mp.setenv(key, value)
-        started = time.monotonic()
-        result = hpctrain("-m", *SWEEP, f"hydra.sweep.dir={sweep}")
-        submit_s = time.monotonic() - started
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, submit_s = _submit(slurm_cluster, "-m", *SWEEP, f"hydra.sweep.dir={sweep}")
     record = read_sweep(sweep)
     assert record is not None
     return Submitted(sweep, record.array_job_id, result, submit_s)
