@@ -30,7 +30,7 @@ EXIT_UNHEALTHY = 5
 def problem(run_dir: Path, script: str | None, host: str) -> str | None:
     """Why this node may not run the job's ranks, or None when it may."""
     rd = RunDir(run_dir)
-    probe = rd.agent_probe(host)
+    probe = rd.agent_probe(host, os.getpid())
     try:
         probe.parent.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"ok")

@@ -270,9 +270,12 @@ class RunDir:
         """Written when the job start's ranks are done (finished, stopped, given up): its spares leave."""
         return self.agents / f"{job}.done"
 
-    def agent_probe(self, host: str) -> Path:
-        """A file a node's health check writes and removes: is the run directory writable from there?"""
-        return self.agents / f"{host}.probe"
+    def agent_probe(self, host: str, pid: int) -> Path:
+        """A file a node's health check writes and removes: is the run directory writable from there?
+
+        One per process: the tasks of one node check at the same moment, and a shared name let one task's
+        unlink remove the file another was about to remove (ENOENT, read as "not writable")."""
+        return self.agents / f"{host}.{pid}.probe"
 
     def agent_claim(self, job: str, generation: int) -> Path:
         """The file whose exclusive creation claims the restart that ends ``generation``."""
