@@ -4,6 +4,8 @@ layout, ``hpctrain generate`` samples from it; bad inputs are one line."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hpctrain.cli import main
-from tests.support import hpctrain, metrics
+from tests.support import CLI, hpctrain, metrics
 from tests.support.user_project import SHORT, user
 
 GPT = ["data.max_bytes=100000", "logger=jsonl", "trainer.eval_batches=1", "trainer.log_every=1"]
@@ -26,9 +28,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = hpctrain(*GPT, "parallel=fsdp", "cluster.nproc=2", "trainer.max_steps=20",
                       "trainer.ckpt_every=10", f"hydra.run.dir={run}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    export = hpctrain("export", str(run), "--to", str(root / "export"))
-    assert export.returncode == 0, export.stderr
-    assert "Exported" in export.stdout and "step 20" in export.stdout
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):  # in-process: no process boundary is under test here
+        assert main(["export", str(run), "--to", str(root / "export")]) == 0
+    assert "Exported" in printed.getvalue() and "step 20" in printed.getvalue()
     return root
 
 
@@ -83,7 +86,9 @@ def test_generate_is_deterministic_with_a_seed(trained: Path, capsys: pytest.Cap
     assert capsys.readouterr().out == first.stdout
 
 
-def test_transformers_model_exports_a_folder_from_pretrained_loads(in_project: Path, tmp_path: Path):
+def test_transformers_model_exports_a_folder_from_pretrained_loads(
+    in_project: Path, tmp_path: Path, cli: CLI
+):
     from transformers import AutoModelForCausalLM
 
     from hpctrain.weights.generate import load_model
@@ -93,7 +98,7 @@ def test_transformers_model_exports_a_folder_from_pretrained_loads(in_project: P
     result = user(project, "model=gpt2_tiny", "data=bytes", "data.max_bytes=60000", *SHORT,
                   "trainer.max_steps=3", "cluster.nproc=2", f"hydra.run.dir={run}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    exported = hpctrain("export", str(run), "--to", str(folder), "--format", "hf", cwd=project)
+    exported = cli("export", str(run), "--to", str(folder), "--format", "hf", cwd=project)  # in-process
     assert exported.returncode == 0, exported.stderr
     theirs = AutoModelForCausalLM.from_pretrained(folder)
     ours, _, _ = load_model(run, None)
