@@ -2,6 +2,7 @@
 
     python -m hpctrain.forkserver --socket PATH      # a server for launches that set HPCTRAIN_FORKSERVER=PATH
     (--fd N --parent PID)                            # one launch's own server, on a socketpair it inherited
+    (--fd N --parent PID --share PATH)               # ... that the other Slurm tasks of its node join at PATH
 
 Imports only (no CUDA initialisation, no torch operation, OpenBLAS held to one thread): the process stays
 single-threaded, so a fork copies nothing half-done; a server that finds itself with threads anyway execs a
@@ -16,7 +17,8 @@ A Slurm task's restart agent (:mod:`hpctrain.launch.agent`) starts its server wi
 ``HPCTRAIN_FORKSERVER_SHIELD=1``: Slurm signals every process of a step (the warning signal, SIGTERM on
 pre-emption), and the server must neither die of USR2 nor kill the worker that is saving its checkpoint on
 SIGTERM. Such a server ignores them (the agent forwards them to the worker) and dies with SIGKILL when the
-agent dies.
+agent dies. With ``--share PATH`` (:mod:`hpctrain.launch.nodeserver`) it also listens at PATH for the other
+tasks of its node and job step, and ends once its own connection, every joined one and every child are gone.
 """
 
 from __future__ import annotations
@@ -95,8 +97,11 @@ class _Child:
 
 
 class Server:
-    def __init__(self, listener: socket.socket | None, origin: child.Origin, ident: dict[str, str]) -> None:
+    def __init__(
+        self, listener: socket.socket | None, origin: child.Origin, ident: dict[str, str], owned: bool = False
+    ) -> None:
         self.listener = listener
+        self.owned = owned  # a launch's own (its socketpair): it ends with its connections even if it listens
         self.origin = origin
         self.identity = ident
         self.prefixes = child.startup_prefixes()
@@ -121,8 +126,8 @@ class Server:
         self.selector.register(sock, selectors.EVENT_READ, lambda: self._on_client(client))
 
     def run(self) -> None:
-        """Serve until stopped; a server without a listener ends when its one client and children are gone."""
-        while self.listener is not None or self.clients or self.children:
+        """Serve until stopped; a launch's own server ends when its clients and children are gone."""
+        while (self.listener is not None and not self.owned) or self.clients or self.children:
             for key, _ in self.selector.select():
                 key.data()
 
@@ -291,20 +296,24 @@ def main(argv: list[str]) -> NoReturn:
     where.add_argument(
         "--fd", type=int, help=argparse.SUPPRESS
     )  # a launch's own: an inherited socketpair end
+    parser.add_argument("--share", help=argparse.SUPPRESS)  # with --fd: the node's other tasks join here
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # die with this pid
     parser.add_argument("--room", help=argparse.SUPPRESS)  # room in the command line for the children's
     args = parser.parse_args(argv)
+    if args.share is not None and args.fd is None:
+        parser.error("--share goes with --fd")
     if args.room is None:  # started by hand: again, with the room
         os.execve(sys.executable, [*sys.orig_argv, *room_args()], {**os.environ, **room_env()})
     os.environ.pop(ROOM_ENV, None)  # the block keeps it, for the children's environments
     shielded = os.environ.pop(SHIELD_ENV, "") == "1"
+    listen_at = args.socket or args.share
 
     def stop_starting(_signum: int, _frame: object) -> None:
         # Stopped while it starts (a launch refused its config and ends this server before it is up): quietly,
         # with no traceback on the launch's console and no socket left behind.
-        if args.socket:
+        if listen_at:
             with contextlib.suppress(OSError):
-                os.unlink(args.socket)
+                os.unlink(listen_at)
         os._exit(0)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -324,7 +333,7 @@ def main(argv: list[str]) -> NoReturn:
     startup_env = dict(os.environ)
     paths = site_path(startup_env)
     ident = identity()  # before the imports: a source changed while they ran is a change
-    listener = _listen(args.socket) if args.socket else None
+    listener = _listen(listen_at) if listen_at else None
     try:
         for sig in () if shielded else (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, _on_stop)  # from here the finally below closes and removes the socket
@@ -336,7 +345,8 @@ def main(argv: list[str]) -> NoReturn:
         }
         os.environ.clear()
         os.environ.update(startup_env)
-        server = Server(listener, child.Origin(os.getpid(), paths, startup_env, by_imports), ident)
+        origin = child.Origin(os.getpid(), paths, startup_env, by_imports)
+        server = Server(listener, origin, ident, owned=args.fd is not None)
         if args.fd is not None:
             server.add_client(socket.socket(fileno=args.fd))
         if args.socket:
@@ -356,10 +366,10 @@ def main(argv: list[str]) -> NoReturn:
     except _Stop:
         pass
     finally:
-        if listener is not None:
+        if listener is not None and listen_at:
             listener.close()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(args.socket)
+                os.unlink(listen_at)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(

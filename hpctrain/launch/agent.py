@@ -58,6 +58,7 @@ from typing import Any
 from hpctrain.launch import health
 from hpctrain.launch.jobscript import survives_lost_nodes
 from hpctrain.launch.nodes import Nodes
+from hpctrain.launch.nodeserver import node_server
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
 from hpctrain.resilience import requeue
 from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats
@@ -71,6 +72,7 @@ log = logging.getLogger(__name__)
 AGENT_PID_ENV = "HPCTRAIN_AGENT_PID"
 WORKER_MODULE = "hpctrain.worker"
 POLL_S = 0.05
+USED_UP = "none: restarts used up"  # restarts.jsonl's action when a fault finds no restart left
 STOPPED = "stop"  # the generation file's word for "the run stopped: no more restarts" (a crash loop)
 # A worker that failed because a peer went away (a connection error) waits this long for the peer's agent
 # to claim the restart with the real cause before claiming it itself.
@@ -129,6 +131,13 @@ class RestartBook:
         found = checkpoint_layout.committed(self.rd.checkpoints)
         return checkpoint_layout.step_of(found[0]) if found else 0  # newest first
 
+    def ended_without_restart(self, generation: int) -> bool:
+        """Whether the end of ``generation`` of this job start was recorded with no restart to follow."""
+        return any(
+            r.get("job") == self.job and r.get("generation") == generation and r.get("action") == USED_UP
+            for r in self.rd.read_restarts()
+        )
+
     def no_progress_run(self) -> int:
         """How many attempts in a row, up to the last recorded one, ended without a new step."""
         count = 0
@@ -174,7 +183,7 @@ class RestartBook:
             log.error("hpctrain: %s", record["why"])
             return False
         if generation >= self.max_restarts:
-            record["action"] = "none: restarts used up"
+            record["action"] = USED_UP
             self.rd.append_restart(record)
             log.error(
                 "No restart inside the allocation: %d of cluster.max_restarts=%d used; %s",
@@ -276,6 +285,10 @@ def run_task(run_dir: Path) -> int:
         else None
     )
     server: ForkServer | None = None
+    want_server = cfg.cluster.fork_server
+    # Here only so that the tasks of a node share a fork server: no restarts, no health check, the worker's
+    # own answer to a fault stands (as when the task was its worker).
+    launcher_only = cfg.cluster.max_restarts == 0 and cfg.cluster.health_check is None
     pending: list[int] = []  # signals that reached this agent, forwarded to the worker
     worker: list[Any] = []
 
@@ -289,7 +302,6 @@ def run_task(run_dir: Path) -> int:
     try:
         if nodes is not None:
             nodes.start()
-        server = _node_server(cfg.cluster.fork_server)
         generation = book.generation()
         while generation is not None:
             place: dict[str, str] = {}
@@ -303,13 +315,19 @@ def run_task(run_dir: Path) -> int:
                     continue
                 place = nodes.place(members)
                 rank = int(place["SLURM_PROCID"])
-            unhealthy = health.problem(run_dir, cfg.cluster.health_check, host)
+            unhealthy = None if launcher_only else health.problem(run_dir, cfg.cluster.health_check, host)
             if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
                 health.exclude(run_dir, rank, host, unhealthy, cfg.cluster.max_requeues)
                 return health.EXIT_UNHEALTHY
             env = dict(os.environ)
             env.update(place)
             env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
+            if want_server and (server is None or server.gone()):  # the first start, or the server died
+                share = server is None  # the node's at first; after it died (with the node's first task's
+                if server is not None:  # agent), one of this task's own
+                    server.close()
+                server = node_server(os.environ, book.job, host, share)
+                want_server = server is not None  # none: fresh interpreters from here on
             env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
             started = time.time()
             first_step = book.resume_step()
@@ -320,7 +338,7 @@ def run_task(run_dir: Path) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
-            if code == 0 or pending or is_final(run_dir, rank):
+            if code == 0 or pending or launcher_only or is_final(run_dir, rank):
                 return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
             record = read_error_record(run_dir, rank)
             if record is not None and record.get("type") == health.UNHEALTHY:  # the device failed its check
@@ -335,7 +353,8 @@ def run_task(run_dir: Path) -> int:
                 generation = book.generation()
                 continue
             if not book.claim(generation):  # another agent is deciding: wait for its word
-                _wait_for_move(book, generation, None)
+                if not _wait_for_word(book, generation):  # no restart: this worker's own answer stands
+                    return _final(book, run_dir, rank, code)
                 generation = book.generation()
                 continue
             key = job_key({**os.environ, RESTART_ENV: str(generation)})
@@ -388,25 +407,6 @@ def _requeue_without(run_dir: Path, lost: list[str], max_requeues: int, step: in
     requeue.respond_to_fault(run_dir, requeue.slurm_job_id(), culprit, f"lost node {lost[0]}", max_requeues)
 
 
-def _node_server(fork_server: bool) -> Any:
-    """This task's own fork server on this node (None: fresh interpreters). Never one named by an inherited
-    HPCTRAIN_FORKSERVER: that is the submitting machine's (sbatch exports the submitter's environment).
-    Shielded: Slurm's signals reach every process of the step, the server's too (see forkserver.serve)."""
-    from hpctrain.launch.forked import FORKSERVER_ENV, ForkServer, ForkServerError, supported
-
-    if not fork_server or not supported():
-        return None
-    env = {k: v for k, v in os.environ.items() if k != FORKSERVER_ENV}
-    server = ForkServer.start({**env, "HPCTRAIN_FORKSERVER_SHIELD": "1"})
-    try:
-        server.ready()
-    except ForkServerError as err:  # the workers start as fresh interpreters instead
-        server.close()
-        log.warning("No fork server on this node (%s): workers start as fresh interpreters", err)
-        return None
-    return server
-
-
 def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
     """The task's exit status once no restart follows; a crash loop is recorded as rank 0's error, which
     ``hpctrain status`` prints, and ends the job FAILED."""
@@ -423,9 +423,12 @@ def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
     """The worker, forked from ``server`` (stdout: this task's, i.e. Slurm's output file) or spawned."""
     import subprocess
 
+    from hpctrain.launch.forked import ServerGone
+
     sys.stdout.flush()
     if server is not None:
-        return server.spawn(WORKER_MODULE, [str(run_dir)], env, sys.stdout.fileno())
+        with contextlib.suppress(ServerGone):  # died since it was checked: this start spawns instead
+            return server.spawn(WORKER_MODULE, [str(run_dir)], env, sys.stdout.fileno())
     return subprocess.Popen(
         [sys.executable, "-u", "-m", WORKER_MODULE, str(run_dir)], env=env, start_new_session=True
     )
@@ -433,8 +436,13 @@ def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
 
 def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None, bool]:
     """Until the worker exits (its status, False) or the generation moves on (None, True: worker killed)."""
+    from hpctrain.launch.forked import ServerGone
+
     while True:
-        code = worker.poll()
+        try:
+            code = worker.poll()
+        except ServerGone:  # a shared server that died took its children along: as if SIGKILLed
+            return -signal.SIGKILL, False
         if code is not None:
             return code, False
         if book.generation() != generation:
@@ -442,6 +450,16 @@ def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None,
             worker.wait()
             return None, True
         time.sleep(POLL_S)
+
+
+def _wait_for_word(book: RestartBook, generation: int) -> bool:
+    """Until the agent that claimed the end of ``generation`` has decided: True when the generation moved on
+    (a restart, or the run stopped: a crash loop), False when no restart was left."""
+    while book.generation() == generation:
+        if book.ended_without_restart(generation):
+            return False
+        time.sleep(POLL_S)
+    return True
 
 
 def _wait_for_move(book: RestartBook, generation: int, timeout: float | None) -> bool:
@@ -460,12 +478,14 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def restarts_configured(run_dir: Path) -> bool:
-    """Whether a task is its rank's agent: restarts inside the allocation or a site health check (else the
-    task is its worker, as before the agent)."""
+    """Whether a task is its rank's agent: restarts inside the allocation, a site health check, or tasks
+    that share a node, whose workers then fork from one server per node (:mod:`hpctrain.launch.nodeserver`:
+    one torch import per node, not per task). Else the task is its worker, as before the agent."""
     from hpctrain.config.io import load_run_config
 
     cluster = load_run_config(RunDir(run_dir).config).cluster
-    return cluster.max_restarts > 0 or cluster.health_check is not None
+    shares_a_node = cluster.tasks_per_node > 1 and cluster.fork_server
+    return cluster.max_restarts > 0 or cluster.health_check is not None or shares_a_node
 
 
 def main(argv: list[str]) -> None:

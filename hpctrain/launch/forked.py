@@ -93,8 +93,15 @@ class ForkServer:
     """A connection to a fork server: one this process started (:meth:`start`) or a running one
     (:meth:`connect`). Not thread-safe; one launcher (or agent) drives it."""
 
-    def __init__(self, sock: socket.socket, where: str, proc: subprocess.Popen[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        where: str,
+        proc: subprocess.Popen[bytes] | None = None,
+        shared: bool = False,
+    ) -> None:
         self.sock = sock
+        self.shared = shared  # others joined it (hpctrain.launch.nodeserver): close waits for them
         self.where = where  # for messages: "started by this launch" or "at PATH"
         self.proc = proc
         self.pid = proc.pid if proc is not None else 0
@@ -106,13 +113,14 @@ class ForkServer:
         send_message(sock, {"op": "hello"})
 
     @classmethod
-    def start(cls, env: Mapping[str, str] | None = None) -> ForkServer:
-        """A server of this process's own: it lives until :meth:`close` or this process's death."""
+    def start(cls, env: Mapping[str, str] | None = None, share: str | None = None) -> ForkServer:
+        """A server of this process's own: it lives until :meth:`close` or this process's death. ``share``:
+        a socket path where other processes of this user may join it (:mod:`hpctrain.launch.nodeserver`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", SERVER_MODULE, "--fd", str(theirs.fileno()),
-                 "--parent", str(os.getpid()), *room_args()],
+                 "--parent", str(os.getpid()), *(["--share", share] if share else []), *room_args()],
                 env={**(os.environ if env is None else env), **room_env()},
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
@@ -120,7 +128,8 @@ class ForkServer:
             )  # fmt: skip
         finally:
             theirs.close()
-        return cls(ours, "started by this launch", proc)
+        where = "started by this launch" if share is None else f"shared at {share}"
+        return cls(ours, where, proc, share is not None)
 
     @classmethod
     def connect(cls, path: str) -> ForkServer:
@@ -135,6 +144,13 @@ class ForkServer:
                 FORKSERVER_ENV, path, f"no fork server answers there ({err.strerror or err})", valid=_VALID
             ) from None
         return cls(sock, f"at {path}")
+
+    def gone(self) -> bool:
+        """Has the server's connection closed (the server died, or ended)?"""
+        if not self._gone:
+            with contextlib.suppress(ForkServerError):
+                self.pump(0.0)
+        return self._gone
 
     def hello(self, timeout: float = CONNECT_TIMEOUT_S) -> dict[str, Any]:
         """The server's hello (it answers once its imports are done): its pid and :func:`identity`."""
@@ -237,7 +253,8 @@ class ForkServer:
         return f"the fork server{pid} {self.where} died; the workers it started died with it"
 
     def close(self) -> None:
-        """Hang up: the server kills what is left of this connection's children (our own server exits)."""
+        """Hang up: the server kills what is left of this connection's children (our own server exits; a
+        shared one once the processes that joined it have hung up too, which this waits for)."""
         with contextlib.suppress(OSError):
             self.sock.close()
         self._reader.close()
@@ -245,7 +262,7 @@ class ForkServer:
             if self._hello is None:  # still importing: it would read the hang-up only after that
                 self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=None if self.shared and self._hello is not None else 10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

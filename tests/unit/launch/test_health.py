@@ -39,4 +39,6 @@ def test_a_run_directory_that_cannot_be_written_is_the_reason(tmp_path: Path):
     blocked = tmp_path / "file"
     blocked.write_text("")  # a file where the run directory's folders should go
     why = health.problem(blocked / "run", None, "node2")
-    assert why is not None and why.startswith(f"health check: the run directory {blocked / 'run'} is not writable")
+    assert why is not None and why.startswith(
+        f"health check: the run directory {blocked / 'run'} is not writable"
+    )
