@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.support import REPO
 
@@ -38,6 +43,14 @@ open(sys.argv[1], "w").write(json.dumps(info))
 """
 
 
+@pytest.fixture
+def node_tmp() -> Iterator[Path]:
+    """The node's $TMPDIR, short: a socket's path holds at most 108 bytes (pytest's tmp_path may not)."""
+    path = Path(tempfile.mkdtemp(prefix="ns", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _task(tmp: Path, local: int, seconds: float, cpus: set[int] | None = None) -> subprocess.Popen[str]:
     env = {**os.environ, "SLURM_LOCALID": str(local), "SLURM_STEP_ID": "0", "TMPDIR": str(tmp / "node")}
     env.pop("HPCTRAIN_FORKSERVER", None)
@@ -57,7 +70,8 @@ def _lines(proc: subprocess.Popen[str]) -> dict:
     return {k: v for line in out.splitlines() for k, v in json.loads(line).items()}
 
 
-def test_the_tasks_of_a_node_share_one_server_and_the_first_waits_for_the_others(tmp_path: Path):
+def test_the_tasks_of_a_node_share_one_server_and_the_first_waits_for_the_others(node_tmp: Path):
+    tmp_path = node_tmp
     cpus = sorted(os.sched_getaffinity(0))
     first = _task(tmp_path, 0, 0.1)
     second = _task(tmp_path, 1, 4.0, {cpus[-1]})  # its own CPU affinity, as Slurm binds each task
@@ -72,7 +86,8 @@ def test_the_tasks_of_a_node_share_one_server_and_the_first_waits_for_the_others
     assert not list((tmp_path / "node").rglob("*.sock")), "the server removes its socket"
 
 
-def test_a_task_whose_shared_server_died_or_is_stale_starts_its_own(tmp_path: Path):
+def test_a_task_whose_shared_server_died_or_is_stale_starts_its_own(node_tmp: Path):
+    tmp_path = node_tmp
     first = _task(tmp_path, 0, 60.0)
     second = _task(tmp_path, 1, 60.0)
     assert first.stdout is not None and second.stdout is not None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -56,7 +58,8 @@ def test_an_agent_waiting_on_a_claimed_fault_stops_when_no_restart_is_left(tmp_p
     assert not book.ended_without_restart(0) and book.ended_without_restart(1)
 
 
-def test_the_nodes_socket_is_named_for_the_step_and_host_in_a_private_directory(tmp_path: Path, monkeypatch):
+def test_the_nodes_socket_is_named_for_the_step_and_host_in_a_private_directory(monkeypatch):
+    tmp_path = Path(tempfile.mkdtemp(prefix="ns", dir="/tmp"))  # short: a socket's path holds 108 bytes
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # $TMPDIR, as tempfile read it
     step = {"SLURM_LOCALID": "1", "SLURM_STEP_ID": "0"}
     path = nodeserver.socket_path(step, "7_2.r1", "node3")
@@ -64,5 +67,11 @@ def test_the_nodes_socket_is_named_for_the_step_and_host_in_a_private_directory(
     assert (Path(path).parent.stat().st_mode & 0o777) == 0o700
     assert nodeserver.socket_path({"SLURM_STEP_ID": "0"}, "7.r0", "node3") is None  # not a Slurm task
     assert nodeserver.socket_path(step, "7.r0", "x" * 120) is None  # longer than a socket's address holds
+    long = Path(tmp_path) / ("t" * 80)
+    long.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long))
+    assert nodeserver.socket_path(step, "7.r0", "node3") is None  # a $TMPDIR too long for a socket's path
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     os.chmod(Path(path).parent, 0o755)  # others may enter: no socket of ours there
     assert nodeserver.socket_path(step, "7.r0", "node3") is None
+    shutil.rmtree(tmp_path)
