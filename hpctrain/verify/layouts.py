@@ -97,7 +97,7 @@ MODELS = {
         "model=gpt",
         "model.n_layers=2",
         "model.d_model=64",
-        "model.n_heads=4",
+        "model.n_heads=2",
         "model.seq_len=1024",
         "model.tie_embeddings=false",
     ],
