@@ -1,9 +1,10 @@
 """The tiers and the fixtures every tier shares (tests/README.md says more).
 
 Every test gets the marker of the folder it lives in (``unit``, ``e2e``, ``slurm``), so ``-m unit`` selects
-the fast tier without anybody remembering a decorator. Under pytest-xdist (``-n 2 --dist loadgroup``, the
-default of pyproject.toml) the Slurm tier is one group (one worker runs it, and starts its cluster once), and
-a module whose tests share a module-scoped fixture is one group, so the fixture is built once.
+the fast tier without anybody remembering a decorator. Under pytest-xdist (``-n auto --dist loadgroup``, the
+default of pyproject.toml: :func:`pytest_xdist_auto_num_workers`) the Slurm tier is one group (one worker runs
+it, and starts its cluster once), and a module whose tests share a module-scoped fixture is one group, so the
+fixture is built once.
 
 One fork server serves the whole session (per xdist worker): every local launch outside tests/unit forks its
 ranks from a process that imported torch once.
@@ -44,6 +45,27 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     # ``_addoption``: pytest reserves lowercase short options for itself and its plugins; this is xdist's.
     group._addoption("-n", "--numprocesses", dest="numprocesses", default=None, help="ignored: no xdist")
     group.addoption("--dist", dest="dist", default="no", help="ignored: no xdist")
+
+
+# Local workers: one per core, at most 4 (an end-to-end test starts up to 8 ranks of its own).
+MAX_LOCAL_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """pyproject's ``-n auto``: a worker per core for the local tests, and one more for the Slurm tier when it
+    runs (it mostly waits on Slurm: the local workers keep both cores busy meanwhile). On the 2-core
+    machine: 3 for the whole suite, 2 for the fast tier."""
+    cores = min(len(os.sched_getaffinity(0)), MAX_LOCAL_WORKERS)
+    return cores + (1 if _selects_the_slurm_tier(config) else 0)
+
+
+def _selects_the_slurm_tier(config: pytest.Config) -> bool:
+    expr = str(config.getoption("markexpr") or "")
+    if expr and "slurm" not in expr.replace("not slurm", ""):  # -m unit, -m e2e, -m "not slurm"
+        return False
+    slurm = TESTS / "slurm"
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args] or [TESTS]
+    return any(path == slurm or slurm in path.parents or path in slurm.parents for path in paths)
 
 
 def tier_of(path: Path) -> str:
