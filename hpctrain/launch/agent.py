@@ -477,7 +477,7 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def restarts_configured(run_dir: Path) -> bool:
+def task_is_agent(run_dir: Path) -> bool:
     """Whether a task is its rank's agent: restarts inside the allocation, a site health check, or tasks
     that share a node, whose workers then fork from one server per node (:mod:`hpctrain.launch.nodeserver`:
     one torch import per node, not per task). Else the task is its worker, as before the agent."""
@@ -491,7 +491,7 @@ def restarts_configured(run_dir: Path) -> bool:
 def main(argv: list[str]) -> None:
     """``python -m hpctrain.launch.agent RUN_DIR``: the srun template's task. Without restarts inside the
     allocation the task becomes its worker (exec: same process, same signals, same exit status)."""
-    if not restarts_configured(Path(argv[0])):
+    if not task_is_agent(Path(argv[0])):
         os.execv(sys.executable, [sys.executable, "-u", "-m", WORKER_MODULE, argv[0]])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     code = run_task(Path(argv[0]))

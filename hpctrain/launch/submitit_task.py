@@ -24,10 +24,10 @@ class RestartsFailed(RuntimeError):
 
 
 def run_task(run_dir: str) -> None:
-    from hpctrain.launch.agent import restarts_configured
     from hpctrain.launch.agent import run_task as agent_task
+    from hpctrain.launch.agent import task_is_agent
 
-    if restarts_configured(Path(run_dir)):  # cluster.max_restarts: this task is its rank's restart agent
+    if task_is_agent(Path(run_dir)):  # restarts, a health check, or tasks sharing a node
         code = agent_task(Path(run_dir))
         if code != 0:  # an error ends the job FAILED, as the worker's own would
             raise RestartsFailed(f"the worker of this task ended with status {code} ({run_dir})")

@@ -33,7 +33,7 @@ def test_a_task_is_its_ranks_agent_where_restarts_a_check_or_a_shared_node_ask(
     tmp_path: Path, overrides: list[str], is_agent: bool
 ):
     write_run_config(tmp_path, compose(overrides))
-    assert agent.restarts_configured(tmp_path) is is_agent
+    assert agent.task_is_agent(tmp_path) is is_agent
     assert to_typed(compose(overrides)).cluster.tasks_per_node in (1, 2)
 
 
