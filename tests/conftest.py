@@ -122,7 +122,8 @@ def cli(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> C
 
     As in a fresh process: the working directory and environment given, the root logger without handlers
     (a dry run's ``logging.basicConfig`` then prints to stdout as typed), the submit directory that
-    ``record_project_dir`` sets in ``os.environ`` undone afterwards, Hydra's global state cleared."""
+    ``record_project_dir`` sets in ``os.environ`` undone afterwards, Hydra's global state cleared; no fork
+    server (``HPCTRAIN_FORKSERVER=off`` unless ``env`` says otherwise)."""
 
     def run(
         *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
@@ -130,6 +131,7 @@ def cli(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> C
         from hydra.core.global_hydra import GlobalHydra
 
         from hpctrain.cli import main
+        from hpctrain.launch.forked import FORKSERVER_ENV, OFF
         from hpctrain.launch.project import PROJECT_DIR_ENV
 
         capfd.readouterr()  # what the test printed before is not the command's
@@ -137,6 +139,9 @@ def cli(capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> C
         handlers, level = root.handlers[:], root.level
         with monkeypatch.context() as mp:
             mp.chdir(cwd or REPO)
+            # No fork server prestarted (a process importing torch, stopped again when the command starts no
+            # local run here): these commands start none. 60 bad inputs paid ~0.2 s of CPU each for it.
+            mp.setenv(FORKSERVER_ENV, OFF)
             for key, value in (env or {}).items():
                 mp.setenv(key, value)
             mp.delenv(PROJECT_DIR_ENV, raising=False)

@@ -9,12 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpctrain.launch.forked import FORKSERVER_ENV, OFF
 from hpctrain.slurm import commands
 from tests.support.fake_slurm import FAKE, Fake
 
 # The fast tier's models are tiny: intra-op threads gain them nothing, and with two xdist workers on two cores
 # their spin-waits only slow each other down (several times, on a busy machine).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def no_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast tier starts no local run, so no fork server: ``hpctrain`` prestarts one (a process importing
+    torch) for a command that looks local and stops it once the command turns out to start nothing, which
+    ~45 bad-input cases here paid for in CPU beside the other worker (tests/unit: 72-78 s -> ~62 s). A
+    test of the fork server's own switch sets ``HPCTRAIN_FORKSERVER`` itself."""
+    monkeypatch.setenv(FORKSERVER_ENV, OFF)
 
 
 @pytest.fixture

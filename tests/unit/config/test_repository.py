@@ -56,3 +56,19 @@ def test_an_edited_file_is_read_again_and_searchpath_adds_its_directory(tmp_path
     (other / "model" / "theirs.yaml").write_text("_target_: builtins.dict\ndepth: 3\n")
     assert compose(["model=theirs", f"hydra.searchpath=[file://{other}]"], [conf]).model.depth == 3
     assert compose(["model=mine"], [conf]).model.width == 16  # the shared sources are conf's alone again
+
+
+def test_the_loaded_files_stay_as_read_while_their_merges_change_copies() -> None:
+    # Building a defaults tree reads the shared configs as they are; a merge pops the primary config's hydra
+    # node and merges nodes in place, so it must read copies: after merges of several defaults lists, every
+    # loaded config still equals the file read afresh.
+    repository._SHARED.clear()
+    for overrides in (["model=gpt"], ["model=vit", "parallel=3d"], ["parallel=fsdp", "cluster=slurm_test"]):
+        compose(overrides)
+    (shared,) = repository._SHARED.values()
+    assert not shared.copy_on_load and len(shared._merged) == 3
+    assert len(shared._loaded) > 20
+    for path, (_, result) in shared._loaded.items():
+        fresh = shared.delegate.load_config(config_path=path)
+        assert fresh is not None
+        assert OmegaConf.to_yaml(result.config) == OmegaConf.to_yaml(fresh.config), path

@@ -24,4 +24,4 @@ def test_a_rank_that_cannot_join_is_named():
     with pytest.raises(
         RuntimeError, match=r"rank 1 on node7 could not join the 2-rank process group at 127\.0\.0\.1"
     ):
-        init_distributed(env, timeout_s=3)
+        init_distributed(env, timeout_s=1)
