@@ -1,12 +1,12 @@
 """Faults on a schedule on the test Slurm cluster: what each costs, and the effective training time ratio.
 
-    SLURM_CONF=... python bench/chaos.py          # against a running cluster
+    SLURM_CONF=... python bench/chaos.py          # against a running 3-node cluster (`cluster up`)
     python bench/chaos.py                          # starts the test cluster itself (root)
     # one fault about every 2 minutes, the checkpoint interval from Young/Daly with an MTBF of 2 minutes:
-    python bench/chaos.py --steps 2500 --kill 500 --stop 1000 --nan 1500 --preempt 2000 \
+    python bench/chaos.py --steps 2500 --kill 500 --stop 1000 --nan 1500 --preempt 2000 --lose-node 1200 \
         --ckpt-every auto --mtbf-h 0.0333
 
-Two jobs of ``cluster=slurm_test`` (2 nodes x 2 tasks, a tiny GPT, ``--steps`` steps, a checkpoint every
+Jobs of ``cluster=slurm_test`` (2 nodes x 2 tasks, a tiny GPT, ``--steps`` steps, a checkpoint every
 ``--ckpt-every`` steps, a metrics record every step): an uninterrupted one (the reference), then the same
 with ``cluster.max_restarts=2`` and these faults, in this order:
 
@@ -16,6 +16,12 @@ with ``cluster.max_restarts=2`` and these faults, in this order:
 - a NaN loss on rank 2 at step ``N`` (``faults.nan_at``): the non-finite guard skips the step;
 - a pre-emption (``scancel --signal=USR2``) once step ``P`` is logged: checkpoint, requeue, resume (today's
   only route, for comparison in the same run).
+
+Then the spare-node variant (``--lose-node L``; 0 leaves it out): the same job with ``cluster.spare_nodes=1``
+on all three nodes (node3 waits), and node2 lost once step ``L`` is logged (its slurmd and every process on it
+SIGKILLed: ``SlurmTestCluster.lose_node``); the spare takes its place inside the allocation, and the world
+size is unchanged, so its final weights should equal the reference's bitwise. node2 comes back (a reboot)
+once that job has ended.
 
 Per fault: detection (the fault's own log line -> the restart's record in restarts.jsonl, or the requeue),
 restart -> rank 0 up again (process start or fork, rendezvous), -> checkpoint loaded, -> first step after,
@@ -41,7 +47,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
+from tests.slurm.cluster import SlurmTestCluster, cluster_for_benchmarks  # noqa: E402
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) rank\d+ \w+ [\w.]+: (.*)$")
 REQUEUE_FIGURE_S = 20.7  # bench/preemption.py, 2026-11-26: signal -> first step of the requeued job
@@ -165,6 +171,48 @@ def restart_row(run: Path, record: dict, fault_rank: int, fault_line: str, what:
     }
 
 
+def lost_node_variant(
+    cluster: SlurmTestCluster, env: dict[str, str], run: Path, job: list[str], at: int, ref_step: float
+) -> dict | None:
+    """The spare-node job: node2 lost once step ``at`` is logged; its row (phases as a restart's) with the
+    job's ETTR. None when ``at`` is 0."""
+    if at <= 0:
+        return None
+    job_id = submit(run, [*job, "cluster.spare_nodes=1", "cluster.max_restarts=1"], env)
+    wait_for(lambda: any(r["step"] >= at for r in metrics(run)), f"step {at} of the spare-node job", 3600)
+    last_before = metrics(run)[-1]["step"]
+    cluster.lose_node("node2")
+    lost_at = time.time()
+    try:
+        print(f"spare-node job {job_id}: {wait_final(job_id, env, 3600)}", flush=True)
+    finally:
+        cluster.revive_node("node2")
+    record = next((r for r in restarts(run) if r.get("lost")), None)
+    if record is None:
+        print(f"no restart for the lost node in {run / 'restarts.jsonl'}", flush=True)
+        return None
+    decided = record["time"]
+    rank0 = log_lines(run, 0)
+    up = first_after(rank0, r"^rank 0/\d+ on", decided)
+    loaded = first_after(rank0, r"^Resumed from", decided)
+    first = next(r for r in metrics(run) if r["time"] >= decided)
+    records = metrics(run)
+    wall = records[-1]["time"] - records[0]["time"]
+    return {
+        "fault": "node lost (spare)",
+        "detect": decided - lost_at,
+        "restart": (up[0] - decided) if up else float("nan"),
+        "load": (loaded[0] - up[0]) if up and loaded else float("nan"),
+        "first step": first["time"] - (loaded[0] if loaded else decided),
+        "total": first["time"] - lost_at,
+        "lost": max(0, last_before - record["resume_step"]),
+        "how": f"restart inside the allocation on {'+'.join(record['nodes'])} (resumed from "
+        f"{record['resume_step']})",
+        "ettr": ref_step * (records[-1]["step"] - records[0]["step"]) / wall,
+        "wall": wall,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,10 +224,11 @@ def main() -> None:
     parser.add_argument("--stop", type=int, default=24, help="step of the SIGSTOP (rank 1, restarted start)")
     parser.add_argument("--nan", type=int, default=31, help="step of the NaN loss (rank 2)")
     parser.add_argument("--preempt", type=int, default=40, help="pre-empt once this step is logged")
+    parser.add_argument("--lose-node", type=int, default=20, help="lose node2 of the spare-node job (0: no)")
     parser.add_argument("--dir", type=Path, help="where the run directories go (kept)")
     opts = parser.parse_args()
     job = [
-        "cluster=slurm_test", "cluster.exclude=node3", "cluster.time=01:00:00",
+        "cluster=slurm_test", "cluster.time=01:00:00",
         f"trainer.max_steps={opts.steps}",
         f"trainer.ckpt_every={opts.ckpt_every}", f"cluster.mtbf_h={opts.mtbf_h}", "trainer.keep_last=100000",
         "trainer.log_every=1",
@@ -190,12 +239,13 @@ def main() -> None:
         "cluster.max_restarts=2", f"faults.kill_at=3:{opts.kill}", f"faults.stop_at=1:{opts.stop}@1",
         f"faults.nan_at=2:{opts.nan}", "trainer.watchdog_factor=10", "trainer.watchdog_min_s=3",
     ]  # fmt: skip
-    with environment_for_benchmarks() as env, contextlib.ExitStack() as stack:
+    two_nodes = [*job, "cluster.exclude=node3"]
+    with cluster_for_benchmarks(num_nodes=3) as (cluster, env), contextlib.ExitStack() as stack:
         root = opts.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hpct-chaos-")))
         reference, chaos = root.resolve() / "reference", root.resolve() / "chaos"
-        ref_job = submit(reference, job, env)
+        ref_job = submit(reference, two_nodes, env)
         print(f"reference job {ref_job}: {wait_final(ref_job, env, 3600)}", flush=True)
-        chaos_job = submit(chaos, [*job, *faults], env)
+        chaos_job = submit(chaos, [*two_nodes, *faults], env)
         wait_for(lambda: any(r["step"] >= opts.preempt for r in metrics(chaos)), "the pre-emption step", 3600)
         subprocess.run(["scancel", "--signal=USR2", chaos_job], env=env, check=True)
         signalled = time.time()
@@ -247,13 +297,20 @@ def main() -> None:
         )
         end = f"step_{opts.steps:08d}"
         same_end = bitwise(chaos / "checkpoints" / end, reference / "checkpoints" / end)
+        spare = lost_node_variant(cluster, env, root.resolve() / "spare", job, opts.lose_node, ref_step)
+        if spare is not None:
+            rows.append(spare)
+            spare["same"] = bitwise(
+                root.resolve() / "spare" / "checkpoints" / end, reference / "checkpoints" / end
+            )
 
     heads = ("detect", "restart", "load", "1st step", "total")
     print("\n" + f"{'fault':22s} " + " ".join(f"{h:>8s}" for h in heads) + "  lost  how")
     for r in rows:
         cells = " ".join(f"{r['first step' if h == '1st step' else h]:7.2f}s" for h in heads)
         print(f"{r['fault']:22s} {cells} {r['lost']:5d}  {r['how']}")
-    restarts_total = [r["total"] for r in rows if r["how"].startswith("restart")]
+    # The target is for a killed or hung rank; the lost node has its own line below.
+    restarts_total = [r["total"] for r in rows if r["how"].startswith("restart") and "ettr" not in r]
     if restarts_total:
         print(
             f"\nfault -> next step inside the allocation: median {statistics.median(restarts_total):.2f} s "
@@ -268,6 +325,11 @@ def main() -> None:
     print(
         f"final weights bitwise equal: {same_end} (not expected: the NaN step was skipped: one update fewer)"
     )
+    if spare is not None:
+        print(
+            f"node lost, spare in its place: ETTR {spare['ettr']:.3f} ({spare['wall']:.1f} s from first step "
+            f"to last); final weights bitwise equal to the uninterrupted run's: {spare['same']}"
+        )
 
 
 if __name__ == "__main__":

@@ -944,14 +944,24 @@ class SlurmTestCluster:
 @contextlib.contextmanager
 def environment_for_benchmarks(num_nodes: int = 2) -> Iterator[dict[str, str]]:
     """The environment of a usable cluster: the one SLURM_CONF names, or a fresh one started (and stopped)."""
+    with cluster_for_benchmarks(num_nodes) as (_, env):
+        yield env
+
+
+@contextlib.contextmanager
+def cluster_for_benchmarks(num_nodes: int = 2) -> Iterator[tuple[SlurmTestCluster, dict[str, str]]]:
+    """A usable cluster and its environment, for a benchmark that also acts on the nodes (loses one): the
+    cluster SLURM_CONF names (brought up by ``up``; ``SLURM_CONF`` is ``WORKDIR/etc/slurm.conf``), left
+    running, or a fresh one started and stopped."""
     if "SLURM_CONF" in os.environ:
-        yield dict(os.environ)
+        workdir = Path(os.environ["SLURM_CONF"]).resolve().parents[1]
+        yield SlurmTestCluster.from_workdir(workdir), dict(os.environ)
         return
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp, SlurmTestCluster(Path(tmp), num_nodes=num_nodes) as cluster:
         cluster.start()
-        yield {**os.environ, **cluster.env()}
+        yield cluster, {**os.environ, **cluster.env()}
 
 
 def _total_memory_mb() -> int:
