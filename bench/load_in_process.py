@@ -7,7 +7,10 @@ Per size (``bench/gpt_sizes.py``): the built-in GPT and AdamW after one step are
 ``CheckpointManager`` (synchronous); then ``--rounds`` times: a file as large as the checkpoint is written,
 dropped from the page cache and read in 8 MiB blocks (cold), the checkpoint's files are dropped from the
 page cache, and a fresh interpreter builds a fresh model and optimizer and times ``CheckpointManager.resume``
-(manifest, checksums, load, the optimizer's state made). ``--tree`` names the checkout whose hpctrain is
+(manifest, checksums, load, the optimizer's state made); then, dropped again, the checkpoint's own files
+read by the same 8 MiB loop in a fresh interpreter that built the same model and optimizer (on this VM a
+process holding the state reads into the page cache more slowly than the small one that measures the disk:
+the load's ratio to both is printed). ``--tree`` names the checkout whose hpctrain is
 measured: alternate two to compare them (a paired A/B on a shared machine). A timing is a figure, never
 an assertion.
 """
@@ -43,6 +46,14 @@ if sys.argv[1] == "save":
         p.grad = torch.randn_like(p) * 1e-3
     optimizer.step()
     manager.save(1, state)
+elif sys.argv[1] == "read":  # the checkpoint's own files, plain reads, beside the same model and optimizer
+    buffer = bytearray(8 << 20)
+    started = time.perf_counter()
+    for path in sorted(p for p in Path(sys.argv[5]).rglob("*") if p.is_file()):
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buffer):
+                pass
+    print(time.perf_counter() - started)
 else:
     started = time.perf_counter()
     assert manager.resume(state, "auto") is not None
@@ -80,7 +91,7 @@ def main() -> None:
             child("save", size, root, opts.tree)
             files = [p for p in root.rglob("*") if p.is_file()]
             nbytes = sum(p.stat().st_size for p in files)
-            loads, colds, ratios = [], [], []
+            loads, colds, ratios, beside = [], [], [], []
             for _ in range(opts.rounds):
                 cold, _ = disk_read(Path(tmp), nbytes)
                 for path in files:
@@ -88,11 +99,16 @@ def main() -> None:
                 loads.append(float(child("load", size, root, opts.tree)))
                 colds.append(cold)
                 ratios.append(nbytes / loads[-1] / cold)
+                for path in files:
+                    drop_from_cache(path)
+                beside.append(float(child("read", size, root, opts.tree)))
             load = statistics.median(loads)
             print(
                 f"{size:>5} {nbytes / 2**20:>7.1f} {load:>7.2f} {nbytes / load / GIB:>6.2f} "
                 f"{statistics.median(colds) / GIB:>9.2f} {statistics.median(ratios):>7.2f}  "
-                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})",
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)}); a plain cold read of the checkpoint "
+                f"beside the same model and optimizer {nbytes / statistics.median(beside) / GIB:.2f} GiB/s, "
+                f"the load {statistics.median(beside) / load:.2f} × it",
                 flush=True,
             )
 

@@ -69,6 +69,16 @@ class FastReader(SafeFileSystemReader):
         self.start_rank = rank
         self.touched = False  # some bytes of this checkpoint were copied into the state
         self._chunks: dict[tuple[str, tuple[int, ...]], tuple[tuple[int, ...], torch.dtype]] = {}
+        self._metadata: Metadata | None = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """Unpickled once per reader: the checkpoint manager reads it before ``dcp.load``, and DCP reads it
+        again (0.09 s each for a 120M GPT's 670 KB through the allow-listed unpickler, 2026-11-27)."""
+        if self._metadata is None or kwargs.get("rank") is not None:
+            self._metadata = super().read_metadata(*args, **kwargs)
+        assert self._metadata.storage_meta is not None  # set by SafeFileSystemReader
+        self._metadata.storage_meta.load_id = self.load_id  # DCP may have reset the reader since
+        return self._metadata
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
