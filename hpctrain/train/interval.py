@@ -9,7 +9,14 @@ Future Generation Computer Systems 22(3), 2006, eq. 37 to first order) subtracts
 
 δ is measured: each start of the workers (a fresh run, a restart, a requeue) saves its first step, and every
 rank takes the largest δ and step time of all ranks (one all-reduce, once per start), so all ranks agree on
-the interval. M is observed: the run's time since its first logged step over its interruptions (restarts
+the interval. A save written beside training (``trainer.async_checkpoint``) returns after its stall, but its
+write slows the steps it runs beside (the copy's and the write's memory traffic, the writer's CPU): its δ is
+the stall + the excess of those steps over the steps after the write finished (the time it cost, measured
+like ``bench/checkpoint_stall.py --saves``). That is known only once the write has ended, so the first
+save's stall sets the interval and the start's second save refines it (one more all-reduce: every rank
+reaches that save at the same step). Without it the interval came out too short: a stall of 0.08-0.19 s for
+a 124M GPT whose write cost the steps beside it several times that (``bench/chaos.py --async-save``,
+2026-11-27). M is observed: the run's time since its first logged step over its interruptions (restarts
 inside the allocation in restarts.jsonl, and Slurm's requeues of this job); before any interruption,
 ``cluster.mtbf_h``. Re-evaluated at every start, i.e. after each interruption; the choice is logged.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -50,26 +58,53 @@ def observed_mtbf_s(run_dir: Path, default_s: float, now: float) -> tuple[float,
 
 
 class AutoInterval:
-    """The save schedule of ``ckpt_every=auto`` for one start of the workers."""
+    """The save schedule of ``ckpt_every=auto`` for one start of the workers. ``background``: saves are
+    written beside training (their δ is refined at the second save, module docstring)."""
 
-    def __init__(self, run_dir: Path, mtbf_default_s: float, device: torch.device) -> None:
+    def __init__(
+        self, run_dir: Path, mtbf_default_s: float, device: torch.device, background: bool = False
+    ) -> None:
         self.run_dir = run_dir
         self.mtbf_default_s = mtbf_default_s
         self.device = device
+        self.background = background
         self.every: int | None = None  # steps between saves; None until this start's first save is timed
         self.last_saved: int | None = None
+        self._beside: list[float] | None = None  # step times while the first save was written; None: done
+        self._after: list[float] = []  # step times after it was written, until the second save
 
     def due(self, step: int) -> bool:
         if self.every is None or self.last_saved is None:
             return self.last_saved is None  # this start's first step: its save measures δ
         return step - self.last_saved >= self.every
 
+    def step_done(self, step_s: float, writing: bool) -> None:
+        """A step took ``step_s``, a save being written beside it (``writing``) or not."""
+        if self._beside is not None:
+            (self._beside if writing else self._after).append(step_s)
+
     def saved(self, step: int, step_s: float, save_s: float) -> None:
-        """A shared save of ``step`` took ``save_s``: after this start's first, choose the interval."""
+        """A shared save of ``step`` took ``save_s``: after this start's first, choose the interval; after its
+        second, when saves are written beside training, choose it again with what the first one cost."""
         first = self.last_saved is None
         self.last_saved = step
-        if not first:
-            return
+        if first:
+            self._choose(step_s, save_s, "save")
+            self._beside = [] if self.background else None
+        elif self._beside is not None:
+            beside, self._beside = self._beside, None
+            # The steps after the write are this start's steps without one (the first step of a start is
+            # slower: it builds kernels and caches); none when the write outlasted the interval: then every
+            # step between the two saves ran beside it and this save waited for it (in save_s).
+            base = statistics.median(self._after) if self._after else min(beside, default=step_s)
+            slowdown = sum(t - base for t in beside)
+            self._choose(
+                base, save_s + max(slowdown, 0.0),
+                f"asynchronous save: stall and wait {save_s:.3f} s + {slowdown:.3f} s lost over the "
+                f"{len(beside)} step(s) its write ran beside",
+            )  # fmt: skip
+
+    def _choose(self, step_s: float, save_s: float, what: str) -> None:
         both = torch.tensor([step_s, save_s], dtype=torch.float64, device=self.device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
@@ -78,7 +113,7 @@ class AutoInterval:
         tau = young_daly_s(save_s, mtbf_s)
         self.every = max(1, round(tau / max(step_s, 1e-6)))
         log.info(
-            "trainer.ckpt_every=auto: a save every %d steps (save %.3f s, MTBF %.0f s from %s, step %.3f s: "
+            "trainer.ckpt_every=auto: a save every %d steps (%s %.3f s, MTBF %.0f s from %s, step %.3f s: "
             "Young/Daly sqrt(2*save*MTBF) - save = %.1f s)",
-            self.every, save_s, mtbf_s, source, step_s, tau,
+            self.every, what, save_s, mtbf_s, source, step_s, tau,
         )  # fmt: skip

@@ -53,7 +53,11 @@ class StepMonitors:
         self.stragglers = StragglerMonitor(t.straggler_every, device, hostname)
         self.speed = Throughput(cfg, shape, device, facts)
         auto = t.ckpt_every == "auto"
-        self.auto = AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device) if auto else None
+        self.auto = (
+            AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device, background=t.async_checkpoint)
+            if auto
+            else None
+        )
         self.router: Any = None  # a mixture of experts' routing (hpctrain.parallel.moe.RouterMetrics)
         self.step_s = 0.0  # the last step's wall time
         self.data_s = 0.0  # the last step's wait for its batch
@@ -78,9 +82,12 @@ class StepMonitors:
         if self.auto is not None and shared:
             self.auto.saved(step, self.step_s, save_s)
 
-    def step_done(self, step: int, step_s: float) -> None:
-        """Step ``step`` took ``step_s``; what follows (evaluation, logging) is not timed as the step."""
+    def step_done(self, step: int, step_s: float, writing: bool = False) -> None:
+        """Step ``step`` took ``step_s`` (a checkpoint being written beside it: ``writing``); what follows
+        (evaluation, logging) is not timed as the step."""
         self.step_s = step_s
+        if self.auto is not None:
+            self.auto.step_done(step_s, writing)
         self.speed.step_done(step_s, self.data_s)
         self.watchdog.step_done(step_s)
         self.watchdog.enter(step, "report")

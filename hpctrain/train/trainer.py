@@ -114,6 +114,18 @@ class Run:
 def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
     """Model → parallelism → optimizer → data → checkpoint manager, then resume from the latest checkpoint."""
     t = cfg.trainer
+    faults = FaultInjector(cfg.faults, env.rank)
+    fast_tier = build_fast_tier(cfg, env, run_dir)
+    checkpoints = CheckpointManager(
+        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
+        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
+        timeout_s=cfg.cluster.dist_timeout_s,
+    )  # fmt: skip
+    if t.async_checkpoint or fast_tier is not None:
+        # The writer process boots (an interpreter importing torch: ~1.5 s of CPU) beside the model's build
+        # and the resume, which leave a core idle much of the time; started after them, its boot slowed the
+        # first step after a restart from the fast tier from 1.2 to 2.7 s (bench/fast_restart.py, 2026-11-27).
+        checkpoints.start_writer()
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
@@ -165,13 +177,6 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     }
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
-    faults = FaultInjector(cfg.faults, env.rank)
-    fast_tier = build_fast_tier(cfg, env, run_dir)
-    checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
-        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
-        timeout_s=cfg.cluster.dist_timeout_s,
-    )  # fmt: skip
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
     checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
     if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
@@ -192,8 +197,6 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         anchor = set_hyperparameters(optimizer, scheduler, cfg, resumed)
         if anchor is not None:  # the schedule changed on a resume: later resumes go on from the same anchor
             checkpoints.manifest_info["lr_anchor"] = list(anchor)
-    if t.async_checkpoint or fast_tier is not None:
-        checkpoints.start_writer()  # its process boots beside the first steps
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
@@ -264,7 +267,7 @@ def fit(
             guard.good()
             run.scheduler.step()  # a skipped step leaves the schedule where it was
         state.step += 1
-        monitors.step_done(state.step, time.perf_counter() - step_start)
+        monitors.step_done(state.step, time.perf_counter() - step_start, checkpoints.pending)
         record = monitors.record(state.step, result.loss, result.grad_norm, lr)
         if record is not None and result.skipped:
             record["nonfinite"] = True

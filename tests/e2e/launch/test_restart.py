@@ -112,13 +112,17 @@ def test_bad_health_check_scripts_are_refused_in_one_line(tmp_path: Path, value:
     assert "cluster.health_check" in lines[0] and message in lines[0], lines[0]
 
 
-def test_ckpt_every_auto_chooses_and_logs_the_interval(tmp_path: Path) -> None:
+@pytest.mark.parametrize("background", [False, True])
+def test_ckpt_every_auto_chooses_and_logs_the_interval(tmp_path: Path, background: bool) -> None:
     run = tmp_path / "auto"
     # An MTBF of 3.6 s: Young/Daly's interval is a few steps of this tiny model.
-    result = hpctrain(*RUN, "trainer.ckpt_every=auto", "cluster.mtbf_h=0.001", f"hydra.run.dir={run}")
+    result = hpctrain(*RUN, "trainer.ckpt_every=auto", "cluster.mtbf_h=0.001", f"hydra.run.dir={run}",
+                      f"trainer.async_checkpoint={str(background).lower()}")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run / "logs" / "rank0.log").read_text()
     assert "trainer.ckpt_every=auto: a save every" in log and "Young/Daly" in log, log[-2000:]
+    # Written beside training, the second save charges the first what its write cost the steps beside it.
+    assert ("(asynchronous save: stall and wait" in log) == background, log[-2000:]
     every = int(log.split("a save every ")[1].split(" ")[0])
     saved = sorted(layout.step_of(p) for p in layout.committed(run / "checkpoints"))
     assert saved[-1] == STEPS and every >= 1

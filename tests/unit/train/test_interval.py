@@ -1,4 +1,5 @@
-"""trainer.ckpt_every=auto: Young/Daly's interval and the observed mean time between interruptions."""
+"""trainer.ckpt_every=auto: Young/Daly's interval, the observed mean time between interruptions, and what an
+asynchronous save is charged."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
-from hpctrain.train.interval import observed_mtbf_s, young_daly_s
+from hpctrain.train.interval import AutoInterval, observed_mtbf_s, young_daly_s
 
 
 def test_young_daly_interval() -> None:
@@ -25,3 +27,42 @@ def test_observed_mtbf_counts_restarts_and_requeues(tmp_path: Path, monkeypatch:
     assert observed_mtbf_s(tmp_path, 86400.0, 1000.0)[0] == 600.0
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")  # two requeues of this job as well
     assert observed_mtbf_s(tmp_path, 86400.0, 1000.0)[0] == 200.0
+
+
+def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first save's stall sets the interval; at the second, δ is that save's stall + the steps' excess
+    while the first was written over the steps after it. Saves written in the foreground keep their δ."""
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    mtbf = 3600.0
+
+    def every(save_s: float, step_s: float) -> int:
+        return max(1, round(young_daly_s(save_s, mtbf) / step_s))
+
+    auto = AutoInterval(tmp_path, mtbf, torch.device("cpu"), background=True)
+    assert auto.due(1)
+    auto.saved(1, 0.5, 0.02)  # the first step of a start is slow; the stall only
+    assert auto.every == every(0.02, 0.5)
+    for step_s in (0.2, 0.3, 0.25):  # beside the write: 0.1 + 0.2 + 0.15 s over the steps after it
+        auto.step_done(step_s, writing=True)
+    for step_s in (0.1, 0.11, 0.09, 0.1):
+        auto.step_done(step_s, writing=False)
+    auto.saved(8, 0.1, 0.03)
+    assert auto.every == every(0.03 + 0.45, 0.1)
+    auto.step_done(0.4, writing=True)  # later saves change nothing: refined once per start
+    auto.saved(8 + auto.every, 0.1, 5.0)
+    assert auto.every == every(0.03 + 0.45, 0.1)
+
+    plain = AutoInterval(tmp_path, mtbf, torch.device("cpu"))
+    plain.saved(1, 0.1, 0.02)
+    plain.step_done(0.4, writing=False)
+    plain.saved(1 + plain.every, 0.1, 0.9)
+    assert plain.every == every(0.02, 0.1)
+
+    outlasted = AutoInterval(tmp_path, mtbf, torch.device("cpu"), background=True)
+    outlasted.saved(1, 0.1, 0.02)
+    for step_s in (0.15, 0.12):  # the write outlasted the interval: the second save waited for it
+        outlasted.step_done(step_s, writing=True)
+    outlasted.saved(3, 0.1, 0.7)
+    assert outlasted.every == every(0.7 + 0.03, 0.12)
