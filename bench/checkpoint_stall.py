@@ -2,6 +2,7 @@
 and a synchronous save's write rate against the disk's.
 
     python bench/checkpoint_stall.py [--layers 12] [--d-model 768] [--steps 24] [--rounds 2] [--threads 1]
+    python bench/checkpoint_stall.py --saves 20 [--plain 4] [--threads 1]
 
 One training process, a GPT-2-small-sized model (~124M parameters, fp32) with AdamW state (model + 2
 moments, 1.4 GiB in all), saved by ``CheckpointManager`` under ``--dir``. ``--threads`` is how many cores the
@@ -24,6 +25,16 @@ the training thread's own CPU time (``time.thread_time``): its increase is the w
 training thread, a figure the load of other processes on a shared machine does not reach. A
 warm-up round is not counted (the first save maps the staging segment into the writer). Prints each round,
 the medians and the ratios. A timing is a figure, never an assertion.
+
+``--saves N`` measures the time lost step by step instead, for a machine whose speed drifts from one window
+to the next (on this VM the same 4 steps took 7.5-9.7 s from window to window, 0.73 s of jitter per window
+against a 1.3 s sync save: the windows cannot resolve 5 % of it). One run of steps, each timed; cycles of
+``--plain`` steps without a save, a save (asynchronous, or every third one synchronous: the reference), the
+steps until it is written. Per asynchronous save: **lost** = the stall + the excess of every step the write
+overlapped (the step it finished in included) over the median of the ``--plain`` steps before and after it
+(its own neighbours: the drift cancels), + any wait. The same estimate at a cycle with no save at all
+(a **placebo**, same number of overlapped steps) shows what the estimator reads where nothing was lost: its
+spread is this measurement's own noise, its median its bias.
 """
 
 from __future__ import annotations
@@ -94,6 +105,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="cores the training steps use")
     parser.add_argument("--dir", default="/tmp")
+    parser.add_argument("--saves", type=int, default=0, help="asynchronous saves timed step by step")
+    parser.add_argument("--plain", type=int, default=4, help="steps without a save between two saves")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     logging.basicConfig(level=logging.WARNING)
@@ -118,13 +131,21 @@ def main() -> None:
     print(
         f"model: {params / 1e6:.1f}M parameters; model + optimizer state {state_bytes / 2**30:.2f} GiB "
         f"(fp32); training on {torch.get_num_threads()} thread(s) of {os.cpu_count()} CPUs; "
-        f"{args.steps} steps per window; writer process at nice 19"
+        f"{f'{args.saves} saves timed step by step' if args.saves else f'{args.steps} steps per window'}; "
+        "writer process at nice 19"
     )
 
     root = Path(tempfile.mkdtemp(prefix="checkpoint_stall-", dir=args.dir))
     manager = CheckpointManager(root / "checkpoints", keep_last=1, rank=0)
     manager.overlap_staging([optimizer])  # as hpctrain's trainer does: weights copied beside the next step
     manager.start_writer().wait_ready()  # booted before the timings, as beside a run's first steps
+    if args.saves:
+        try:
+            step_by_step(args, manager, model, optimizer, cfg, train, state)
+            manager.close()
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        return
     keys = ("plain", "with", "lost", "stall", "wait", "write", "sync", "cpu", "own", "disk", "sync_rate")
     rows: dict[str, list[float]] = {k: [] for k in keys}
     try:
@@ -202,6 +223,89 @@ def main() -> None:
     print(
         f"sync save write rate / disk O_DIRECT write: {med['sync_rate'] / 2**30:.2f} / "
         f"{med['disk'] / 2**30:.2f} GiB/s; median of each round's pair {paired:.2f} (target >= 0.8)"
+    )
+
+
+def step_by_step(args: argparse.Namespace, manager: CheckpointManager, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, cfg: GPTConfig, train: TrainState,
+                 state: dict) -> None:  # fmt: skip
+    """``--saves``: the time lost per asynchronous save against its neighbouring steps (module docstring)."""
+    times: list[float] = []  # every step's wall time, the save's stall in the step it followed
+
+    def step() -> None:
+        started = time.perf_counter()
+        train_step(model, optimizer, cfg)
+        train.step += 1
+        manager.poll()  # as the trainer does every step: committed once written
+        times.append(time.perf_counter() - started)
+
+    def plain() -> tuple[int, int]:
+        start = len(times)
+        for _ in range(args.plain):
+            step()
+        return start, len(times)
+
+    # (kind, first overlapped step, end of overlapped steps, stall + wait); kind: async | placebo
+    events: list[tuple[str, int, int, float]] = []
+    syncs: list[float] = []
+    for _ in range(2):  # warm-up: the writer maps the staging segment at its first save
+        step()
+        manager.save(train.step, state, blocking=False)
+        manager.wait()
+    plain()
+    overlapped: list[int] = []
+    cycle = 0
+    kinds = [kind for kind, *_ in events]
+    while kinds.count("async") < args.saves or "placebo" not in kinds or not syncs:
+        cycle += 1
+        if cycle % 3 == 0:  # the reference, in the same run: a synchronous save of the same state
+            started = time.perf_counter()
+            manager.save(train.step, state, blocking=True)
+            syncs.append(time.perf_counter() - started)
+            plain()
+            continue
+        placebo = cycle % 3 == 2
+        first = len(times)
+        started = time.perf_counter()
+        if not placebo:
+            manager.save(train.step, state, blocking=False)
+        stall = time.perf_counter() - started
+        if placebo:  # as many steps as the median save overlapped
+            for _ in range(int(statistics.median(overlapped)) if overlapped else 2):
+                step()
+        else:
+            while manager.pending:
+                step()
+            overlapped.append(len(times) - first)
+        waited = time.perf_counter()
+        manager.wait()
+        extra = stall + time.perf_counter() - waited
+        events.append(("placebo" if placebo else "async", first, len(times), extra))
+        kinds.append(events[-1][0])
+        plain()
+    lost: dict[str, list[float]] = {"async": [], "placebo": []}
+    for kind, first, end, extra in events:
+        around = times[first - args.plain : first] + times[end : end + args.plain]
+        base = statistics.median(around)
+        lost[kind].append(extra + sum(t - base for t in times[first:end]))
+    sync = statistics.median(syncs)
+    step_s = statistics.median(times)
+    print(
+        f"{len(times)} steps (median {step_s:.3f} s); {len(lost['async'])} asynchronous saves, each beside "
+        f"{statistics.median(overlapped):.0f} steps (median); {len(syncs)} synchronous saves, median "
+        f"{sync:.3f} s (the reference)"
+    )
+    for kind, values in lost.items():
+        shares = sorted(v / sync for v in values)
+        quartiles = statistics.quantiles(shares, n=4) if len(shares) > 1 else shares * 3
+        print(
+            f"  {kind:>7}: time lost / sync save: median {statistics.median(shares):+.3f}, mean "
+            f"{statistics.fmean(shares):+.3f} (quartiles {quartiles[0]:+.3f} .. {quartiles[2]:+.3f}; "
+            f"each: {' '.join(f'{v:+.2f}' for v in shares)})"
+        )
+    print(
+        f"time lost / sync save: {statistics.median(lost['async']) / sync:.3f} (target <= 0.05), against "
+        f"{statistics.median(lost['placebo']) / sync:+.3f} where no save ran"
     )
 
 
