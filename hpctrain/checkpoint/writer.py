@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
 from hpctrain.checkpoint import replica
-from hpctrain.checkpoint.direct import DirectWriter
+from hpctrain.checkpoint.direct import DirectWriter, nice_this_thread
 from hpctrain.checkpoint.staging import Slot
 from hpctrain.faults import FaultInjector, FaultsConfig
 
@@ -118,7 +118,7 @@ class Writer:
         self.process = context.Process(
             target=_main, args=(child, setup, os.getpid()), daemon=True, name=f"hpctrain-writer-{setup.rank}"
         )
-        self.process.start()
+        _start_at_low_priority(self.process)
         child.close()
         self._lock = threading.Lock()  # receiving
         self._ready = False
@@ -301,6 +301,28 @@ def _save(
         writer = DirectWriter(request.shared, background=True, progress=progress)
         planner = StagedPlanner(plan, buffers, request.blobs)
         dcp.save({}, storage_writer=writer, planner=planner, no_dist=setup.store is None)
+
+
+def _start_at_low_priority(process: multiprocessing.process.BaseProcess) -> None:
+    """Start ``process`` at nice 19 from its first instruction: from a thread that lowers its own priority
+    first (Linux keeps a nice value per thread, and a child inherits its forking thread's). The writer sets it
+    again itself, but only once its interpreter has imported torch: that boot (~1.5 s of CPU) ran at the
+    training's priority and slowed the ranks beside it unevenly. Lowering the training thread's own priority
+    for the fork is not an option: an unprivileged process may not raise it back."""
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            nice_this_thread()
+            process.start()
+        except BaseException as err:  # re-raised in the caller's thread
+            failed.append(err)
+
+    starter = threading.Thread(target=start, name="hpctrain-writer-start")
+    starter.start()
+    starter.join()
+    if failed:
+        raise failed[0]
 
 
 def _die_with_parent(parent: int) -> None:

@@ -114,18 +114,6 @@ class Run:
 def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
     """Model → parallelism → optimizer → data → checkpoint manager, then resume from the latest checkpoint."""
     t = cfg.trainer
-    faults = FaultInjector(cfg.faults, env.rank)
-    fast_tier = build_fast_tier(cfg, env, run_dir)
-    checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
-        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
-        timeout_s=cfg.cluster.dist_timeout_s,
-    )  # fmt: skip
-    if t.async_checkpoint or fast_tier is not None:
-        # The writer process boots (an interpreter importing torch: ~1.5 s of CPU) beside the model's build
-        # and the resume, which leave a core idle much of the time; started after them, its boot slowed the
-        # first step after a restart from the fast tier from 1.2 to 2.7 s (bench/fast_restart.py, 2026-11-27).
-        checkpoints.start_writer()
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
     seed_everything(t.seed)
@@ -177,10 +165,22 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     }
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
+    faults = FaultInjector(cfg.faults, env.rank)
+    fast_tier = build_fast_tier(cfg, env, run_dir)
+    checkpoints = CheckpointManager(
+        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
+        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
+        timeout_s=cfg.cluster.dist_timeout_s,
+    )  # fmt: skip
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
     checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
     if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
         fast_tier.prepare(state_bytes(resumable), "checkpoint.local_path")
+    if t.async_checkpoint or fast_tier is not None:
+        # The writer process boots (an interpreter importing torch: ~1.5 s of CPU) beside the resume, after
+        # the refusals above (a run refused starts no writer); started after the resume, its boot slowed the
+        # first step after a restart from the fast tier from 1.2 to 2.8 s (bench/fast_restart.py, 2026-11-27).
+        checkpoints.start_writer()
     resumed = checkpoints.resume(
         resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config))
     )
