@@ -239,11 +239,9 @@ def step_by_step(args: argparse.Namespace, manager: CheckpointManager, model: to
         manager.poll()  # as the trainer does every step: committed once written
         times.append(time.perf_counter() - started)
 
-    def plain() -> tuple[int, int]:
-        start = len(times)
+    def plain() -> None:
         for _ in range(args.plain):
             step()
-        return start, len(times)
 
     # (kind, first overlapped step, end of overlapped steps, stall + wait); kind: async | placebo
     events: list[tuple[str, int, int, float]] = []

@@ -19,7 +19,7 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
+from checkpoint_stall import train_step
 
 from hpctrain.models import build_model
 from hpctrain.models.builtin import GPTSpec
@@ -49,11 +49,7 @@ def main() -> None:
 
     def step() -> float:
         started = time.perf_counter()
-        tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len + 1))
-        logits = model(tokens[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(model, optimizer, cfg)
         return time.perf_counter() - started
 
     step()  # AdamW's moments made

@@ -93,10 +93,11 @@ class AutoInterval:
             self._beside = [] if self.background else None
         elif self._beside is not None:
             beside, self._beside = self._beside, None
+            after, self._after = self._after, []
             # The steps after the write are this start's steps without one (the first step of a start is
             # slower: it builds kernels and caches); none when the write outlasted the interval: then every
             # step between the two saves ran beside it and this save waited for it (in save_s).
-            base = statistics.median(self._after) if self._after else min(beside, default=step_s)
+            base = statistics.median(after) if after else min(beside, default=step_s)
             slowdown = sum(t - base for t in beside)
             self._choose(
                 base, save_s + max(slowdown, 0.0),
