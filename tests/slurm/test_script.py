@@ -33,6 +33,11 @@ def test_users_script_is_preempted_requeued_and_resumes(slurm_cluster, tmp_path:
     state = wait_final([record.job_id], timeout=240)[record.job_id]
     text = log.read_text()
     assert state.state == "COMPLETED", (state, text[-3000:])
-    assert "forwarding it to the script as SIGTERM" in text and f"requeueing job {record.job_id}" in text
+    # Each rank's worker forwards the warning when it sees it; a script whose peers stopped first (their
+    # stop flag is all-reduced) may have saved and exited before its own worker's next look, so the
+    # forwarding is asked of some rank, not of rank 0.
+    ranks = [path.read_text() for path in sorted((run / "logs").glob("rank*.log"))]
+    assert any("forwarding it to the script as SIGTERM" in each for each in ranks), text[-3000:]
+    assert f"requeueing job {record.job_id}" in text
     assert "stopped, saved at step" in text and "(requeue 1)" in text and "finished at step 40" in text
     assert (run / "checkpoints" / "state.pt").is_file()
