@@ -79,19 +79,26 @@ def cpu_seconds() -> float:
 def disk_write(path: Path, size: int, direct: bool) -> tuple[float, float]:
     """(wall s, CPU s) of writing ``size`` bytes sequentially to ``path`` in 16 MiB writes, then fsync."""
     chunk = 16 << 20
-    buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
-    buffer.write(os.urandom(1 << 20) * 16)
+    count = -(-size // chunk)
+    # Random bytes drawn afresh, every block unlike any other, made before the clock starts: this VM's
+    # storage reads a file of one block repeated twice as fast as random data (bench/resume_cost.py), so a
+    # repeated block (this probe's until 2026-11-27) may flatter the disk's writes too.
+    buffer = mmap.mmap(-1, count * chunk)  # page-aligned, as O_DIRECT needs
+    for i in range(count):
+        buffer[i * chunk : (i + 1) * chunk] = os.urandom(chunk)
+    view = memoryview(buffer)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
     start, cpu = time.perf_counter(), cpu_seconds()
     fd = os.open(path, flags, 0o644)
     try:
-        for _ in range(-(-size // chunk)):
-            os.write(fd, buffer)
+        for i in range(count):
+            os.write(fd, view[i * chunk : (i + 1) * chunk])
         os.fsync(fd)
     finally:
         os.close(fd)
     wall, used = time.perf_counter() - start, cpu_seconds() - cpu
     path.unlink()
+    view.release()
     buffer.close()
     return wall, used
 

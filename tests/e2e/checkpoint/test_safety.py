@@ -62,6 +62,26 @@ def test_a_flipped_bit_is_caught_by_the_checksum_and_named(trained: Path, tmp_pa
     assert [r["step"] for r in metrics(run)][-2:] == [5, 6]
 
 
+def test_with_every_checkpoint_damaged_the_run_trains_as_a_fresh_one(trained: Path, tmp_path: Path) -> None:
+    """Every committed checkpoint has a flipped bit: each is named and skipped, none reaches the state, and
+    the run trains from step 0 exactly as a fresh one (the same losses, bitwise)."""
+    run = _copy(trained, tmp_path)
+    fresh = [(r["step"], r["loss"]) for r in metrics(run) if "loss" in r]
+    damaged = layout.committed(run / "checkpoints")
+    for checkpoint in damaged:
+        shard = sorted(checkpoint.glob("*.distcp"))[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 3] ^= 0x10
+        shard.write_bytes(bytes(data))
+    result = hpctrain(*RUN, f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = (run / "logs" / "rank0.log").read_text()
+    assert log.count("does not match its checksum") == len(damaged) >= 2
+    assert "No loadable checkpoint" in log and "starting from scratch" in log
+    again = [(r["step"], r["loss"]) for r in metrics(run) if "loss" in r][-len(fresh) :]
+    assert again == fresh
+
+
 def test_an_older_size_only_manifest_still_verifies(trained: Path, tmp_path: Path) -> None:
     import json
 
