@@ -146,7 +146,7 @@ class CheckpointManager:
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. global_batch_size)
         # Called on rank 0 with the step of each checkpoint just committed (trainer.eval_job submits then).
         self.on_commit: Callable[[int], None] | None = None
-        self.state_touched = False  # a failed load left part of a checkpoint in the state (see resume)
+        self.state_touched = False  # nothing loaded into a state that is not a fresh one (see resume)
 
     # ------------------------------------------------------------------------------------------ saving
     def save(
@@ -391,13 +391,22 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------------------------------- resuming
     def resume(
-        self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None = None
+        self,
+        state: Mapping[str, Any],
+        policy: str,
+        check: Callable[[Path], None] | None = None,
+        fresh: bool = True,
     ) -> Path | None:
         """Load ``state`` from the checkpoint chosen by ``policy`` (auto | never | a directory).
 
         ``check(candidate)``: called for an intact candidate before anything is loaded; it raises
-        ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config)."""
+        ``CheckpointMismatch`` to refuse a checkpoint the run cannot continue (another config). ``fresh``:
+        whether ``state`` is a fresh run's (False: built without its random init, for a checkpoint to
+        overwrite); when nothing loads into a state that is not, :attr:`state_touched` says so."""
+        self.state_touched = self.state_touched or not fresh
         loaded = self._resume(state, policy, check)
+        if loaded is not None:  # the state is that checkpoint's
+            self.state_touched = False
         if loaded is None and _world_size() > 1:
             # A fresh lineage is rank 0's: every rank's fast-tier copies and every manifest must name one.
             self.lineage = _gather_over_ranks(self.lineage, self._background_group())[0]

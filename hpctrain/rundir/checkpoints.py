@@ -88,6 +88,18 @@ def committed(root: Path) -> list[Path]:
     return sorted(found, key=step_of, reverse=True)
 
 
+def continued(resume: str, root: Path) -> str | Path | None:
+    """The checkpoint a run with ``trainer.resume=resume`` continues, as far as the run directory tells before
+    anything is read: the one named, or (``auto``) the newest committed under ``root``; None: a fresh start
+    (torchtitan's rule, which ``model.init_from`` follows too)."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        return resume
+    own = committed(root)
+    return own[0] if own else None
+
+
 def checksum(data: Any, value: int = 0) -> int:
     """CRC-32C of ``data`` (bytes-like) continuing from ``value``; releases the GIL for large buffers."""
     # Imported where it is used: the package's own import reads its metadata (20-70 ms), and the submit path

@@ -143,10 +143,9 @@ def init_from(
     rank fills its whole model before the layout splits it. ``always``: read them whether or not a
     checkpoint follows (adapters: the checkpoints hold only the adapters, the base is these weights)."""
     path = model_cfg.init_from
-    own = [] if resume == "never" else layout.committed(checkpoints)
-    if not always and (resume not in ("auto", "never") or own):
+    which = layout.continued(resume, checkpoints)
+    if not always and which is not None:
         if rank == 0:
-            which = resume if resume not in ("auto", "never") else own[0]
             log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
         return
     problems = load_into(model, Path(str(path)), model_cfg.init_strict)

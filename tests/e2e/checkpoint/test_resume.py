@@ -37,6 +37,11 @@ def test_resume_after_a_crash_is_bitwise_exact(tmp_path: Path):
     resumed = hpctrain(*exact, "trainer.resume=auto", f"hydra.run.dir={run_b}")
     assert resumed.returncode == 0, resumed.stderr
     assert f"Resumed from {run_b}/checkpoints/step_00000010 (step 10)" in resumed.stdout
+    # The random init the checkpoint overwrites was skipped (zeros instead), and the run is still exact.
+    said = (
+        f"without its random init: the checkpoint {run_b}/checkpoints/step_00000010 overwrites every weight"
+    )
+    assert said in resumed.stdout and "without its random init" not in a.stdout
 
     final_a = model_and_optimizer(run_a / "checkpoints" / "step_00000020")
     final_b = model_and_optimizer(run_b / "checkpoints" / "step_00000020")

@@ -63,8 +63,9 @@ def test_a_flipped_bit_is_caught_by_the_checksum_and_named(trained: Path, tmp_pa
 
 
 def test_with_every_checkpoint_damaged_the_run_trains_as_a_fresh_one(trained: Path, tmp_path: Path) -> None:
-    """Every committed checkpoint has a flipped bit: each is named and skipped, none reaches the state, and
-    the run trains from step 0 exactly as a fresh one (the same losses, bitwise)."""
+    """Every committed checkpoint has a flipped bit: each is named and skipped, none reaches the state, the
+    model (built without its random init for them) is built again, and the run trains from step 0 exactly
+    as a fresh one (the same losses, bitwise)."""
     run = _copy(trained, tmp_path)
     fresh = [(r["step"], r["loss"]) for r in metrics(run) if "loss" in r]
     damaged = layout.committed(run / "checkpoints")
@@ -78,6 +79,8 @@ def test_with_every_checkpoint_damaged_the_run_trains_as_a_fresh_one(trained: Pa
     log = (run / "logs" / "rank0.log").read_text()
     assert log.count("does not match its checksum") == len(damaged) >= 2
     assert "No loadable checkpoint" in log and "starting from scratch" in log
+    # Built without its random init for the checkpoint to continue, the state is built again with it.
+    assert "not a fresh one (built for a checkpoint to load): building it anew" in log
     again = [(r["step"], r["loss"]) for r in metrics(run) if "loss" in r][-len(fresh) :]
     assert again == fresh
 

@@ -120,3 +120,30 @@ def test_a_fresh_optimizer_resumes_bitwise_and_stays_fresh_when_nothing_loads(tm
     manager = CheckpointManager(root, keep_last=1, rank=0)
     assert manager.resume({"model_optim": ModelOptimizerState(again, untouched)}, "auto") is None
     assert not manager.state_touched and not untouched.state
+
+
+def test_a_state_built_for_a_checkpoint_is_reported_when_none_loads(tmp_path: Path) -> None:
+    """``fresh=False`` (the model built without its random init, for a checkpoint to overwrite): when that
+    checkpoint does not load, ``state_touched`` tells the trainer to build the state again; when it loads,
+    the state is the checkpoint's and nothing is reported."""
+    from hpctrain.checkpoint.state import ModelOptimizerState
+    from hpctrain.rundir import checkpoints as layout
+
+    model, optimizer = _trained()
+    root = tmp_path / "checkpoints"
+    CheckpointManager(root, keep_last=1, rank=0).save(
+        1, {"model_optim": ModelOptimizerState(model, optimizer)}
+    )
+    manager = CheckpointManager(root, keep_last=1, rank=0)
+    other, fresh = _trained(seed=1)
+    state = {"model_optim": ModelOptimizerState(other, fresh)}
+    assert manager.resume(state, "auto", fresh=False) == root / layout.checkpoint_name(1)
+    assert not manager.state_touched
+    shard = next((root / layout.checkpoint_name(1)).glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-8])
+    for fresh_state, touched in ((True, False), (False, True)):
+        manager = CheckpointManager(root, keep_last=1, rank=0)
+        other, fresh = _trained(seed=1)
+        state = {"model_optim": ModelOptimizerState(other, fresh)}
+        assert manager.resume(state, "auto", fresh=fresh_state) is None
+        assert manager.state_touched == touched

@@ -55,3 +55,25 @@ def test_init_deterministic_under_seed() -> None:
         for k in a:
             torch.testing.assert_close(a[k], b[k])
         assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.parametrize("spec", [TINY_GPT, TINY_VIT], ids=["gpt", "vit"])
+def test_built_for_a_checkpoint_the_random_init_is_zeros_and_the_rest_as_ever(spec) -> None:
+    """``random_init=False`` (a resume): every weight torch.nn.init would draw is zeros (no RNG drawn, no
+    NaN for a throwaway step before the load), what the model sets itself (LayerNorm's ones, buffers) is
+    as in a normal build, and torch.nn.init is itself again afterwards."""
+    torch.manual_seed(0)
+    normal = build_model(spec)
+    before = torch.random.get_rng_state()
+    skipped = build_model(spec, random_init=False)
+    assert torch.equal(torch.random.get_rng_state(), before), "the skipped init drew from the RNG"
+    state = skipped.state_dict()
+    drawn = [
+        k for k, v in normal.state_dict().items() if v.float().std() > 0 and not torch.equal(v, state[k])
+    ]
+    assert drawn and all(not state[k].any() for k in drawn), drawn
+    kept = [k for k in state if k not in drawn]
+    assert kept and all(torch.equal(state[k], normal.state_dict()[k]) for k in kept)
+    weight = torch.empty(3, 3)
+    torch.nn.init.normal_(weight)
+    assert weight.std() > 0, "torch.nn.init.normal_ was left replaced"
