@@ -21,10 +21,12 @@ def build_model(model: ModelConfig | ModelSpec, random_init: bool = True) -> nn.
     ``instantiate`` does), initialised from torch's current RNG. Built-in or not, the same call.
 
     ``random_init=False`` (a run that loads a checkpoint over every weight): ``torch.nn.init``'s random
-    initialisers fill with zeros instead while the model is built, as transformers' ``no_init_weights`` skips
-    them for ``from_pretrained``: GPT-2 small's build 1.6 → 0.05 s here, and an init that takes minutes for
-    a large model on CPU. Zeros, not the uninitialised memory: a throwaway step before the load (DDP's bucket
-    priming) sees no NaN. Values a model computes itself (buffers, its own ``Tensor.normal_``) are as ever."""
+    initialisers fill parameters with zeros instead while the model is built, as transformers'
+    ``no_init_weights`` skips them for ``from_pretrained``: GPT-2 small's build 1.6 → 0.05 s here, and an
+    init that takes minutes for a large model on CPU. Zeros, not the uninitialised memory: a throwaway step
+    before the load (DDP's bucket priming) sees no NaN. Only parameters (a checkpoint holds every one): a
+    plain tensor given to an initialiser (a buffer drawn at random, perhaps not saved: random features) is
+    drawn as ever, as is whatever the model computes itself (LayerNorm's ones, its own ``Tensor.normal_``)."""
     from hydra.utils import instantiate
     from torch import nn
 
@@ -50,14 +52,19 @@ RANDOM_INITS = (
 def _zeros_for_random_init() -> Iterator[None]:
     import torch
 
-    def zeros(tensor: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-        with torch.no_grad():
-            return tensor.zero_()
+    def skipping(original: Any) -> Any:
+        def init(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            if not isinstance(tensor, torch.nn.Parameter):  # a buffer drawn at random, maybe not saved
+                return original(tensor, *args, **kwargs)
+            with torch.no_grad():
+                return tensor.zero_()
+
+        return init
 
     saved = {name: getattr(torch.nn.init, name) for name in RANDOM_INITS if hasattr(torch.nn.init, name)}
     try:
-        for name in saved:
-            setattr(torch.nn.init, name, zeros)
+        for name, original in saved.items():
+            setattr(torch.nn.init, name, skipping(original))
         yield
     finally:
         for name, function in saved.items():

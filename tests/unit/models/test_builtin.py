@@ -77,3 +77,22 @@ def test_built_for_a_checkpoint_the_random_init_is_zeros_and_the_rest_as_ever(sp
     weight = torch.empty(3, 3)
     torch.nn.init.normal_(weight)
     assert weight.std() > 0, "torch.nn.init.normal_ was left replaced"
+
+
+class RandomFeatures(torch.nn.Module):
+    """Random features kept in a buffer the state dict leaves out: no checkpoint restores them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("projection", torch.nn.init.normal_(torch.empty(4, 8)), persistent=False)
+        self.head = torch.nn.Linear(8, 2)
+
+
+def test_built_for_a_checkpoint_a_buffer_drawn_at_random_is_drawn_as_ever() -> None:
+    spec = ModelConfig(target=f"{__name__}.RandomFeatures", args={})
+    torch.manual_seed(0)
+    normal = build_model(spec)
+    torch.manual_seed(0)
+    skipped = build_model(spec, random_init=False)
+    assert torch.equal(skipped.projection, normal.projection) and normal.projection.std() > 0
+    assert not skipped.head.weight.any() and normal.head.weight.any()
