@@ -22,11 +22,12 @@ def build_model(model: ModelConfig | ModelSpec, random_init: bool = True) -> nn.
 
     ``random_init=False`` (a run that loads a checkpoint over every weight): ``torch.nn.init``'s random
     initialisers fill parameters with zeros instead while the model is built, as transformers'
-    ``no_init_weights`` skips them for ``from_pretrained``: GPT-2 small's build 1.6 → 0.05 s here, and an
-    init that takes minutes for a large model on CPU. Zeros, not the uninitialised memory: a throwaway step
-    before the load (DDP's bucket priming) sees no NaN. Only parameters (a checkpoint holds every one): a
-    plain tensor given to an initialiser (a buffer drawn at random, perhaps not saved: random features) is
-    drawn as ever, as is whatever the model computes itself (LayerNorm's ones, its own ``Tensor.normal_``)."""
+    ``no_init_weights`` skips them for ``from_pretrained``: GPT-2 small's build 1.3-1.6 → 0.16-0.22 s here,
+    and an init that takes minutes for a large model on CPU. Zeros, not the uninitialised memory: a
+    throwaway step before the load (DDP's bucket priming) sees no NaN. Only parameters (a checkpoint holds
+    every one): a plain tensor given to an initialiser (a buffer drawn at random, perhaps not saved: random
+    features) is drawn as ever, as is whatever the model computes itself (LayerNorm's ones, its own
+    ``Tensor.normal_``)."""
     from hydra.utils import instantiate
     from torch import nn
 

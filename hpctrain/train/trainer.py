@@ -122,7 +122,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     adapters = cfg.model.adapters != "none"
     base_from_init = adapters and cfg.model.init_from is not None
     # A checkpoint to continue overwrites every weight: the random init it would overwrite is skipped (GPT-2
-    # small's build 1.6 → 0.05 s of each resume). Should none load after all, the state is built again with
+    # small's build 1.5 → 0.3 s of each restart). Should none load after all, the state is built again with
     # it (below); the RNG streams are the checkpoint's either way.
     fast_tier = build_fast_tier(cfg, env, run_dir)
     continued = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
