@@ -1,7 +1,7 @@
 """A restart inside the job from the fast tier vs one from the shared checkpoint: process start → the first
 step after it, GPT-2 small (124M parameters, AdamW: 1.4 GiB of state).
 
-    python bench/fast_restart.py [--rounds 2] [--seq-len 64] [--dir /tmp]
+    python bench/fast_restart.py [--rounds 2] [--seq-len 64] [--dir /tmp] [--inside]
 
 One process (``cluster.nproc=1``, fp32, synthetic tokens, ``model=gpt2_124m`` at ``--seq-len``), under
 ``--dir``. Per round, the two cases alternate (A/B in the same run, so the machine's noise falls on both):
@@ -18,11 +18,16 @@ metrics.jsonl record (``trainer.log_every=1``), and split with rank 0's log: lau
 spawn, rendezvous), build (model, optimizer, data), load (the resume's "checked and loaded in" figure), and
 the step itself. Prints each round, the medians, and the ratios shared ÷ fast of the whole restart, of the
 part in the process (build + load + step) and of the load alone. A timing is a figure, never an assertion.
+
+``--inside`` restarts inside one launch instead, as a job restarts a failed rank without a requeue: the
+launcher (``cluster.max_restarts=1``) forks the new worker from its fork server, torch already imported
+(:func:`inside_restart`); timed from the SIGKILL's log line to the first step after the restart.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -33,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from resume_cost import drop_from_cache, filesystem, hpctrain_run, log_lines, timed_start
+from resume_cost import drop_from_cache, filesystem, first, hpctrain_run, log_lines, timed_start
 
 from hpctrain.rundir import checkpoints as layout
 
@@ -96,6 +101,38 @@ def fast_restart(root: Path, seq_len: int) -> dict[str, float]:
     return figures
 
 
+def inside_restart(root: Path, seq_len: int, case: str) -> dict[str, float]:
+    """``--inside``: one launch with ``cluster.max_restarts=1``; rank 0 kills itself (SIGKILL) at the start of
+    step 5 and the launcher restarts its worker inside the same job (forked from its fork server: torch is
+    imported already), which loads the shared checkpoint (``trainer.ckpt_every=1``, synchronous, written with
+    ``O_DIRECT``: not in the page cache) or its fast-tier copy (``checkpoint.local_every=1``, written in the
+    background: the newest complete one may be a step older). Timed from the kill's log line to the first
+    step's record after the restart (not the run's last step, which evaluates); ``again``: steps redone."""
+    run = root / f"inside-{case}-{uuid.uuid4().hex[:6]}"
+    tier = "trainer.ckpt_every=1" if case == "shared" else "checkpoint.local_every=1"
+    args = [a for a in base(run, seq_len) if a != "trainer.ckpt_every=0" or case == "fast"]
+    hpctrain_run([*args, tier, "trainer.max_steps=7", "cluster.max_restarts=1", "faults.kill_at=0:5"])
+    lines = log_lines(run)
+    killed, _ = first(lines, "Killing this rank")
+    after = [(t, text) for t, text in lines if t >= killed]
+    rank_up, _ = first(after, "rank 0/")
+    training, text = first(after, "Training from step")
+    loads = [float(m[1]) for _, line in after if (m := LOADED.match(line))]
+    if not loads or (case == "fast") != any("fast tier" in line for _, line in after):
+        sys.exit(f"{run}: the restart did not load the {case} tier")
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    stepped = next(r["time"] for r in records if r["time"] > training)
+    return {
+        "total": stepped - killed,
+        "launch": rank_up - killed,
+        "build": training - rank_up - loads[0],
+        "load": loads[0],
+        "step": stepped - training,
+        "in_process": stepped - rank_up,
+        "again": 4 - int(text.split()[3].rstrip(":")),
+    }
+
+
 def _figures(run: Path, launched: float) -> dict[str, float]:
     start = timed_start(run, launched)
     load = load_seconds(run)
@@ -116,11 +153,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument(
+        "--inside", action="store_true", help="restarts inside one launch (see inside_restart)"
+    )
     opts = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     print(
         f"gpt2_124m (seq {opts.seq_len}), 1 process, fp32, AdamW; runs under {opts.dir} "
-        f"({filesystem(opts.dir)}), fast tier in /dev/shm; {opts.rounds} round(s), A/B alternating",
+        f"({filesystem(opts.dir)}), fast tier in /dev/shm; {opts.rounds} round(s), A/B alternating; "
+        f"{'restarts inside one launch' if opts.inside else 'restarts through the command'}",
         flush=True,
     )
     rows: dict[str, list[dict[str, float]]] = {"shared": [], "fast": []}
@@ -128,12 +169,17 @@ def main() -> None:
         for round_ in range(opts.rounds):
             order = ("shared", "fast") if round_ % 2 == 0 else ("fast", "shared")
             for case in order:
-                figures = (shared_restart if case == "shared" else fast_restart)(Path(tmp), opts.seq_len)
+                if opts.inside:
+                    figures = inside_restart(Path(tmp), opts.seq_len, case)
+                else:
+                    figures = (shared_restart if case == "shared" else fast_restart)(Path(tmp), opts.seq_len)
                 rows[case].append(figures)
                 print(
-                    f"  round {round_ + 1} {case:>6}: restart → first step {figures['total']:6.2f} s "
+                    f"  round {round_ + 1} {case:>6}: {'kill' if opts.inside else 'restart'} → first step "
+                    f"{figures['total']:6.2f} s "
                     f"(launch {figures['launch']:.2f}, build {figures['build']:.2f}, "
-                    f"load {figures['load']:.2f}, step {figures['step']:.2f})",
+                    f"load {figures['load']:.2f}, step {figures['step']:.2f})"
+                    + (f", {figures['again']:.0f} step(s) again" if "again" in figures else ""),
                     flush=True,
                 )
     med = {case: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for case, rs in rows.items()}
