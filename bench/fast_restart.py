@@ -42,6 +42,8 @@ from resume_cost import drop_from_cache, filesystem, first, hpctrain_run, log_li
 
 from hpctrain.rundir import checkpoints as layout
 
+KILL_AT = 5  # the step rank 0 kills itself at in --inside: steps 1..KILL_AT-1 were done before
+TRAINING_FROM = re.compile(r"^Training from step (\d+) ")
 LOADED = re.compile(r"^Resumed from .*(?:checked and loaded|files checked and loaded) in ([\d.]+) s")
 
 
@@ -103,15 +105,18 @@ def fast_restart(root: Path, seq_len: int) -> dict[str, float]:
 
 def inside_restart(root: Path, seq_len: int, case: str) -> dict[str, float]:
     """``--inside``: one launch with ``cluster.max_restarts=1``; rank 0 kills itself (SIGKILL) at the start of
-    step 5 and the launcher restarts its worker inside the same job (forked from its fork server: torch is
-    imported already), which loads the shared checkpoint (``trainer.ckpt_every=1``, synchronous, written with
-    ``O_DIRECT``: not in the page cache) or its fast-tier copy (``checkpoint.local_every=1``, written in the
-    background: the newest complete one may be a step older). Timed from the kill's log line to the first
-    step's record after the restart (not the run's last step, which evaluates); ``again``: steps redone."""
+    step KILL_AT and the launcher restarts its worker inside the same job (forked from its fork server:
+    torch is imported already), which loads the shared checkpoint (``trainer.ckpt_every=1``, synchronous,
+    written with ``O_DIRECT``: not in the page cache) or its fast-tier copy (``checkpoint.local_every=1``,
+    written in the background: the newest complete one may be a step older). Timed from the kill's log line
+    to the first step's record after the restart (not the run's last step, which evaluates); ``again``:
+    steps redone."""
     run = root / f"inside-{case}-{uuid.uuid4().hex[:6]}"
     tier = "trainer.ckpt_every=1" if case == "shared" else "checkpoint.local_every=1"
     args = [a for a in base(run, seq_len) if a != "trainer.ckpt_every=0" or case == "fast"]
-    hpctrain_run([*args, tier, "trainer.max_steps=7", "cluster.max_restarts=1", "faults.kill_at=0:5"])
+    hpctrain_run(
+        [*args, tier, "trainer.max_steps=7", "cluster.max_restarts=1", f"faults.kill_at=0:{KILL_AT}"]
+    )
     lines = log_lines(run)
     killed, _ = first(lines, "Killing this rank")
     after = [(t, text) for t, text in lines if t >= killed]
@@ -129,7 +134,7 @@ def inside_restart(root: Path, seq_len: int, case: str) -> dict[str, float]:
         "load": loads[0],
         "step": stepped - training,
         "in_process": stepped - rank_up,
-        "again": 4 - int(text.split()[3].rstrip(":")),
+        "again": KILL_AT - 1 - int(TRAINING_FROM.match(text)[1]),
     }
 
 

@@ -125,7 +125,8 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # small's build 1.5 → 0.3 s of each restart). Should none load after all, the state is built again with
     # it (below); the RNG streams are the checkpoint's either way.
     fast_tier = build_fast_tier(cfg, env, run_dir)
-    continued = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
+    shared = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
+    continued = shared
     if continued is None and t.resume == "auto" and fast_tier is not None:  # a restart inside the job
         continued = next(iter(ckpt_layout.copies(fast_tier.own)), None)
     random_init = base_from_init or continued is None
@@ -135,7 +136,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
             "Built the model without its random init: the checkpoint %s overwrites every weight", continued
         )
     if cfg.model.init_from is not None:
-        init_from(model, cfg.model, cfg.trainer.resume, RunDir(run_dir).checkpoints, env.rank, base_from_init)
+        init_from(model, cfg.model, shared, env.rank, base_from_init)
     if adapters:
         adapted = add_lora(model, cfg.model.lora)
         if env.rank == 0:

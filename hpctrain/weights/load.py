@@ -136,17 +136,17 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
 
 
 def init_from(
-    model: nn.Module, model_cfg: ModelConfig, resume: str, checkpoints: Path, rank: int, always: bool = False
+    model: nn.Module, model_cfg: ModelConfig, continued: str | Path | None, rank: int, always: bool = False
 ) -> None:
-    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint: its own (a requeued
-    or resumed job keeps the same command) or the one ``trainer.resume`` names (torchtitan's rule). Every
-    rank fills its whole model before the layout splits it. ``always``: read them whether or not a
-    checkpoint follows (adapters: the checkpoints hold only the adapters, the base is these weights)."""
+    """Start from ``model.init_from``'s weights, unless this run continues a checkpoint (``continued``,
+    :func:`hpctrain.rundir.checkpoints.continued`: its own, as a requeued or resumed job keeps the same
+    command, or the one ``trainer.resume`` names: torchtitan's rule). Every rank fills its whole model before
+    the layout splits it. ``always``: read them whether or not a checkpoint follows (adapters: the
+    checkpoints hold only the adapters, the base is these weights)."""
     path = model_cfg.init_from
-    which = layout.continued(resume, checkpoints)
-    if not always and which is not None:
+    if not always and continued is not None:
         if rank == 0:
-            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, which)
+            log.info("model.init_from=%s ignored: continuing the checkpoint %s", path, continued)
         return
     problems = load_into(model, Path(str(path)), model_cfg.init_strict)
     if rank == 0:
