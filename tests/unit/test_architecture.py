@@ -70,9 +70,9 @@ def test_import_contracts_hold() -> None:
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-def test_the_readmes_promises_name_tests_that_exist() -> None:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## What hpctrain promises", 1)[1].split("\n## ", 1)[0]
+def test_the_promises_name_tests_that_exist() -> None:
+    # The README's section, moved to a page of its own (issue 40): the page is the section.
+    section = (ROOT / "docs" / "promises.md").read_text().split("# What hpctrain promises", 1)[1]
     cited = re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+?)(\*)?)?`", section)
     assert len(cited) >= 10
     for path, name, star in cited:

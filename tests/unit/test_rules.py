@@ -1,7 +1,7 @@
 """The house rules of docs/architecture.md, each checked as written (not as a list of words):
 
 - only ``hpctrain/rundir`` spells a name of the run directory's map (:data:`hpctrain.rundir.LAYOUT`) in a
-  path, and README's "What a run leaves behind" is that map;
+  path, and docs/runs.md's "What a run leaves behind" is that map;
 - only ``hpctrain/config`` derives the run's shape: nothing else imports the derivations of
   ``config/shape.py`` (only ``run_shape`` and its types), nor multiplies, divides or takes a remainder of two
   shape quantities;
@@ -107,8 +107,9 @@ def test_only_rundir_spells_a_run_directory_name_in_a_path() -> None:
     assert not offenders, offenders
 
 
-def test_the_readme_shows_the_run_directory_map() -> None:
-    section = (ROOT / "README.md").read_text().split("## What a run leaves behind", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_show_the_run_directory_map() -> None:
+    page = ROOT / "docs" / "runs.md"  # the README's section, moved to the docs (issue 40)
+    section = page.read_text().split("## What a run leaves behind", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
     rows = [line for line in block.splitlines()[1:] if line.startswith("  ") and not line.startswith("   ")]
     shown = {line.split()[0] for line in rows}
@@ -251,9 +252,10 @@ def test_guards_catch_a_broken_rule(rule: str) -> None:
     assert len(broken) == 1, broken
 
 
-def test_the_readme_layout_names_every_room() -> None:
-    """README's Layout block names every package of hpctrain/ (each says what it holds in its docstring)."""
-    section = (ROOT / "README.md").read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
+def test_the_architecture_layout_names_every_room() -> None:
+    """docs/architecture.md's Layout block names every package of hpctrain/ (each says what it holds in its
+    docstring)."""
+    section = (ROOT / "docs" / "architecture.md").read_text().split("## Layout\n", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"^hpctrain/(\w+)/", section, re.M))
     rooms = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"conf", "sbatch_templates"}
     assert named == rooms, (sorted(rooms - named), sorted(named - rooms))

@@ -1,4 +1,4 @@
-"""README's fine-tuning recipe through the real command line: pretrain, then ``model.init_from`` +
+"""docs/weights.md's fine-tuning recipe through the real command line: pretrain, then ``model.init_from`` +
 ``model.adapters=lora`` on 2 processes under FSDP. The fine-tuning checkpoints hold the adapters alone (the
 base is read from init_from at every start); a run killed after its step-4 checkpoint resumes to the losses
 of an uninterrupted one; ``hpctrain export --merge`` writes the base with the adapters folded in, and

@@ -1,5 +1,6 @@
 """Issue 29, item 5: ``hpctrain plan`` plans the run ``hpctrain train`` would start (one composition, the
-data chosen for the model included): on the README's commands, plan accepts exactly what train accepts."""
+data chosen for the model included): on the commands the README and docs/ show (the README's headline,
+docs/plan.md's examples), plan accepts exactly what train accepts."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.launch.project import PROJECT_DIR_ENV
 
+# The Slurm commands a new user types first: the README's headline (gpt2, sweep) and docs/plan.md's 3d layout.
 README_SLURM = [
     ["model=vit", "parallel=3d", "cluster=a100x32"],
     ["model=gpt2_124m", "cluster=a100x32"],
