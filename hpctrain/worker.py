@@ -24,6 +24,7 @@ from pathlib import Path
 from hpctrain.observe.logs import setup_logging
 from hpctrain.rundir import RunDir, RunLock
 from hpctrain.rundir.records import EXIT_STOPPED
+from hpctrain.version import EXIT_UNSUPPORTED, UnsupportedEnvironment, environment_problem
 
 PR_SET_PDEATHSIG = 1
 LOCK_WAIT_S = 15.0
@@ -35,6 +36,11 @@ def run(run_dir: Path) -> bool:
     """Train this process's rank of the run in ``run_dir``; raise (after recording it) on failure. Whether
     the run reached its end (False: a stop signal ended it early, with a checkpoint)."""
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    # A node's environment may not be the submitting machine's: refused before anything imports torch or
+    # writes a file (no error record: the one line says it all).
+    refusal = environment_problem()
+    if refusal is not None:
+        raise UnsupportedEnvironment(refusal)
     try:
         return _train(run_dir)
     except BaseException as err:
@@ -69,6 +75,9 @@ def main(argv: list[str]) -> None:
     _die_with_launcher()
     try:
         finished = run(Path(argv[0]))
+    except UnsupportedEnvironment as err:
+        print(err, file=sys.stderr, flush=True)
+        _finish(EXIT_UNSUPPORTED)
     except BaseException:
         _finish(1)
     _finish(0 if finished else EXIT_STOPPED)  # a stopped run is not a finished one, nor a failed one

@@ -39,11 +39,12 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, _StorageInfo
+from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from hpctrain import torchapi
 from hpctrain.rundir import checkpoints as layout
 
 RAW = "hpctrain-raw/1"  # a tensor stored as its raw (little-endian, C-contiguous) bytes
@@ -91,13 +92,15 @@ class DirectWriter(FileSystemWriter):
                     assert isinstance(data, io.BytesIO)
                     offset = stream.tell()
                     stream.write(data.getbuffer())
-                    info = _StorageInfo(name, offset, stream.tell() - offset)
+                    info = torchapi.storage_info(name, offset, stream.tell() - offset)
                 else:
                     assert isinstance(data, torch.Tensor)
                     tensor = tensor_bytes(data.detach())
                     offset = stream.place(tensor)
                     stream.write_tensor(tensor)
-                    info = _StorageInfo(name, offset, stream.tell() - offset, transform_descriptors=[RAW])
+                    info = torchapi.storage_info(
+                        name, offset, stream.tell() - offset, transform_descriptors=[RAW]
+                    )
                 results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
             stream.close()
         except BaseException:

@@ -657,8 +657,7 @@ def _gather_over_ranks(value: Any, group: dist.ProcessGroup | None) -> list[Any]
 def read_checkpoint(directory: Path) -> dict[str, Any]:
     """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
     inspection and export."""
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
+    from hpctrain import torchapi
     from hpctrain.checkpoint.safe import SafeEmptyStatePlanner
 
     problem = layout.problem_with(directory, checksums=False)
@@ -668,7 +667,7 @@ def read_checkpoint(directory: Path) -> dict[str, Any]:
     with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         # DCP's own converter (dcp_to_torch_save) calls this: dcp.load would fill a copy of ``state``.
-        _load_state_dict(
-            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner(), no_dist=True
+        torchapi.load_state_dict_here(
+            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner()
         )
     return state

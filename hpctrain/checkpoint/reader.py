@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from hpctrain import torchapi
 from hpctrain.checkpoint.direct import RAW
 from hpctrain.checkpoint.safe import SafeFileSystemReader, weights_only
 from hpctrain.rundir import checkpoints as layout
@@ -152,7 +152,7 @@ class FastReader(SafeFileSystemReader):
             tensor = weights_only(item, io.BytesIO(piece.numpy().tobytes()))
             if not isinstance(tensor, torch.Tensor):
                 raise CheckpointDamaged(f"{fqn}: the stored record is a {type(tensor).__name__}, no tensor")
-        tensor = narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
+        tensor = torchapi.narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)
         target = planner.resolve_tensor(item).detach()
         if target.size() != tensor.size():
             raise CheckpointDamaged(

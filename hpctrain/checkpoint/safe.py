@@ -23,15 +23,18 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
+
+from hpctrain import torchapi
+from hpctrain.torchapi import EmptyStateDictLoadPlanner
 
 # Modules whose classes DCP's metadata is made of (dataclasses and enums, no code on construction).
 _METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch", "Size"): torch.Size,
-    ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+    **torchapi.METADATA_PICKLE_NAMES,
     ("pathlib", "PosixPath"): __import__("pathlib").PosixPath,
     ("pathlib", "WindowsPath"): __import__("pathlib").PureWindowsPath,
     ("collections", "OrderedDict"): __import__("collections").OrderedDict,
@@ -73,7 +76,7 @@ def load_metadata(data: bytes) -> Metadata:
 
 class SafeFileSystemReader(FileSystemReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+        path = torchapi.metadata_path(self, kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
             metadata = load_metadata(stream.read())
         if getattr(metadata, "storage_meta", None) is None:
@@ -86,23 +89,19 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = weights_only(read_item, value)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            torchapi.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
 
 
-class SafeEmptyStatePlanner(_EmptyStateDictLoadPlanner):
+class SafeEmptyStatePlanner(EmptyStateDictLoadPlanner):
     """DCP's planner that builds the whole state from the metadata (for reading a checkpoint into one
     process), reading values weights-only."""
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = weights_only(read_item, value)
         if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            torchapi.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded
 

@@ -33,13 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner, create_default_local_save_plan
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
-from torch.distributed.checkpoint.state_dict_saver import _stateful_to_state_dict
 from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
+from hpctrain import torchapi
 from hpctrain.checkpoint.direct import nice_this_thread
 from hpctrain.checkpoint.state import allocate_optimizer_state
 
@@ -78,7 +77,7 @@ class Staged:
 
 def flat_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The state of these Statefuls flattened as DCP flattens it: ({name: tensor or value}, mapping)."""
-    return flatten_state_dict(_stateful_to_state_dict(dict(state)))
+    return torchapi.flatten_state_dict(torchapi.stateful_to_state_dict(dict(state)))
 
 
 @contextlib.contextmanager
@@ -288,7 +287,7 @@ class SegmentStager:
                 slot = Slot(offset, entry[1], entry[2])
                 slots[name] = slot
                 offset += -(-max(slot.nbytes, 1) // ALIGN) * ALIGN
-            storage = torch.UntypedStorage._new_shared(max(offset, 1))
+            storage = torchapi.new_shared_storage(max(offset, 1))
             self._segment = torch.empty(0, dtype=torch.uint8).set_(storage)
             self._pinned = False
             self._slots = slots
@@ -296,9 +295,7 @@ class SegmentStager:
             self._layout += 1
             self._plans = {}
         if not self._pinned and cuda:
-            import torch.cuda._pin_memory_utils as pinning
-
-            pinning.pin_memory(self._segment.data_ptr(), self._segment.numel())  # cudaHostRegister
+            torchapi.pin_host_memory(self._segment.data_ptr(), self._segment.numel())  # cudaHostRegister
             self._pinned = True
         if is_coordinator not in self._plans:
             plan = create_default_local_save_plan(flat, is_coordinator)

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint import state_dict as _dcp_state_dict
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -18,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from hpctrain import torchapi
 from hpctrain.checkpoint.safe import UnsafeCheckpoint, decode, encode
 
 # Optimizer state flattened to one entry per parameter ("state.<name>.exp_avg", "param_groups.<name>.lr"):
@@ -90,16 +90,12 @@ class ModelOptimizerState:
         small, a third of an asynchronous save's stall. The structure does not change between steps (the
         parameters are the same objects, FSDP2's sharded ones included); torch without these functions
         gets the public call."""
-        internals = _dcp_state_dict
         try:
             if self._info is None:
-                self._info = internals._verify_options(
-                    self.model, (self.optimizer,), optim_only=False, options=STATE_DICT_OPTIONS
-                )
-            with internals._gc_context():
-                model_sd = internals._get_model_state_dict(self.model, self._info)
-                optim_sd = internals._get_optim_state_dict(self.model, (self.optimizer,), self._info)
-                internals._verify_state_dict(model_sd, optim_sd, self._info)
+                self._info = torchapi.state_dict_info(self.model, (self.optimizer,), STATE_DICT_OPTIONS)
+            model_sd, optim_sd = torchapi.model_and_optim_state_dicts(
+                self.model, (self.optimizer,), self._info
+            )
         except AttributeError:  # another torch: the public function, structure looked at every time
             return get_state_dict(self.model, self.optimizer, options=STATE_DICT_OPTIONS)
         return model_sd, optim_sd

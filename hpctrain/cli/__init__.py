@@ -14,6 +14,8 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from hpctrain.version import EXIT_UNSUPPORTED, UnsupportedEnvironment, environment_problem
+
 
 class Subcommand(NamedTuple):
     usage: str  # the arguments, as shown by --help and in the README
@@ -42,6 +44,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "generate": Subcommand("SOURCE --prompt TEXT [--seed S]", "sample text from a trained language model",
                            "generate"),
 }  # fmt: skip
+# The subcommands that start a run (or an evaluation) refuse an unsupported torch before anything is composed
+# or written; the others look at files and Slurm without torch, and work whatever torch is installed.
+STARTS_RUNS = ("train", "resume", "eval")
 
 
 def _lines() -> list[tuple[str, str]]:
@@ -71,14 +76,23 @@ def readme_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv in (["-h"], ["--help"], ["help"]):
-        print(usage(), end="")
-        return 0
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else "train"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
+    helping = argv in (["-h"], ["--help"], ["help"])
+    # First of all: an unsupported Python (any command) or torch (a command that starts a run), in one line.
+    refusal = environment_problem(need_torch=name in STARTS_RUNS and not helping)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if helping:
+        print(usage(), end="")
+        return 0
     module = importlib.import_module(f"hpctrain.cli.{SUBCOMMANDS[name].module}")
     try:
         return int(module.run(name, rest))
+    except UnsupportedEnvironment as err:  # a torch its metadata misreported, refused where it was imported
+        print(err, file=sys.stderr)
+        return EXIT_UNSUPPORTED
     except SystemExit as exit_:  # Hydra's run and the task it runs end with one (its line already printed)
         code = exit_.code
         return code if isinstance(code, int) else (0 if code is None else 1)

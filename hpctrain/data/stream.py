@@ -136,6 +136,7 @@ class BatchStream:
     def close(self) -> None:
         """Stop the workers now (not whenever the garbage collector drops the iterator); idempotent."""
         batches, self._batches, self._loader = self._batches, None, None
-        shutdown = getattr(batches, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        if batches is not None:  # a DataLoader's iterator: torch is imported
+            from hpctrain import torchapi
+
+            torchapi.shutdown_loader_workers(batches)

@@ -47,18 +47,8 @@ class _Stop(Exception):
     """SIGTERM, SIGINT or SIGHUP reached the server."""
 
 
-# What torch imports lazily on a worker's way to its first step (the optimizer's first step imports dynamo,
-# ~2 s here); private names, so each is tried: another torch may not have it.
-TORCH_LAZY = ("torch._dynamo", "torch.utils._device", "torch.profiler", "torch.utils.serialization",
-              "torch._dynamo.aot_compile", "torch._dynamo.bytecode_debugger",
-              "torch._dynamo.functional_export", "torch._dynamo.polyfills.loader",
-              "torch.profiler._cupti_monitor")  # fmt: skip
-
-
 def preload() -> None:
     """What every worker imports on its way to the first step, imported once here (nothing is run)."""
-    import importlib
-
     import hydra.utils  # noqa: F401
     import numpy.random  # noqa: F401
     import torch
@@ -75,10 +65,11 @@ def preload() -> None:
     import hpctrain.train.overrides
     import hpctrain.train.trainer
     import hpctrain.worker  # noqa: F401
+    from hpctrain import torchapi
 
-    for name in TORCH_LAZY:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+    # What torch imports lazily on a worker's way to its first step (the optimizer's first step imports
+    # dynamo, ~2 s here).
+    torchapi.preload_lazy_modules()
 
 
 @dataclass

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hpctrain import torchapi
 from hpctrain.models.layers import INIT_STD
 
 
@@ -174,7 +175,7 @@ class MoE(nn.Module):
         aux = self._aux(probs, assigned, n)
         # Counted once per training forward: not in evaluation, nor when activation checkpointing runs the
         # forward again inside the backward.
-        if self.training and torch._C._current_graph_task_id() == -1:
+        if self.training and not torchapi.in_backward():
             dropped = (n * k - kept) * torch.ones((), dtype=torch.long, device=x.device)
             self.stats.add(assigned.detach(), dropped, aux.detach())
         out = self.dropout(out).reshape(shape)

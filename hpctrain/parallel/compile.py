@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch._functorch.config
-import torch._inductor.config
-import torch._inductor.utils
 from torch import nn
 
+from hpctrain import torchapi
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.parallel.blocks import find_blocks
@@ -47,8 +45,10 @@ from hpctrain.version import __version__
 
 log = logging.getLogger(__name__)
 
+torchapi.import_compile_config()  # at import, as ever: before a run sets CACHE_ENV
+
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-# torch._dynamo.utils.counters: (group, name) of each cache's hits and misses.
+# dynamo's counters (torchapi.dynamo_counters): (group, name) of each cache's hits and misses.
 COUNTERS = {
     "FX graph": ("inductor", "fxgraph_cache_hit", "fxgraph_cache_miss"),
     "AOTAutograd": ("aot_autograd", "autograd_cache_hit", "autograd_cache_miss"),
@@ -121,8 +121,7 @@ class CompileCache:
 
     def counts(self) -> dict[str, tuple[int, int]]:
         """{cache: (hits, misses)} of this process so far."""
-        from torch._dynamo.utils import counters
-
+        counters = torchapi.dynamo_counters()
         return {name: (counters[g][hit], counters[g][miss]) for name, (g, hit, miss) in COUNTERS.items()}
 
     def summary(self) -> str:
@@ -148,11 +147,8 @@ def open_compile_cache(
     os.environ[CACHE_ENV] = str(path)  # read by inductor at each use (cache_dir_utils.cache_dir)
     # Paths inductor derived from the previous directory and memoised (as torch's own temporary_cache_dir
     # clears them).
-    clear = getattr(torch._inductor.utils, "clear_caches", None)
-    if clear is not None:
-        clear()
+    torchapi.clear_inductor_caches()
     # Both default to on in torch ≥ 2.5; a site's config or an environment variable may have turned them off.
-    torch._inductor.config.fx_graph_cache = True
-    torch._functorch.config.enable_autograd_cache = True
+    torchapi.enable_compile_caches()
     log.info("torch.compile caches in %s", path)
     return CompileCache(path, key)

@@ -29,6 +29,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from hpctrain import torchapi
+
 __all__ = [
     "COMPRESSIONS",
     "CompressionState",
@@ -130,9 +132,9 @@ def _first_bucket_cap_bytes(ddp_model: DistributedDataParallel) -> int:
     caps = [int(cap) for cap in getattr(ddp_model, "bucket_bytes_cap_list", [])]
     cap = int(ddp_model.bucket_bytes_cap)
     # Without an explicit bucket_cap_mb, DDP lets its first bucket close at 1 MiB
-    # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES) to start the all-reduce sooner.
+    # (torchapi.ddp_first_bucket_bytes) to start the all-reduce sooner.
     if getattr(ddp_model, "bucket_bytes_cap_default", False):
-        cap = min(cap, int(dist._DEFAULT_FIRST_BUCKET_BYTES))
+        cap = min(cap, torchapi.ddp_first_bucket_bytes())
     return min([cap, *caps])
 
 

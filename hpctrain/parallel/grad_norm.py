@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
+from hpctrain import torchapi
+
 # torch.nn.utils.clip_grad_norm_'s epsilon: the coefficient is max_norm / (norm + 1e-6), capped at 1.
 EPS = 1e-6
 
@@ -86,7 +88,7 @@ def clip_grad_norm_(
         coefficient = torch.clamp(max_norm / (norm + EPS), max=1.0)
         local = [_local(p.grad) for p in parameters if p.grad is not None]
         if local:
-            torch._foreach_mul_(local, coefficient.to(local[0].device))
+            torchapi.foreach_mul_(local, coefficient.to(local[0].device))
     return norm
 
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hpctrain import torchapi
 from hpctrain.config.shape import MESH_DIMS, Degrees
 
 
@@ -50,7 +51,7 @@ class ParallelDims:
         name = "_".join(present)
         if name not in self._flattened:
             assert self.mesh is not None
-            self._flattened[name] = self.mesh[tuple(present)]._flatten(name)
+            self._flattened[name] = torchapi.flatten_mesh(self.mesh[tuple(present)], name)
         return self._flattened[name]
 
     def fsdp_mesh(self, *shard_dims: str) -> DeviceMesh | None:

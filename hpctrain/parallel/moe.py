@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from hpctrain import torchapi
 from hpctrain.errors import ConfigError
 from hpctrain.models.moe import GroupedExperts, moe_layers
 from hpctrain.parallel.tp import pattern_modules
@@ -133,9 +133,7 @@ class ExpertDispatch:
         dist.all_to_all_single(received, send.contiguous(), group=self.group)  # [source rank, local expert]
         send_splits = send.sum(1).tolist()
         receive_splits = received.sum(1).tolist()
-        arrived = funcol.wait_tensor(
-            funcol.all_to_all_single_autograd(rows, receive_splits, send_splits, self.group)
-        )
+        arrived = torchapi.all_to_all_autograd(rows, receive_splits, send_splits, self.group)
         # Arrived grouped by source, then expert: regroup by expert (then source) for the experts' forward.
         sizes = received.flatten().tolist()
         starts = torch.tensor([0, *sizes[:-1]]).cumsum(0).tolist()
@@ -149,7 +147,7 @@ class ExpertDispatch:
         order = torch.cat(pieces).to(rows.device) if pieces else torch.zeros(0, dtype=torch.long)
         self._pending.append((order, send_splits, receive_splits))
         for name in self.names:  # the forward reads its local experts' weights as plain tensors
-            param = module._parameters[name]
+            param = torchapi.own_parameters(module)[name]
             module.__dict__[name] = param.to_local() if isinstance(param, DTensor) else param
         rows_here = GradScale.apply(arrived.index_select(0, order), float(self.ep))
         return (rows_here, received.sum(0).to(counts.device), *args[2:]), kwargs
@@ -160,9 +158,7 @@ class ExpertDispatch:
         order, send_splits, receive_splits = self._pending.pop()
         output = GradScale.apply(output, 1.0 / self.ep)
         back = output.new_empty(output.shape).index_copy(0, order, output)  # by source again
-        return funcol.wait_tensor(
-            funcol.all_to_all_single_autograd(back, send_splits, receive_splits, self.group)
-        )
+        return torchapi.all_to_all_autograd(back, send_splits, receive_splits, self.group)
 
 
 def apply_expert_parallel(model: nn.Module, mesh: DeviceMesh) -> list[nn.Module]:

@@ -13,25 +13,18 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from hpctrain import torchapi
 from hpctrain.parallel.blocks import find_blocks, replace_block
 
 
 def _ops_to_save() -> set[object]:
     aten = torch.ops.aten
     ops = {aten.mm.default, aten.addmm.default, aten.bmm.default}
-    for name in (
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_cudnn_attention",
-    ):
-        if hasattr(aten, name):
-            ops.add(getattr(aten, name).default)
+    ops |= torchapi.attention_ops()  # the fused attention kernels (those this torch has)
     # A tensor-parallel block's reduce-scatter: recomputing it would repeat the communication.
-    ops.add(torch.ops._c10d_functional.reduce_scatter_tensor.default)
+    ops.add(torchapi.reduce_scatter_op())
     return ops
 
 
@@ -51,4 +44,4 @@ def apply_activation_checkpointing(model: nn.Module, mode: str, block_classes: S
     elif mode != "full":
         raise ValueError(f"unknown activation checkpointing mode {mode!r}")
     for block in find_blocks(model, block_classes):
-        replace_block(block, checkpoint_wrapper(block.module, **options))
+        replace_block(block, torchapi.checkpoint_wrapper(block.module, **options))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain import torchapi
 from hpctrain.errors import ConfigError
 from hpctrain.models.hf import pipeline_split as hf_pipeline_split
 from hpctrain.models.spec import PipelineSplit
@@ -188,7 +189,7 @@ def merge_stages(parts: list[nn.Module]) -> nn.Module:
 def _merge(union: nn.Module, nodes: list[nn.Module]) -> None:
     for node in nodes:
         for name, param in node.named_parameters(recurse=False):
-            if name not in union._parameters:
+            if name not in torchapi.own_parameters(union):
                 union.register_parameter(name, param)
     names: dict[str, list[nn.Module]] = {}
     for node in nodes:

@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from hpctrain import torchapi
 from hpctrain.config.schema import TP_ROLES
 from hpctrain.errors import ConfigError
 from hpctrain.models.adapters import is_transposed_linear
@@ -267,9 +268,10 @@ def apply_tp(
 def _detach_adapters(model: nn.Module) -> list[tuple[nn.Module, nn.Module, nn.Module]]:
     found = []
     for module in list(model.modules()):
-        a, b = module._modules.get("lora_A"), module._modules.get("lora_B")
+        children = torchapi.own_children(module)
+        a, b = children.get("lora_A"), children.get("lora_B")
         if a is not None and b is not None:
-            del module._modules["lora_A"], module._modules["lora_B"]
+            del children["lora_A"], children["lora_B"]
             found.append((module, a, b))
     return found
 

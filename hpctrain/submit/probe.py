@@ -20,9 +20,6 @@ from hpctrain.errors import ConfigError, UserCodeError
 from hpctrain.models.builtin import BUILTIN
 
 log = logging.getLogger(__name__)
-# Libraries a user's model imports (torchao through transformers) register enums in a way torch now calls
-# deprecated, one log line each on the console of a user who can do nothing about it: not shown here.
-logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
 DEFAULT_LOSS = "hpctrain.train.loss.cross_entropy"
 LABEL_SCAN = 64  # items whose labels are checked against the model's output width before anything starts
 
@@ -154,6 +151,7 @@ def build_model(cfg: Config, device: str) -> Any:
     from hydra.utils import instantiate
     from torch import nn
 
+    _quiet_torch_logs()
     factory = locate("model._target_", cfg.model.target)
     check_arguments("model._target_", factory, cfg.model.target, _top_level(cfg.model.args))
     locate("loss._target_", cfg.loss.target)
@@ -178,6 +176,7 @@ def training_set(cfg: Config) -> Any:
     from hpctrain.data.user import build_user_datasets
     from hpctrain.models.builtin import model_spec
 
+    _quiet_torch_logs()
     if cfg.data.target is not None:
         train_set, _ = user_call(
             "data._target_", cfg.data.target,
@@ -229,6 +228,15 @@ def check_splits(cfg: Config, model: Any) -> Any:
 
         return require_split(model, dict(cfg.parallel.pp_split), shape.n_stages)
     return None
+
+
+def _quiet_torch_logs() -> None:
+    """Libraries a user's model or data imports (torchao through transformers) register enums in a way torch
+    now calls deprecated, one log line each on the console of a user who can do nothing about it: not shown
+    here. Called before the user's code is imported."""
+    from hpctrain import torchapi
+
+    torchapi.quiet_pytree_log()
 
 
 def user_call(key: str, target: str, fn: Any) -> Any:

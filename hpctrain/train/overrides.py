@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from hpctrain import torchapi
 from hpctrain.config.resume import HONOURED, changes_between, first_refused
 from hpctrain.config.schema import Config
 from hpctrain.errors import START_FRESH, CheckpointMismatch
@@ -123,7 +124,7 @@ def set_hyperparameters(
     lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
     for group, lr in zip(optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
-    scheduler._last_lr = lrs  # what get_last_lr() reports until the next step
+    torchapi.set_last_lr(scheduler, lrs)
     return anchor
 
 

@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from hpctrain.rendezvous.env import DistEnv
 
 
-# What a rank imports on its way through ``fn`` (the trainer's stack; torch.distributed's modules; dynamo,
-# which the optimizer's first use imports): imported once in the server rather than by each forked rank
-# (~1.5 CPU-s each; a parity table forks 15).
-PRELOAD = ("torch.distributed", "torch._dynamo", "hpctrain.train.trainer", "hpctrain.config.compose")
+def _preload() -> tuple[str, ...]:
+    """What a rank imports on its way through ``fn`` (the trainer's stack; torch.distributed's modules;
+    dynamo, which the optimizer's first use imports): imported once in the server rather than by each forked
+    rank (~1.5 CPU-s each; a parity table forks 15)."""
+    from hpctrain.torchapi import DYNAMO_MODULE
+
+    return ("torch.distributed", DYNAMO_MODULE, "hpctrain.train.trainer", "hpctrain.config.compose")
 
 
 def run_local_group(fn: Callable[..., None], world: int, *args: Any) -> None:
@@ -36,7 +39,7 @@ def run_local_group(fn: Callable[..., None], world: int, *args: Any) -> None:
     # Forked from one server that imported torch and fn's module once (multiprocessing's forkserver), not
     # spawned: a spawned rank imports torch again (~2-3 s of CPU each; a parity table starts 15 of them).
     # The server is a clean process started for this (no threads, no process group), so forking it is safe.
-    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, fn.__module__, *PRELOAD])
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, fn.__module__, *_preload()])
     mp.start_processes(
         _join_and_run, args=(world, free_port("127.0.0.1"), fn, args), nprocs=world, start_method="forkserver"
     )

@@ -63,8 +63,10 @@ def _storage_tensors(t: Any) -> list[Any]:
     import torch
     from torch.distributed.tensor import DTensor
 
+    from hpctrain import torchapi
+
     if isinstance(t, DTensor):
-        return _storage_tensors(t._local_tensor)
+        return _storage_tensors(torchapi.dtensor_local(t))
     if type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter):
         return [t]
     flatten = getattr(t, "__tensor_flatten__", None)
@@ -93,7 +95,7 @@ class Probe:
     """
 
     def __init__(self, modules: list[Any]) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
+        from hpctrain.torchapi import TorchDispatchMode
 
         self.modules = modules
         self.created: dict[int, Any] = {}  # storage id → weak reference
@@ -115,36 +117,41 @@ class Probe:
         self.mode = Mode()
 
     def _param_keys(self) -> set[int]:
+        from hpctrain import torchapi
+
         keys = set()
         for module in self.modules:
             for p in module.parameters():
-                keys.update(s._cdata for s in _storages(p))
+                keys.update(torchapi.storage_key(s) for s in _storages(p))
                 if p.grad is not None:
-                    keys.update(s._cdata for s in _storages(p.grad))
+                    keys.update(torchapi.storage_key(s) for s in _storages(p.grad))
         return keys
 
     def _record(self, func: Any, args: Any, out: Any) -> None:
         import torch
         from torch.multiprocessing.reductions import StorageWeakRef
-        from torch.utils._pytree import tree_flatten
 
-        if torch._C._current_graph_task_id() != -1:  # an op of the backward (or its recomputation)
+        from hpctrain import torchapi
+
+        if torchapi.in_backward():  # an op of the backward (or its recomputation)
             return
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        copy_of_param = func is torch.ops.aten._to_copy.default and any(
-            s._cdata in self._params for s in _storages(args[0])
+        outputs = [t for t in torchapi.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        copy_of_param = func is torchapi.to_copy_op() and any(
+            torchapi.storage_key(s) in self._params for s in _storages(args[0])
         )
         for t in outputs:
             for storage in _storages(t):
-                key = storage._cdata
+                key = torchapi.storage_key(storage)
                 if key not in self.created:
                     self.created[key] = StorageWeakRef(storage)
                 if copy_of_param:
                     self.copies.add(key)
 
     def _pack(self, t: Any) -> Any:
+        from hpctrain import torchapi
+
         for storage in _storages(t):
-            self.saved.add(storage._cdata)
+            self.saved.add(torchapi.storage_key(storage))
         return t
 
     @contextlib.contextmanager
@@ -163,7 +170,7 @@ class Probe:
         """Add up the tracked storages alive now (at their current size: FSDP frees by resizing to 0)."""
         import gc
 
-        import torch
+        from hpctrain import torchapi
 
         # Unreachable reference cycles (frames of checkpointed blocks) would hold storages until the next
         # collection, at a moment that depends on the allocation history, not on what backward needs.
@@ -176,7 +183,7 @@ class Probe:
                 continue
             if key in params:
                 continue
-            size = torch.UntypedStorage._new_with_weak_ptr(ref.cdata).nbytes()
+            size = torchapi.weak_storage_nbytes(ref.cdata)
             if key in self.copies:
                 copies += size
                 continue
