@@ -56,13 +56,22 @@ EXTRAS = {
     "wandb": "wandb",
     "optuna": "sweep",
     "hydra_plugins.hydra_optuna_sweeper": "sweep",
+    "peft": "peft",
+    "torchao": "float8",
 }
+# Packages whose import name is not the name pip installs them by: the message names what pip knows.
+DISTRIBUTIONS = {"hydra_plugins.hydra_optuna_sweeper": "hydra-optuna-sweeper"}
+
+
+def distribution(package: str) -> str:
+    """The name a user knows a package by (pip's), for an import name such as ``transformers.models``."""
+    return DISTRIBUTIONS.get(package) or package.split(".")[0]
 
 
 def pip_line(package: str) -> str:
     """How to install an optional package: hpctrain's extra when one has it, else the package itself."""
     extra = EXTRAS.get(package) or EXTRAS.get(package.split(".")[0])
-    return f"pip install 'hpctrain[{extra}]'" if extra else f"pip install {package.split('.')[0]}"
+    return f"pip install 'hpctrain[{extra}]'" if extra else f"pip install {distribution(package)}"
 
 
 class MissingPackage(ConfigError):
@@ -70,7 +79,7 @@ class MissingPackage(ConfigError):
 
     def __init__(self, key: str, value: Any, package: str) -> None:
         self.package = package
-        super().__init__(key, value, f"needs the package {package.split('.')[0]!r}, not installed here",
+        super().__init__(key, value, f"needs the package {distribution(package)!r}, not installed here",
                          valid=pip_line(package))  # fmt: skip
 
 

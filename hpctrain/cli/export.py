@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.config.sanity import check_text
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 from hpctrain.weights.export import DTYPES, FORMATS
 
 TRUST_HELP = (
@@ -57,6 +57,9 @@ def run(name: str, argv: list[str]) -> int:
             raise ConfigError("--dtype", args.dtype, "not a known dtype", valid=", ".join(DTYPES))
         if not args.max_shard_gb > 0:
             raise ConfigError("--max-shard-gb", args.max_shard_gb, "must be > 0")
+        if args.format == "hf":  # save_pretrained writes the model, and its tokenizer beside it
+            for package in ("transformers", "tokenizers"):
+                require_package("--format", args.format, package)
         from hpctrain.weights.export import export
 
         written = export(

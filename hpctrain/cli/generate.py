@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.config.sanity import check_text
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 
 TRUST_HELP = (
     "build the model even when the folder names something other than a model class (a factory function): "
@@ -37,6 +37,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _require_tokenizers(source: Path) -> None:
+    """The prompt is tokenized as the run's data was: by a ``tokenizers`` tokenizer when an export holds one
+    (tokenizer.json) or the run's token file has one beside it (``<name>.tokenizer.json``). That package
+    missing is said with its pip line before the model is built (not as a tokenizer option nobody gave)."""
+    from omegaconf import OmegaConf
+
+    from hpctrain.data.codec import EXPORT_TOKENIZER
+    from hpctrain.data.tokenfile import tokenizer_path
+    from hpctrain.rundir import RunDir
+    from hpctrain.weights.export import EXPORT_META
+
+    if (source / EXPORT_META).is_file():
+        needs = (source / EXPORT_TOKENIZER).is_file()
+    else:
+        try:  # the run's data as config.yaml records it (unreadable: the run's own checks say why, later)
+            data = OmegaConf.to_container(OmegaConf.load(RunDir(source).config).data, resolve=True)
+            needs = data["name"] == "tokens" and tokenizer_path(data["path"]).is_file()  # type: ignore[index]
+        except Exception:
+            needs = False
+    if needs:
+        require_package("SOURCE", str(source), "tokenizers")
+
+
 def run(name: str, argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -53,6 +76,7 @@ def run(name: str, argv: list[str]) -> int:
             raise ConfigError("--temperature", args.temperature, "must be ≥ 0")
         if args.top_k < 0:
             raise ConfigError("--top-k", args.top_k, "must be ≥ 0")
+        _require_tokenizers(Path(args.source))
         from hpctrain.weights.generate import generate
 
         text = generate(Path(args.source), args.prompt, args.max_new_tokens, args.temperature, args.top_k,

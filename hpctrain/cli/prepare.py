@@ -1,7 +1,8 @@
 """``hpctrain prepare INPUT... --out PATH.bin``: write a token file for ``data=tokens``. No torch import.
 
 A bad argument or input is one line on stderr starting ``hpctrain: `` (exit 2 for arguments argparse
-refuses, 1 otherwise), and nothing is left half-written.
+refuses and for a package the inputs need that is not installed, 1 otherwise), and nothing is left
+half-written.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from types import FrameType
 
 from hpctrain.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError
 from hpctrain.data.tokenfile import header_path, tokenizer_path
+from hpctrain.errors import MissingPackage, require_package
 
 
 def _workers(text: str) -> int:
@@ -70,6 +72,20 @@ class _Stop:
         return self.signum is not None
 
 
+def _require_packages(args: argparse.Namespace) -> None:
+    """A missing optional package the command needs, named with its pip line before any input is read:
+    ``tokenizers`` for a tokenizer other than bytes, ``datasets`` for a saved dataset folder."""
+    from hpctrain.data.corpus import is_saved_dataset
+
+    if args.from_npy:  # ids given: neither is used
+        return
+    if args.tokenizer != "bytes":
+        require_package("--tokenizer", args.tokenizer, "tokenizers")
+    for text in args.inputs:
+        if is_saved_dataset(Path(text)):
+            require_package("INPUT", text, "datasets")
+
+
 def run(name: str, argv: list[str]) -> int:
     from hpctrain.data.prepare import prepare_tokens  # numpy: only when it runs
 
@@ -80,6 +96,11 @@ def run(name: str, argv: list[str]) -> int:
         return EXIT_USAGE
     except SystemExit as e:  # --help
         return int(e.code or 0)
+    try:
+        _require_packages(args)
+    except MissingPackage as err:
+        print(f"hpctrain: {err}", file=sys.stderr)
+        return EXIT_USAGE
     out = Path(args.out)
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}

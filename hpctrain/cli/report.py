@@ -77,6 +77,10 @@ def _resolve(text: str) -> tuple[str, Path]:
         return "sweep", path
     if is_run_dir(path):
         return "run", path
+    if any(p.name.isdigit() and is_run_dir(p) for p in path.iterdir() if p.is_dir()):
+        # A sweep run here by a sweeper that writes no multirun.yaml (Optuna's), before sweep.json was
+        # written for sweeps run here: its numbered member runs, as status and summary read it.
+        return "sweep", path
     raise UsageError(
         f"{text}: not a run or sweep directory (no {RUN_CONFIG}, {METRICS_FILE}, {JOB_RECORD}, "
         f"{SWEEP_RECORD} or {MULTIRUN_RECORD})"

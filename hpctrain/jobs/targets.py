@@ -79,6 +79,8 @@ def _resolve_dir(text: str, path: Path) -> Target:
             remote = Remote(sweep.ssh, sweep.ssh_config)
             there = sweep.remote_sweep_dir or str(path)
             return Target(text, sweep=sweep, sweep_dir=path, remote=remote, remote_dir=there)
+        if sweep is not None and sweep.array_job_id == LOCAL:
+            return Target(text, sweep=_with_unlisted(sweep, local_sweep(path)), sweep_dir=path)
         if sweep is not None:
             return Target(text, sweep=sweep, sweep_dir=path)
         job = read_job(path)
@@ -118,6 +120,14 @@ def local_sweep(path: Path) -> SweepRecord:
         overrides = RunDir(folder).read_hydra_overrides() or []
         members.append(SweepMember(int(folder.name), overrides, str(folder), f"{LOCAL}:{folder.name}"))
     return SweepRecord(array_job_id=LOCAL, cluster=LOCAL, members=members)
+
+
+def _with_unlisted(record: SweepRecord, found: SweepRecord) -> SweepRecord:
+    """A sweep run here as its sweep.json lists it, and any member run beside it that the record does not
+    list (started by a version that wrote none, or put there by hand): its folders are Hydra's own record."""
+    listed = {Path(m.run_dir).name for m in record.members}
+    record.members += [m for m in found.members if Path(m.run_dir).name not in listed]
+    return record
 
 
 def local_states(sweep: SweepRecord) -> dict[str, JobState]:

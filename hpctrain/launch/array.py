@@ -183,7 +183,9 @@ def final_objective(run_dir: Path) -> float | None:
     if not records:
         return None
     last = records[-1]
-    return float(last.get("val_loss", last["loss"]))
+    value = last["val_loss"] if "val_loss" in last else last.get("loss")
+    # metrics.jsonl writes a number that is not finite as null (hpctrain.observe.loggers): NaN to the sweeper.
+    return float("nan") if value is None else float(value)
 
 
 def _job_return(

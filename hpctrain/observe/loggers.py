@@ -1,13 +1,17 @@
 """Rank 0's outputs: the console (a progress bar on a terminal, plain lines elsewhere), metrics.jsonl, W&B,
 TensorBoard (the same numbers as metrics.jsonl, at the same steps).
 
-metrics.jsonl holds one JSON object per logged step. After a resume from step S, records past S (written
+metrics.jsonl holds one JSON object per logged step, and one per step the non-finite guard skipped
+(``"nonfinite": true``). It is strict JSON: a number that is not finite (NaN, ±inf: a skipped step's loss or
+gradient norm) is written as ``null``, never as Python's bare ``NaN``/``Infinity``, which JSON does not have
+and strict parsers refuse (:func:`finite_or_null`). After a resume from step S, records past S (written
 before a crash, and about to be produced again) are dropped first, so every step appears once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import string
@@ -123,7 +127,7 @@ class Observer:
 
     def log(self, record: dict[str, Any]) -> None:
         record = {**record, "time": round(time.time(), 3)}
-        self.metrics.write(record)
+        self.metrics.write(finite_or_null(record))
         # W&B and TensorBoard chart numbers; names (the straggler's host) stay in metrics.jsonl.
         numbers = {
             k: v
@@ -173,6 +177,19 @@ class Observer:
             getattr(self._wandb, "id", "?"),
         )
         self._wandb = None
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` as metrics.jsonl holds it: every float that is not finite (NaN, ±inf), in a record and in
+    its lists, becomes None (JSON's ``null``: Python's json would write a bare ``NaN``, which is not JSON).
+    The record's ``nonfinite: true`` says why a skipped step's loss is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def format_record(record: dict[str, Any]) -> str:

@@ -7,7 +7,8 @@ A run (a directory with config.yaml, metrics.jsonl or job.json):
     eval.png        every metric of eval.jsonl (hpctrain eval, trainer.eval_job) against the evaluated
                     checkpoint's step, a panel each (when there are evaluations)
 
-A sweep (sweep.json from a Slurm job array, or multirun.yaml and member directories from a local multirun):
+A sweep (its sweep.json, from a Slurm job array or a sweep run here, grid or Optuna; for a sweep run here by
+an earlier version, its multirun.yaml or numbered member directories):
 
     loss.png        every member's train loss (and, in a second panel, val_loss): one line per member,
                     labelled by its own overrides

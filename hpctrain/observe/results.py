@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     pass
 
 THROUGHPUT_KEYS = ("tokens_per_s", "samples_per_s")
+# The cluster a sweep run here records in its sweep.json (hpctrain.jobs.targets.LOCAL; jobs is a layer above).
+LOCAL = "local"
 
 
 class ReportError(Exception):
@@ -182,7 +184,14 @@ def load_sweep(sweep_dir: Path, ask_slurm: bool = True) -> tuple[list[str], list
     except (ValueError, TypeError, KeyError) as err:
         raise ReportError(f"{sweep_dir}: unreadable {SWEEP_RECORD} ({err})") from None
     swept = record.members if record is not None else _local_members(sweep_dir)
-    states = _slurm_states(swept) if record is not None and ask_slurm else {}
+    # A sweep run here has no Slurm job to ask (its sweep.json says "local"): judged from its run directories.
+    slurm = record is not None and record.cluster != LOCAL
+    if record is not None and not slurm:
+        # Its folders are Hydra's own record of it: one its sweep.json does not list (a member started by a
+        # version that wrote none, or put there by hand) is a member too.
+        listed = {Path(m.run_dir).name for m in swept}
+        swept = [*swept, *(m for m in _local_members(sweep_dir) if Path(m.run_dir).name not in listed)]
+    states = _slurm_states(swept) if slurm and ask_slurm else {}
     common, own = split_overrides(swept)
     members = []
     for sweep_member, overrides in zip(swept, own, strict=True):

@@ -14,8 +14,12 @@ from omegaconf import DictConfig
 from hpctrain.config.compose import CONF_DIR, CONFIG_NAME, compose, config_context, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
+from hpctrain.rundir.records import SweepRecord
 
 EXIT_BAD_CONFIG = 2
+# The "array job id", cluster and job id prefix of a sweep run here in its sweep.json: hpctrain.jobs.targets'
+# LOCAL, by which status, summary, cancel and report read its members' state from their run directories.
+LOCAL = "local"
 # run directory → the outermost folder creating it made (hpctrain.rundir.first_missing), for a single run.
 _MADE: dict[Path, Path | None] = {}
 # run directory → the typed config the precheck made of the very composition run_single hands Hydra: the task
@@ -36,6 +40,73 @@ def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
             root.removeHandler(handler)
             handler.close()
     remove_unstarted(run_dir, made, submission)
+    _forget_local_member(run_dir)
+
+
+def _local_sweep_dir() -> Path | None:
+    """The sweep directory when this task is a member of a sweep run here (Hydra's multirun), else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return Path(HydraConfig.get().sweep.dir).absolute()
+
+
+def _local_record(sweep_dir: Path) -> SweepRecord:
+    """The sweep.json of a sweep run here; a new one when there is none. One written by a Slurm sweep in
+    the same directory, or unreadable, is not ours to extend: a new one replaces it."""
+    from hpctrain.rundir.records import read_sweep
+
+    try:
+        record = read_sweep(sweep_dir)
+    except (OSError, ValueError, TypeError, KeyError):
+        record = None
+    if record is None or record.array_job_id != LOCAL:
+        return SweepRecord(array_job_id=LOCAL, cluster=LOCAL, members=[])
+    return record
+
+
+def _record_local_member(run_dir: Path) -> None:
+    """This member of a sweep run here, added to the sweep's sweep.json as it starts, as a Slurm sweep's
+    members are added as their array is submitted (a sweeper such as Optuna chooses later members from
+    earlier results, so the list grows member by member): ``status``, ``summary``, ``cancel`` and ``report``
+    find every member by it, wherever ``hydra.sweep.subdir`` put its run directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir.records import SweepMember, write_json
+
+    sweep_dir = _local_sweep_dir()
+    if sweep_dir is None:
+        return
+    index = int(HydraConfig.get().job.num)
+    # As Hydra recorded them in .hydra/overrides.yaml, secret cluster.env values already redacted there.
+    overrides = RunDir(run_dir).read_hydra_overrides() or []
+    record = _local_record(sweep_dir)
+    others = [m for m in record.members if m.index != index]  # a member run again replaces its entry
+    member = SweepMember(index, overrides, str(run_dir), f"{LOCAL}:{index}")
+    record.members = sorted([*others, member], key=lambda m: m.index)
+    write_json(RunDir(sweep_dir).sweep, record)
+
+
+def _forget_local_member(run_dir: Path) -> None:
+    """Take a member that never started (its run directory removed) out of its local sweep's sweep.json."""
+    from hpctrain.rundir import RunDir
+    from hpctrain.rundir.records import write_json
+
+    sweep_dir = _local_sweep_dir()
+    if sweep_dir is None or not RunDir(sweep_dir).sweep.is_file():
+        return
+    record = _local_record(sweep_dir)
+    kept = [m for m in record.members if Path(m.run_dir) != run_dir]
+    if len(kept) == len(record.members):
+        return
+    if kept:
+        record.members = kept
+        write_json(RunDir(sweep_dir).sweep, record)
+    else:  # no member left: no sweep to record (the directory itself goes as the run's did)
+        RunDir(sweep_dir).sweep.unlink(missing_ok=True)
 
 
 def _launch(typed: Config, run_dir: Path) -> int:
@@ -176,6 +247,8 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
             records = [*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun]
             redact_files(records, typed.cluster.env)
             write_run_config(run_dir, cfg)
+            if typed.cluster.kind == "local":  # a member of a sweep run here: in its sweep.json
+                _record_local_member(run_dir)
             status = _launch(typed, run_dir)
         finally:
             if lock is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from hpctrain.config.schema import Config
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 from hpctrain.models.builtin import model_spec
 from hpctrain.precision import float8_problem
 from hpctrain.slurm.remote import Remote
@@ -44,7 +44,7 @@ def precheck(
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run, data_for_model
     from hpctrain.submit.existing import check_existing, named_run_overrides
-    from hpctrain.submit.sweep import sweep_members
+    from hpctrain.submit.sweep import chosen_sweeper, require_sweeper, sweep_members
 
     # A parameter of a user's factory needs no +: the caller's list (Hydra's own run and sweeps use it too).
     overrides[:] = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs or [])
@@ -52,7 +52,13 @@ def precheck(
     probed: set[str] = set()
     warned: set[str] = set()
     for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
-        cfg = compose(member, config_dirs or [])
+        try:
+            cfg = compose(member, config_dirs or [])
+        except ConfigError as err:
+            if err.key == "hydra/sweeper":  # Hydra knows a sweeper's config only once its plugin is installed
+                require_sweeper(str(err.value))
+            raise
+        require_sweeper(chosen_sweeper(cfg))  # the plugin installed, the library it drives perhaps not
         typed = to_typed(cfg)
         named = named_run_overrides(typed.run, overrides, multirun) if i == 0 else []
         if named:  # run=NAME: its stable directory, for this check and for Hydra's own run alike
@@ -66,6 +72,10 @@ def precheck(
             overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
             return precheck(overrides, multirun, config_dirs, said)
         check_run(typed)
+        if typed.trainer.precision == "fp8":
+            # The package first, wherever the run goes (a Slurm job runs this Python's packages): its pip
+            # line is the one fix on any machine, the GPU the next.
+            require_package("trainer.precision", "fp8", "torchao")
         if typed.trainer.precision == "fp8" and typed.cluster.kind == "local":
             check_float8_here()  # a Slurm job's device is known only on its node: the worker checks there
         if i == 0 and typed.cluster.kind == "local" and typed.cluster.fork_server:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, require_package
 
 MAX_MEMBERS = 10_000  # a sweep larger than this is a typo (Slurm's own MaxArraySize defaults to 1001)
 
@@ -63,6 +63,17 @@ def interval_sweep(overrides: list[str]) -> bool:
 def chosen_sweeper(composed: Any) -> str:
     """The sweeper a command chose (Hydra's ``basic`` grid unless ``hydra/sweeper=...``)."""
     return str(composed.hydra.runtime.choices.get("hydra/sweeper") or "basic")
+
+
+# The sweepers an extra of hpctrain installs: Hydra's plugin (without it Hydra knows no such config and says
+# "unknown config") and the library the plugin drives (without it Hydra fails as it builds the sampler).
+SWEEPER_PACKAGES = {"optuna": ("hydra_plugins.hydra_optuna_sweeper", "optuna")}
+
+
+def require_sweeper(name: str) -> None:
+    """A MissingPackage naming the pip line when ``hydra/sweeper=name`` needs a package not installed here."""
+    for package in SWEEPER_PACKAGES.get(name, ()):
+        require_package("hydra/sweeper", name, package)
 
 
 def sampler_sweep(overrides: list[str], composed: Any) -> bool:

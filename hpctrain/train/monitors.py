@@ -96,14 +96,19 @@ class StepMonitors:
             self.profiler = None
 
     def record(
-        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, skipped: bool = False
     ) -> dict[str, Any] | None:
         """The metrics record of step ``step`` when one is due (logging cadence, an evaluation or a straggler
-        report), else None. Its ``evaluate`` key says whether the caller adds the evaluation."""
+        report), else None. Its ``evaluate`` key says whether the caller adds the evaluation. A ``skipped``
+        step (the non-finite guard applied no update; every rank agreed, so every rank comes here alike) has
+        a record always, ``"nonfinite": true``: whoever reads metrics.jsonl sees every skipped step, not only
+        those that fell on a logging step. Between logging steps it holds the step's own loss, gradient norm
+        and learning rate only: the throughput window runs on to the next logging step, as it would have."""
         t = self.cfg.trainer
         evaluate_now = step == t.max_steps or (t.eval_every > 0 and step % t.eval_every == 0)
         straggler = self.stragglers.report() if self.stragglers.due(step) else None
-        if not (step % t.log_interval() == 0 or evaluate_now or straggler):
+        due = step % t.log_interval() == 0 or evaluate_now or straggler is not None
+        if not (due or skipped):
             return None
         record: dict[str, Any] = {
             "step": step,
@@ -111,6 +116,11 @@ class StepMonitors:
             "lr": lr,
         }
         record["grad_norm"] = float(grad_norm)
+        if skipped:
+            record["nonfinite"] = True
+        if not due:
+            record["evaluate"] = False
+            return record
         record.update(self.speed.report())
         if self.router is not None:  # a collective: every rank reports at the same steps
             record.update(self.router.report(self.device))

@@ -9,9 +9,10 @@ gradients overflowed (that is how it finds its scale), so there only the loss is
 What follows a bad step (:class:`Guard`):
 
 - ``skip``: no optimizer step, no scheduler step (weights, optimizer state and the learning-rate schedule
-  are bitwise what they were before the step); the batch is consumed and the step counted and logged
-  (``nonfinite: true`` in its metrics record). More than ``trainer.max_nonfinite_skips`` in a row stop the
-  run (:class:`NonFiniteStop`).
+  are bitwise what they were before the step); the batch is consumed and the step counted and logged: every
+  skipped step has its line in metrics.jsonl, logging step or not, ``"nonfinite": true``, its numbers that
+  are not finite written as ``null`` (:mod:`hpctrain.observe.loggers`). More than
+  ``trainer.max_nonfinite_skips`` in a row stop the run (:class:`NonFiniteStop`).
 - ``rollback``: the run goes back to its newest checkpoint (rebuilt in this process) and trains on, past the
   batches that went bad (their steps are skipped as above): for a fault that corrupted state before the guard
   could see it.

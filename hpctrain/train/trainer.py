@@ -285,9 +285,7 @@ def fit(
             run.scheduler.step()  # a skipped step leaves the schedule where it was
         state.step += 1
         monitors.step_done(state.step, time.perf_counter() - step_start, checkpoints.pending)
-        record = monitors.record(state.step, result.loss, result.grad_norm, lr)
-        if record is not None and result.skipped:
-            record["nonfinite"] = True
+        record = monitors.record(state.step, result.loss, result.grad_norm, lr, skipped=result.skipped)
         _log(run, observer, record, state.step)
         stopped_by = stop(monitors.step_s, save_s)
         shared, local = monitors.saves_due(state.step, bool(stopped_by) or stop.save_requested)

@@ -1,0 +1,78 @@
+"""Every step the non-finite guard skips (``trainer.nonfinite=skip``) has its line in metrics.jsonl,
+``"nonfinite": true``, whether or not it falls on a logging step, and metrics.jsonl is strict JSON: its
+NaN loss is ``null``, never a bare ``NaN``. One rank of ``task=train`` in this process
+(hpctrain.task.train), a NaN loss at one step (``faults.nan_at``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from hpctrain.config.compose import compose
+from hpctrain.config.io import write_run_config
+from hpctrain.launch.local import free_port
+from hpctrain.rendezvous.env import DistEnv
+from hpctrain.resilience.signals import StopSignals
+from hpctrain.task.train import run_training
+from tests.support import FAST
+
+RUN = [
+    *FAST,
+    "parallel=none",
+    "cluster.nproc=1",
+    "trainer.max_steps=4",
+    "trainer.log_every=2",
+    "trainer.eval_every=0",
+    "trainer.ckpt_every=0",
+    "trainer.global_batch_size=8",
+    "trainer.micro_batch_size=4",
+    "trainer.nonfinite=skip",
+    "logger.progress_bar=false",
+]
+
+
+@pytest.fixture
+def as_a_worker() -> Iterator[None]:
+    """This process as a worker is for one test: its signal handlers, root logger handlers and process
+    group are put back afterwards."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for handler in root.handlers:
+            if handler not in saved:
+                handler.close()
+        root.handlers, root.level = saved, level
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def strict(line: str) -> dict:
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON: {line}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+@pytest.mark.usefixtures("as_a_worker")
+@pytest.mark.parametrize("bad", [3, 2], ids=["between-logging-steps", "on-a-logging-step"])
+def test_every_skipped_step_is_a_strict_json_line(tmp_path: Path, bad: int) -> None:
+    write_run_config(tmp_path, compose([*RUN, f"faults.nan_at=0:{bad}", f"hydra.run.dir={tmp_path}"]))
+    env = DistEnv(0, 0, 1, 1, "127.0.0.1", free_port("127.0.0.1"), hostname="localhost")
+    run_training(tmp_path, env, None, StopSignals({"USR2", "TERM"}))
+    records = [strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == sorted({2, 4, bad}), records
+    skipped = [r for r in records if r.get("nonfinite")]
+    assert [r["step"] for r in skipped] == [bad], records
+    assert skipped[0]["nonfinite"] is True and skipped[0]["loss"] is None, skipped
+    assert all(r["loss"] is not None and r["loss"] > 0 for r in records if r["step"] != bad)
