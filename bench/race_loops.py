@@ -109,7 +109,7 @@ def param_groups(model: nn.Module, race: Race) -> list[dict[str, Any]]:
 
 
 def rank_batches(race: Race, n: int, rank: int) -> Iterator[list[int]]:
-    """This rank's micro-batches of sample indices, step after step, in hpctrain's documented order (README,
+    """This rank's micro-batches of sample indices, step after step, in hpctrain's documented order (docs/,
     its sampler's docstring): the concatenation of per-epoch permutations ``default_rng((seed, epoch))``; step
     k takes stream positions [k·G, (k+1)·G), rank r its contiguous r-th share, cut into micro-batches."""
     per_rank = race.global_batch // race.nproc

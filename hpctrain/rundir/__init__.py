@@ -1,7 +1,7 @@
 """The run directory: every path of a run (and of a sweep) and the format of every file in it. Torch-free.
 
-:data:`LAYOUT` is the map: every name a run or sweep directory holds, with what it is. README's "What a run
-leaves behind" is this map (tests check it), :class:`RunDir` is the only way to a path in it, and no other
+:data:`LAYOUT` is the map: every name a run or sweep directory holds, with what it is. docs/runs.md's "What a
+run leaves behind" is this map (tests check it), :class:`RunDir` is the only way to a path in it, and no other
 module spells one of these names in a path (tests/unit/test_rules.py checks every path expression of the
 package). Writes go through :func:`hpctrain.rundir.files.atomic_write` (or an append of whole lines).
 
@@ -60,7 +60,8 @@ SLURM_DIR = "slurm"
 RUNS_ROOT, SWEEPS_ROOT = "outputs", "multirun"
 SUBMIT_LOG = "hpctrain.log"  # the submitting process's log (conf/hydra/job_logging/hpctrain.yaml names it)
 
-# Every name of a run directory (a sweep directory has the sweep's rows), in README's order: name → what.
+# Every name of a run directory (a sweep directory has the sweep's rows), in docs/runs.md's order: name →
+# what.
 LAYOUT: dict[str, str] = {
     RUN_CONFIG: "the resolved config every rank read (.hydra/ has Hydra's record of the overrides)",
     f"{HYDRA_DIR}/": f"Hydra's record of the run: config.yaml, hydra.yaml, {HYDRA_OVERRIDES}",
