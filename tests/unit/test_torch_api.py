@@ -288,3 +288,15 @@ def test_the_worker_refuses_an_unsupported_torch_before_anything(tmp_path: Path)
     assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
     assert result.stderr.splitlines() == [torch_problem("2.16.0.dev20261201")], result.stderr
     assert list(run_dir.iterdir()) == []
+
+
+def test_the_fork_server_refuses_an_unsupported_torch_before_importing_it(tmp_path: Path) -> None:
+    """A Slurm node whose environment differs starts its fork server there: one line, no traceback."""
+    socket_path = tmp_path / "fs.sock"
+    result = subprocess.run(
+        [sys.executable, "-m", "hpctrain.forkserver", "--socket", str(socket_path)], cwd=tmp_path,
+        env=_fake_torch(tmp_path, "2.5.1"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
+    assert result.stderr.splitlines() == [torch_problem("2.5.1")], result.stderr
+    assert not socket_path.exists()
