@@ -1,12 +1,15 @@
 """Secret ``cluster.env`` values: never recorded, passed to the job through the environment. Torch-free.
 
-A ``cluster.env`` value is secret by where it comes from, not by how its name is spelt: one taken from the
-environment (``cluster.env.DB_PASSWD='${oc.env:DB_PASSWD}'``), or one whose name ``cluster.secret_env``
-lists. The usual names of secrets (``*_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*PASSWORD*``, which covers
-``WANDB_API_KEY``) are secret too, as a net. A secret value is replaced by ``***`` wherever a run is
-recorded: config.yaml, Hydra's ``.hydra/`` files, the job scripts and the W&B config. The real value travels
-in the environment of the launching process: the local launcher gives it to its workers, and sbatch
-(submitit's too) propagates the submitter's environment to the job.
+A ``cluster.env`` value is secret by where it comes from: one taken from the environment
+(``cluster.env.DB_PASSWD='${oc.env:DB_PASSWD}'``), or one whose name ``cluster.secret_env`` lists; and by its
+name, whatever its source (typed, a YAML file): a name with a part that names a secret (``PASSWD``, ``PASS``,
+``PWD``, ``SECRET``, ``TOKEN``, ``KEY``, ``CREDENTIAL``, any case, between ``_``, ``-``, ``.`` or a change of
+case: ``DB_PASSWD``, ``WANDB_API_KEY``, ``dbToken``), or ``PASSWORD`` anywhere in it. A secret value is
+replaced by ``***`` wherever a run is recorded: config.yaml, Hydra's ``.hydra/`` files, the job scripts and
+the W&B config. One typed on the command line never even reaches Hydra: :func:`secret_overrides` puts it in
+this process's environment and hands Hydra ``${oc.env:NAME}`` instead, so no record, log line or sweep
+listing can hold it. The real value travels in the environment of the launching process: the local launcher
+gives it to its workers, and sbatch (submitit's too) propagates the submitter's environment to the job.
 
 Which names are secret is declared once per process, when a config is typed
 (:func:`hpctrain.config.typed.to_config` calls :func:`declare_secret`), and config.yaml records the list
@@ -23,6 +26,13 @@ from typing import Any
 
 REDACTED = "***"
 SECRET_NAME = re.compile(r".*(_KEY|_TOKEN|_SECRET|PASSWORD.*)", re.IGNORECASE)
+# The parts of a name that make it a secret's (a part: between _, -, . or a change of case, any case).
+SECRET_PARTS = frozenset(
+    {"PASSWD", "PASS", "PWD", "PASSWORD", "PASSPHRASE", "SECRET", "SECRETS", "TOKEN", "TOKENS", "KEY", "KEYS",
+     "CREDENTIAL", "CREDENTIALS"}
+)  # fmt: skip
+_PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+ENV_KEY = "cluster.env."
 
 
 _DECLARED: set[str] = set()  # names declared secret in this process (listed, or taken from the environment)
@@ -35,7 +45,51 @@ def declare_secret(names: Iterable[str]) -> None:
 
 
 def is_secret(name: str) -> bool:
-    return str(name) in _DECLARED or SECRET_NAME.fullmatch(str(name)) is not None
+    name = str(name)
+    if name in _DECLARED or SECRET_NAME.fullmatch(name) is not None:
+        return True
+    return any(part.upper() in SECRET_PARTS for part in _PART.findall(name))
+
+
+def secret_overrides(overrides: list[str]) -> list[str]:
+    """``overrides`` with every typed secret ``cluster.env`` value (``+cluster.env.DB_PASSWD=...``) moved into
+    this process's environment and replaced by ``${oc.env:NAME}``: Hydra, and so every record it or hpctrain
+    writes (config.yaml, .hydra/, multirun.yaml, sweep.json, logs, the console), never holds the value,
+    while the job still gets it (the launchers pass this process's environment on). A sweep over secret
+    values is refused: its members could only differ by what is never recorded."""
+    from hpctrain.errors import ConfigError
+
+    out = []
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        name = key.lstrip("+~")[len(ENV_KEY) :] if key.lstrip("+~").startswith(ENV_KEY) else ""
+        if not sep or not name or "." in name or not is_secret(name) or ENV_REFERENCE.search(value):
+            out.append(text)
+            continue
+        if _is_sweep(text):
+            raise ConfigError(
+                key.lstrip("+~"), REDACTED, "a secret cannot be swept (its value is never recorded)",
+                valid=f"one value: {key}=VALUE",
+            )  # fmt: skip
+        os.environ[name] = _unquoted(value)
+        out.append(f"{key}=${{oc.env:{name}}}")
+    return out
+
+
+def _is_sweep(text: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return bool(OverridesParser.create().parse_override(text).is_sweep_override())
+    except Exception:  # Hydra's grammar refuses it: compose says so in its own line
+        return False
+
+
+def _unquoted(value: str) -> str:
+    """The value as Hydra would have read it: one pair of quotes around it taken away."""
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
 
 
 def env_references(env: Any) -> list[str]:

@@ -12,6 +12,7 @@ waits for its batch and returns each member's final validation loss (or loss) as
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.plan.check import check_run
 from hpctrain.rundir import SWEEP_RECORD, RunDir
-from hpctrain.rundir.records import SweepRecord, read_sweep, write_json
+from hpctrain.rundir.records import SweepRecord, read_sweep, sweep_argv, write_json
 from hpctrain.slurm.commands import SiteLimits
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ def launch_array(
                 first.cluster, run_dirs, member_overrides, sweep_dir, ranks, limits.max_array_size, first
             )
     previous = read_sweep(sweep_dir)  # a sweeper that launches in batches adds to the same manifest
+    # The sweep's own command: what a command reusing the directory must match (hpctrain.submit.existing).
+    record.command = previous.command if previous is not None else sweep_argv(sys.argv[1:])
     if previous is not None:
         record.members = previous.members + record.members
         record.array_job_ids = previous.arrays + record.arrays

@@ -42,6 +42,9 @@ MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
 SUMMARY_CSV = "summary.csv"
+# Hydra would write its .hydra/ record before hpctrain has accepted the attempt (a refused one would leave
+# the refused command as the run's): hpctrain writes it itself once accepted (RunDir.write_hydra_record).
+NO_HYDRA_RECORD = "hydra.output_subdir=null"
 SBATCH_SCRIPT = "job.sbatch"
 ARRAY_SCRIPT = "array-{}.sbatch"  # cluster.ssh sweeps: one per job array, k = 0, 1, ... (MaxArraySize splits)
 REMOTE_CLI = "hpctrain.sh"  # cluster.ssh: hpctrain's commands on this run, as the laptop runs them there
@@ -327,10 +330,48 @@ class RunDir:
         """The overrides Hydra recorded for this run; None when it recorded none (or unreadably)."""
         from omegaconf import OmegaConf
 
-        try:
-            return [str(o) for o in OmegaConf.load(self.hydra_overrides)]
+        try:  # as typed: ${oc.env:NAME} (a secret's) is not resolved here
+            found = OmegaConf.to_container(OmegaConf.load(self.hydra_overrides), resolve=False)
+            return [str(o) for o in found] if isinstance(found, list) else None
         except Exception:  # missing, partly written or not a list: the caller goes on without
             return None
+
+    def record_files(self) -> list[Path]:
+        """What says what the run is and where it stands: config.yaml, Hydra's records (.hydra/: the command
+        ``hpctrain resume`` replays) and the ranks' error records (``hpctrain status``'s FAILED)."""
+        names = (RUN_CONFIG, "hydra.yaml", HYDRA_OVERRIDES)
+        return [self.config, *(self.hydra / name for name in names), *self.error_files()]
+
+    def snapshot_record(self) -> dict[Path, bytes | None]:
+        """The run's record (:meth:`record_files`) as it is now, byte for byte (None: absent), taken before an
+        attempt rewrites it, for :meth:`restore_record` when that attempt is refused."""
+        found: dict[Path, bytes | None] = {}
+        for path in self.record_files():
+            try:
+                found[path] = path.read_bytes()
+            except FileNotFoundError:
+                found[path] = None
+        return found
+
+    def restore_record(self, snapshot: dict[Path, bytes | None]) -> None:
+        """Put the record back as :meth:`snapshot_record` found it: each file rewritten atomically, one the
+        refused attempt added (an error record, a first .hydra/ file) removed."""
+        for path in [*self.error_files(), *self.record_files()]:
+            if path not in snapshot:
+                path.unlink(missing_ok=True)
+        for path, data in snapshot.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            elif not path.is_file() or path.read_bytes() != data:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, data)
+
+    def write_hydra_record(self, texts: dict[str, str]) -> None:
+        """Hydra's record of the run (.hydra/config.yaml, hydra.yaml, overrides.yaml: name → text), written
+        by hpctrain once the attempt is accepted rather than by Hydra before it was checked."""
+        self.hydra.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            atomic_write(self.hydra / name, text)
 
     def write_hydra_overrides(self, overrides: list[str]) -> None:
         """Record a run's overrides as Hydra does (for runs a launcher creates itself: array members)."""

@@ -331,6 +331,23 @@ def checkpoints_of(path: Path) -> list[Path] | None:
     return None
 
 
+def checkpoint_around(path: Path) -> Path | None:
+    """The checkpoint, or a run's checkpoints folder, that ``path`` is or lies inside (None: neither).
+    Nothing there may be written by anything but the checkpoint manager: a file added to a committed
+    checkpoint fails its verification, one in checkpoints/ is read as a checkpoint of the run's."""
+    from hpctrain.rundir import CHECKPOINTS_DIR, HYDRA_DIR, RUN_CONFIG
+
+    path = Path(path).absolute()
+    for folder in (path, *path.parents):
+        if is_checkpoint(folder) or (folder / MANIFEST).is_file():
+            return folder
+        if folder.name == CHECKPOINTS_DIR and folder.parent != folder:
+            run = folder.parent
+            if (run / RUN_CONFIG).is_file() or (run / HYDRA_DIR).is_dir() or committed(folder):
+                return folder
+    return None
+
+
 def valid_job_id(value: str) -> bool:
     return _JOB_ID.fullmatch(value) is not None
 

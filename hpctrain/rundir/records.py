@@ -74,10 +74,22 @@ class SweepRecord:
     ssh: str | None = None
     ssh_config: str | None = None
     remote_sweep_dir: str | None = None
+    # The sweep's own command (hpctrain's arguments as typed, without -m; a secret as ${oc.env:NAME}): what a
+    # command reusing the sweep's directory must match (hpctrain.submit.existing.check_sweep_reuse). None in
+    # records of older versions.
+    command: list[str] | None = None
 
     @property
     def arrays(self) -> list[str]:
         return self.array_job_ids or [self.array_job_id]
+
+
+def sweep_argv(argv: list[str]) -> list[str]:
+    """A sweep's own command as sweep.json records it (:attr:`SweepRecord.command`): hpctrain's arguments
+    without ``-m`` and what hpctrain adds for Hydra alone (:data:`hpctrain.rundir.NO_HYDRA_RECORD`)."""
+    from hpctrain.rundir import NO_HYDRA_RECORD
+
+    return [a for a in argv if a not in ("-m", "--multirun", NO_HYDRA_RECORD)]
 
 
 def write_json(path: Path, record: object) -> None:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import START_FRESH, ConfigError
-from hpctrain.rundir import HYDRA_DIR, LOCK_FILE, RUNS_ROOT, SUBMIT_LOG, SWEEPS_ROOT, RunDir
+from hpctrain.rundir import CHECKPOINTS_DIR, HYDRA_DIR, LOCK_FILE, RUNS_ROOT, SUBMIT_LOG, SWEEPS_ROOT, RunDir
 from hpctrain.rundir import checkpoints as layout
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -143,3 +143,148 @@ def _is_hpctrain_run(run: RunDir) -> bool:
 
 def _show(value: Any) -> str:
     return str(OmegaConf.to_container(value)) if isinstance(value, DictConfig) else str(value)
+
+
+def check_not_in_checkpoint(key: str, path: Path) -> None:
+    """Refuse a run or sweep directory that is, or lies inside, a checkpoint or a run's checkpoints folder:
+    the run's config.yaml and logs written there would corrupt a committed checkpoint (it then fails its
+    checksums) or read as a checkpoint of the run's."""
+    found = layout.checkpoint_around(path)
+    if found is None:
+        return
+    what = "a run's checkpoints folder" if found.name == CHECKPOINTS_DIR else "a checkpoint"
+    where = "is" if found == Path(path).absolute() else f"is inside {found}:"
+    raise ConfigError(
+        key, str(path), f"{where} {what}, which only the checkpoint manager writes",
+        valid="a folder of its own, e.g. run=NAME (outputs/NAME); to continue from that checkpoint: "
+        f"trainer.resume={found}" if what == "a checkpoint" else "a folder of its own, e.g. run=NAME",
+    )  # fmt: skip
+
+
+# What a command may change when it continues a sweep (or one of its members) under the same name: where and
+# how it runs, never what trained the members' weights (hyperparameters, model, data, the search space).
+FREE_KEYS = (
+    "run", "cluster", "logger", "dry_run", "plan_check", "trainer.resume", "data.num_workers",
+    "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.run.dir", "hydra.job", "hydra.launcher", "hydra/launcher",
+    "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging", "hydra.output_subdir",
+)  # fmt: skip
+
+
+def _free(key: str) -> bool:
+    return any(key == free or key.startswith((f"{free}.", f"{free}/")) for free in FREE_KEYS)
+
+
+def _recipe(overrides: list[str]) -> dict[str, tuple[str, str]]:
+    """{key: (value as Hydra reads it, as typed)} of the overrides that say what trains (not FREE_KEYS)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    found = {}
+    for text in overrides:
+        if text.startswith("-"):  # a flag of the command (--config-dir ...), not an override
+            continue
+        typed = text.partition("=")[2]
+        try:
+            override = parser.parse_override(text)
+            key, value = override.key_or_group, "~" if override.is_delete() else repr(override.value())
+        except Exception:  # not Hydra's grammar: compared as typed (compose refuses it in its own line)
+            key, value = text.partition("=")[0].lstrip("+~"), typed
+        if not _free(key):
+            found[key] = (value, typed)
+    return found
+
+
+def changed_keys(old: list[str], new: list[str]) -> list[str]:
+    """``key old → new`` for every key whose value differs between two commands' overrides (FREE_KEYS
+    aside; ``(unset)`` for a key only one of them gives)."""
+    before, after = _recipe(old), _recipe(new)
+    changes = []
+    for key in [*before, *(k for k in after if k not in before)]:
+        was, now = before.get(key), after.get(key)
+        if (was and was[0]) != (now and now[0]):
+            changes.append(f"{key} {was[1] if was else '(unset)'} → {now[1] if now else '(unset)'}")
+    return changes
+
+
+def sweep_command(sweep_dir: Path) -> list[str] | None:
+    """The command a sweep directory was made by: sweep.json's record of it, else the overrides Hydra's
+    multirun.yaml holds (a grid); None when neither says."""
+    from hpctrain.rundir.records import read_sweep
+
+    try:
+        record = read_sweep(sweep_dir)
+    except (OSError, ValueError, TypeError, KeyError):
+        record = None
+    if record is not None and record.command is not None:
+        return list(record.command)
+    try:  # as typed: ${oc.env:NAME} (a secret's) is not resolved here
+        task = OmegaConf.load(RunDir(sweep_dir).multirun).hydra.overrides.task
+        return [str(o) for o in OmegaConf.to_container(task, resolve=False)]  # type: ignore[union-attr]
+    except Exception:  # no multirun.yaml (a sampler's sweep), or unreadable
+        return None
+
+
+def _sweep_refusal(name: str | None, sweep_dir: Path, what: str, changes: list[str]) -> ConfigError:
+    import shlex
+
+    command = sweep_command(sweep_dir)
+    if command is not None and name is not None:  # run=NAME names the directory again
+        command = [c for c in command if not c.startswith(("hydra.sweep.dir=", "+hydra.sweep.dir="))]
+    again = f"python -m hpctrain -m {shlex.join(command)}" if command else "the sweep's own command"
+    shown = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
+    return ConfigError(
+        "run" if name is not None else "hydra.sweep.dir", name if name is not None else str(sweep_dir),
+        f"sweep {sweep_dir} {what} other values ({shown}): its results belong to what trained them, and "
+        "nothing of it was rewritten",
+        valid=f"a new run=NAME for these values, or the sweep's own command to continue it: {again}",
+    )  # fmt: skip
+
+
+def check_sweep_reuse(sweep_dir: Path, overrides: list[str], name: str | None) -> None:
+    """Refuse (one line, before Hydra writes anything) a sweep command whose directory holds a sweep made by
+    a command with other values: its members' config, .hydra/, summary rows, sweep.json and the sweeper's
+    results would be relabelled with values that never trained them. The same command continues it."""
+    recorded = sweep_command(sweep_dir)
+    if recorded is None:
+        return
+    changes = changed_keys(recorded, overrides)
+    if changes:
+        raise _sweep_refusal(name, sweep_dir, "was run with", changes)
+
+
+def check_member_reuse(run_dir: Path, sweep_dir: Path, overrides: list[str], name: str | None) -> None:
+    """Refuse a member of a sweep whose directory holds a member trained with other values (a sampler such as
+    Optuna chose other trials this time): its weights were trained with those, and a new value is never
+    honoured on them."""
+    run = RunDir(run_dir)
+    recorded = run.read_hydra_overrides()
+    if recorded is None or not run.config.is_file():
+        return
+    changes = changed_keys(recorded, overrides)
+    if changes:
+        raise _sweep_refusal(name, sweep_dir, f"holds member {run_dir.name}, trained with", changes)
+
+
+def own_recipe(overrides: list[str], multirun: bool) -> list[str]:
+    """``run=NAME`` typed alone for a run that exists: the run's own recorded overrides (its recipe: a LoRA
+    run's model.init_from and model.adapters, say), so that the command continues that run as it was
+    trained rather than a run without them. Anything else: ``overrides`` unchanged."""
+    from hpctrain.config.redact import REDACTED
+
+    name = overrides[0].partition("=")[2] if len(overrides) == 1 and overrides[0].startswith("run=") else ""
+    if multirun or not RUN_NAME.fullmatch(name) or name in (".", ".."):
+        return overrides
+    run = RunDir(Path(RUNS_ROOT) / name)
+    recorded = run.read_hydra_overrides()
+    if recorded is None or not run.config.is_file():
+        return overrides
+    dropped = ("run", "hydra.run.dir", "trainer.resume")
+    kept = [o for o in recorded if o.lstrip("+~").split("=", 1)[0] not in dropped]
+    for override in kept:
+        if REDACTED in override.partition("=")[2]:  # recorded by an older hpctrain as ***
+            key = override.lstrip("+~").partition("=")[0]
+            raise ConfigError(
+                key, REDACTED, f"run={name} continues its recipe, and this secret was never recorded: give "
+                "it again", valid=f"run={name} {override.partition('=')[0]}=VALUE (or ${{oc.env:NAME}})",
+            )  # fmt: skip
+    return [*kept, f"run={name}"]

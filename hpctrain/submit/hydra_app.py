@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from hpctrain.config.compose import CONF_DIR, CONFIG_NAME, compose, config_context, to_typed
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
+from hpctrain.rundir import NO_HYDRA_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord
 
 EXIT_BAD_CONFIG = 2
@@ -25,6 +26,8 @@ _MADE: dict[Path, Path | None] = {}
 # run directory → the typed config the precheck made of the very composition run_single hands Hydra: the task
 # does not type it a second time (0.1-0.2 s of a submission's own time, omegaconf merging every schema).
 _TYPED: dict[Path, Config] = {}
+# Hydra's flags that print and run nothing: their output shows Hydra's config as composed, unchanged.
+INFORMATIONAL = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc")
 
 
 def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
@@ -40,7 +43,8 @@ def _remove(run_dir: Path, made: Path | None, submission: bool = False) -> None:
             root.removeHandler(handler)
             handler.close()
     remove_unstarted(run_dir, made, submission)
-    _forget_local_member(run_dir)
+    if not run_dir.exists():  # a member that holds a run keeps its entry: its sweep.json is put back whole
+        _forget_local_member(run_dir)
 
 
 def _local_sweep_dir() -> Path | None:
@@ -84,6 +88,10 @@ def _record_local_member(run_dir: Path) -> None:
     # As Hydra recorded them in .hydra/overrides.yaml, secret cluster.env values already redacted there.
     overrides = RunDir(run_dir).read_hydra_overrides() or []
     record = _local_record(sweep_dir)
+    if record.command is None:  # what a later command reusing the sweep's directory must match
+        from hpctrain.rundir.records import sweep_argv
+
+        record.command = sweep_argv(sys.argv[1:])
     others = [m for m in record.members if m.index != index]  # a member run again replaces its entry
     member = SweepMember(index, overrides, str(run_dir), f"{LOCAL}:{index}")
     record.members = sorted([*others, member], key=lambda m: m.index)
@@ -159,7 +167,7 @@ def run_single(cfg: DictConfig, config_dirs: list[Path], typed: Config | None = 
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
-    from omegaconf import open_dict
+    from omegaconf import open_dict, read_write
 
     try:
         from hydra._internal.callbacks import Callbacks
@@ -168,8 +176,9 @@ def run_single(cfg: DictConfig, config_dirs: list[Path], typed: Config | None = 
 
     from hpctrain.rundir.runs import first_missing
 
-    with open_dict(cfg.hydra):
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
+        cfg.hydra.output_subdir = None  # the task writes .hydra/ once the attempt is accepted
     run_dir = Path(os.path.abspath(cfg.hydra.run.dir))  # as Hydra's run_job makes runtime.output_dir
     _MADE[run_dir] = first_missing(run_dir)  # what to take away again if the run never starts
     if typed is not None and not any(_interpolates(cfg._get_node(key)) for key in cfg if key != "hydra"):
@@ -218,6 +227,8 @@ def run_hydra(argv: list[str]) -> int:
     from hpctrain.config.schema import register_configs
 
     register_configs()
+    if not any(a.split("=", 1)[0] in INFORMATIONAL for a in argv):
+        argv = [*argv, NO_HYDRA_RECORD]  # the task writes .hydra/ once the attempt is accepted
     sys.argv = [sys.argv[0] if sys.argv else "hpctrain", *argv]
     app = hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")(task)
     app()
@@ -228,14 +239,16 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
     from hydra.core.hydra_config import HydraConfig
 
     from hpctrain.config.redact import redact_files
-    from hpctrain.launch import write_run_config
     from hpctrain.plan.check import check_run
-    from hpctrain.rundir import RunDir, RunLock
+    from hpctrain.rundir import RunLock
     from hpctrain.slurm.commands import SlurmUnavailable
 
     run_dir = Path(HydraConfig.get().runtime.output_dir).absolute()
     made = _MADE.pop(run_dir, None)
     lock, typed = None, None
+    run = RunDir(run_dir)
+    # The run's record as it was (and its sweep's), put back byte for byte if this attempt is refused.
+    snapshot: dict[Path, bytes | None] | None = None
     try:
         try:
             typed = _TYPED.pop(run_dir, None) or to_typed(cfg)
@@ -243,20 +256,27 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
             # A local run is one process tree: the launcher holds the run directory's lock for the run's
             # life (a Slurm job's rank 0 takes it in hpctrain.worker).
             lock = RunLock(run_dir).acquire() if typed.cluster.kind == "local" else None
-            # Hydra recorded the overrides (and so any secret cluster.env value) in .hydra/ and multirun.yaml.
-            records = [*RunDir(run_dir).hydra_records(), RunDir(run_dir.parent).multirun]
-            redact_files(records, typed.cluster.env)
-            write_run_config(run_dir, cfg)
+            _check_member(run_dir, typed)
+            snapshot = _snapshot(run)
+            _write_record(run_dir, cfg)  # accepted here: the record is this command's from now on
+            # Hydra recorded the sweep's overrides in multirun.yaml (a secret typed on the command line is
+            # ${oc.env:NAME} there already: hpctrain.config.redact.secret_overrides).
+            redact_files([RunDir(run_dir.parent).multirun], typed.cluster.env)
             if typed.cluster.kind == "local":  # a member of a sweep run here: in its sweep.json
                 _record_local_member(run_dir)
             status = _launch(typed, run_dir)
         finally:
             if lock is not None:
                 lock.release()
+    except _Refused as err:  # the member trained with other values: nothing of it or its sweep touched
+        print(f"hpctrain: {err.error}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_CONFIG) from None
     except (ConfigError, SlurmUnavailable, OSError) as err:
         # Refused before anything started (a sweep trial the precheck could not enumerate, a run directory
-        # that cannot be written): one line, and no run directory left behind.
+        # that cannot be written): one line, the record as it was, and no run directory left behind.
         print(f"hpctrain: {_one_line(err)}", file=sys.stderr)
+        if snapshot is not None:
+            run.restore_record(snapshot)
         _remove(run_dir, made)
         raise SystemExit(EXIT_BAD_CONFIG if isinstance(err, ConfigError) else 1) from None
     except Exception as err:
@@ -264,9 +284,16 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
             raise  # not a refused submission: a fault of hpctrain's, with its traceback
         # sbatch refused the job (submitit's FailedJobError, a client error): Slurm's words in one line.
         print(f"hpctrain: sbatch refused the job: {_one_line(err)}", file=sys.stderr)
+        if snapshot is not None:
+            run.restore_record(snapshot)
         _remove(run_dir, made, submission=True)
         raise SystemExit(1) from None
     if status:
+        if snapshot is not None and _workers_refused(run_dir):
+            # The workers refused to continue (a checkpoint of another shape): the run is what it was, its
+            # record included, so status reads what it read and hpctrain resume replays what last trained.
+            run.restore_record(snapshot)
+            raise SystemExit(EXIT_BAD_CONFIG)
         _remove(run_dir, made, submission=typed.cluster.kind == "slurm")  # refused before starting
         raise SystemExit(status)
     assert typed is not None
@@ -275,3 +302,84 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
 
         return final_objective(run_dir)
     return None
+
+
+class _Refused(Exception):
+    """A refusal that leaves everything where it was (no run directory to take away)."""
+
+    def __init__(self, error: ConfigError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _check_member(run_dir: Path, typed: Config) -> None:
+    """A member of a sweep run here whose directory holds a member trained with other values (a sampler that
+    chose other trials this time): refused before anything is written."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from hpctrain.submit.existing import check_member_reuse
+
+    sweep_dir = _local_sweep_dir()
+    if sweep_dir is None:
+        return
+    try:
+        check_member_reuse(run_dir, sweep_dir, [str(o) for o in HydraConfig.get().overrides.task], typed.run)
+    except ConfigError as err:
+        raise _Refused(err) from None
+
+
+def _snapshot(run: RunDir) -> dict[Path, bytes | None]:
+    """The run's record (:meth:`hpctrain.rundir.RunDir.snapshot_record`) and, for a member of a sweep run
+    here, the sweep's sweep.json."""
+    found = run.snapshot_record()
+    sweep_dir = _local_sweep_dir()
+    if sweep_dir is not None:
+        sweep = RunDir(sweep_dir).sweep
+        found[sweep] = sweep.read_bytes() if sweep.is_file() else None
+    return found
+
+
+def _workers_refused(run_dir: Path) -> bool:
+    """Whether the ranks ended because they refused to continue the run's checkpoint (CheckpointMismatch:
+    nothing was loaded, trained or deleted), rather than failing while they trained."""
+    from hpctrain.rundir.records import first_error
+
+    found = first_error(run_dir)
+    return found is not None and found[1].get("type") == "CheckpointMismatch"
+
+
+def _write_record(run_dir: Path, cfg: DictConfig) -> None:
+    """What Hydra's run_job would have written into .hydra/ (config.yaml as composed, hydra.yaml, the
+    overrides), and the run's config.yaml; every secret cluster.env value as ***, whatever its source."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf, open_dict, read_write
+
+    from hpctrain.config.redact import REDACTED, is_secret
+    from hpctrain.launch import write_run_config
+    from hpctrain.rundir import HYDRA_DIR, HYDRA_OVERRIDES, RUN_CONFIG
+
+    composed = copy.deepcopy(cfg)
+    env = OmegaConf.select(composed, "cluster.env")
+    if isinstance(env, DictConfig):
+        with read_write(env), open_dict(env):
+            for name in list(env):
+                raw = env._get_node(name)._value()  # type: ignore[union-attr]
+                # ${oc.env:NAME} names where the value is, not the value: kept, so the record says so.
+                if is_secret(name) and not (isinstance(raw, str) and raw.lstrip().startswith("${oc.env:")):
+                    env[name] = REDACTED
+    hydra = copy.deepcopy(HydraConfig.instance().cfg)
+    assert isinstance(hydra, DictConfig)
+    with read_write(hydra.hydra), open_dict(hydra.hydra):
+        hydra.hydra.output_subdir = HYDRA_DIR  # as Hydra would have recorded it
+    texts = {
+        RUN_CONFIG: OmegaConf.to_yaml(composed),
+        "hydra.yaml": OmegaConf.to_yaml(hydra),
+        HYDRA_OVERRIDES: OmegaConf.to_yaml(hydra.hydra.overrides.task),
+    }
+    # No value is searched for and replaced in these texts: a typed secret never reached Hydra
+    # (hpctrain.config.redact.secret_overrides), one from a file is redacted above, and a short value ("x")
+    # would be replaced inside other words.
+    RunDir(run_dir).write_hydra_record(texts)
+    write_run_config(run_dir, cfg)

@@ -41,12 +41,22 @@ def precheck(
         sweeper_params,
         to_typed,
     )
+    from hpctrain.config.redact import secret_overrides
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.plan.check import check_run, data_for_model
-    from hpctrain.submit.existing import check_existing, named_run_overrides
+    from hpctrain.submit.existing import (
+        check_existing,
+        check_not_in_checkpoint,
+        check_sweep_reuse,
+        named_run_overrides,
+        own_recipe,
+    )
     from hpctrain.submit.sweep import chosen_sweeper, require_sweeper, sweep_members
 
-    # A parameter of a user's factory needs no +: the caller's list (Hydra's own run and sweeps use it too).
+    # run=NAME alone continues that run's own recipe; a typed secret goes into the environment, Hydra gets
+    # ${oc.env:NAME}; a parameter of a user's factory needs no +. The caller's list: Hydra's own run and
+    # sweeps use it too.
+    overrides[:] = secret_overrides(own_recipe(overrides, multirun))
     overrides[:] = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs or [])
     checked = []
     probed: set[str] = set()
@@ -108,13 +118,18 @@ def precheck(
                 note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
                 print(note, file=sys.stderr)
         if multirun:
-            check_writable_dir("hydra.sweep.dir", resolved_dir(cfg, "hydra.sweep.dir"))
+            sweep_dir = resolved_dir(cfg, "hydra.sweep.dir")
+            check_not_in_checkpoint("hydra.sweep.dir", sweep_dir)
+            check_writable_dir("hydra.sweep.dir", sweep_dir)
         else:
             run_dir = resolved_dir(cfg, "hydra.run.dir")
+            check_not_in_checkpoint("hydra.run.dir", run_dir)
             check_writable_dir("hydra.run.dir", run_dir)
             _check_unlocked(run_dir)
             check_existing(run_dir, typed, cfg)  # new, empty, or a run this one continues
     first = checked[0][0]
+    if multirun:  # a sweep's name reused with other values would relabel its results
+        check_sweep_reuse(resolved_dir(checked[0][1], "hydra.sweep.dir").absolute(), overrides, first.run)
     remote = Remote(first.cluster.ssh, first.cluster.ssh_config) if first.cluster.ssh else None
     _check_pack(first, len(checked), multirun)
     _check_eval_job(first, config_dirs or [])

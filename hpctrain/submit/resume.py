@@ -6,11 +6,14 @@ user's config directories (``.hydra/hydra.yaml``). Resuming is that command agai
 run's own directory (``hydra.run.dir``) and ``trainer.resume=auto``: the trainer loads the newest intact
 checkpoint and goes on. Further overrides are added after the recorded ones (a longer ``trainer.max_steps``
 is honoured from the resumed step on). Without RUN_DIR, the run of ``./outputs`` or ``./multirun`` that
-changed last. A secret ``cluster.env`` value was never recorded (``***``): it must be given again.
+changed last. A secret ``cluster.env`` value was never recorded (``***``, or ``${oc.env:NAME}`` for one typed
+on the command line): it must be given again, or be in the environment under its name.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -19,6 +22,9 @@ from hpctrain.config.redact import REDACTED
 from hpctrain.errors import ConfigError
 from hpctrain.rundir import RunDir
 
+# ${oc.env:NAME} without a default: the value must be in this environment again (a typed secret is recorded
+# so: hpctrain.config.redact.secret_overrides).
+ENV_NAME = re.compile(r"\$\{\s*oc\.env\s*:\s*([^,}\s]+)\s*\}")
 DROPPED = ("run", "hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir", "trainer.resume")
 
 
@@ -47,10 +53,14 @@ def resume_command(run_dir: Path, extra: list[str]) -> tuple[Path, list[str]]:
         key = override.lstrip("+~").split("=", 1)[0]
         if key in DROPPED or key in given:
             continue
-        if REDACTED in override.split("=", 1)[-1]:
+        value = override.split("=", 1)[-1]
+        missing = [n for n in ENV_NAME.findall(value) if n not in os.environ]
+        if REDACTED in value or missing:  # a secret: recorded as *** (older runs) or where it was read from
+            where = f" (nor is {missing[0]} in this environment)" if missing else ""
             raise ConfigError(
-                key, REDACTED, "a secret the run did not record: give it again",
-                valid=f"hpctrain resume {run_dir} {key}=VALUE (or ${{oc.env:NAME}})",
+                key, value if missing else REDACTED, f"a secret the run did not record{where}: give it again",
+                valid=f"hpctrain resume {run_dir} {override.split('=', 1)[0]}=VALUE, or "
+                f"{missing[0] if missing else 'NAME'} in the environment",
             )  # fmt: skip
         overrides.append(override)
     config_dirs = [
