@@ -22,6 +22,8 @@ import traceback
 from pathlib import Path
 
 from hpctrain.observe.logs import setup_logging
+from hpctrain.observe.streams import guard_std_streams
+from hpctrain.resilience.signals import LAUNCHER_PID_ENV
 from hpctrain.rundir import RunDir, RunLock
 from hpctrain.rundir.records import EXIT_STOPPED
 from hpctrain.version import EXIT_UNSUPPORTED, UnsupportedEnvironment, environment_problem
@@ -73,6 +75,9 @@ def _record_torchrun_restart(run_dir: Path, generation: int) -> None:
 
 def main(argv: list[str]) -> None:
     _die_with_launcher()
+    # A rank's stdout and stderr are its log under the local launcher, but torchrun's or srun's pipes
+    # elsewhere: a reader that went away must not turn a saved stop into a failed rank (observe.streams).
+    guard_std_streams()
     try:
         finished = run(Path(argv[0]))
     except UnsupportedEnvironment as err:
@@ -87,8 +92,10 @@ def _train(run_dir: Path) -> bool:
     from hpctrain.resilience.signals import StopSignals
 
     # First of all: a pre-emption signal that arrives while torch is still importing must not be lost (nor,
-    # for USR2, kill the process, its default action).
-    signals = StopSignals({"USR2", "TERM"})
+    # for USR2, kill the process, its default action). The local launcher forwards a Ctrl-C at its terminal as
+    # SIGINT (its ranks have sessions of their own: the terminal's reaches none of them), so that the stop
+    # line says Ctrl-C, not SIGTERM.
+    signals = StopSignals({"USR2", "TERM", *(["INT"] if LAUNCHER_PID_ENV in os.environ else [])})
 
     from hpctrain.rendezvous.env import DistEnv, adopt_torchrun_restarts
     from hpctrain.resilience import requeue
@@ -124,7 +131,7 @@ def _train(run_dir: Path) -> bool:
 def _die_with_launcher() -> None:
     """Ask the kernel for SIGKILL when the local launcher dies, so a killed launcher leaves no orphans."""
     # The local launcher (or its fork server), or a Slurm task's restart agent (or its fork server).
-    launcher = os.environ.get("HPCTRAIN_LAUNCHER_PID") or os.environ.get("HPCTRAIN_AGENT_PID")
+    launcher = os.environ.get(LAUNCHER_PID_ENV) or os.environ.get("HPCTRAIN_AGENT_PID")
     if launcher is None or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)

@@ -14,6 +14,7 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from hpctrain.observe.streams import guarded_std_streams, is_lost
 from hpctrain.version import EXIT_UNSUPPORTED, UnsupportedEnvironment, environment_problem
 
 
@@ -76,6 +77,20 @@ def readme_table() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # ``hpctrain … | tee log`` and Ctrl-C kills tee first: a console whose reader went away must neither end
+    # a command's supervision of its ranks nor turn its exit status into a failure. Any other command only
+    # writes: it ends, quietly and successfully (``hpctrain logs -f RUN | grep -m1 …`` ends with grep).
+    supervises = (argv[0] if argv and argv[0] in SUBCOMMANDS else "train") in STARTS_RUNS
+    with guarded_std_streams(end=not supervises):
+        try:
+            return _main(argv)
+        except OSError as err:
+            if not is_lost(err):
+                raise
+            return 0
+
+
+def _main(argv: list[str]) -> int:
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else "train"
     rest = argv[1:] if argv and argv[0] in SUBCOMMANDS else argv
     helping = argv in (["-h"], ["--help"], ["help"])
@@ -100,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpctrain {name}: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
+        if is_lost(err):  # the reader of our output went away: main's to answer, with no line
+            raise
         line = _expected_failure(err)
         if line is None:
             raise  # a fault of hpctrain's own: its traceback is what a bug report needs

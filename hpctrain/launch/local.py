@@ -204,8 +204,14 @@ class LocalLauncher:
             if console_fd is not None:
                 os.close(console_fd)
         if self._stop_signal is not None:
-            name = signal.Signals(self._stop_signal).name
-            log.error("hpctrain: stopped by %s; continue with: %s", name, continue_command(run_dir))
+            if workers and all(w.proc.returncode == EXIT_STOPPED for w in workers):
+                # Every rank saved, and rank 0 said so on the console ("Stopped by Ctrl-C after step N;
+                # checkpoint saved"): one stop line, then only the way on.
+                log.info("hpctrain: continue with: %s", continue_command(run_dir))
+            else:  # a second Ctrl-C, or a rank that could not save: no rank said anything
+                name = signal.Signals(self._stop_signal).name
+                name = "Ctrl-C" if self._stop_signal == signal.SIGINT else name
+                log.error("hpctrain: stopped by %s; continue with: %s", name, continue_command(run_dir))
             return 128 + self._stop_signal
         if failures:
             first, *others = failures
@@ -311,9 +317,11 @@ class LocalLauncher:
                         "Stopping: the workers finish their step and save a checkpoint "
                         "(Ctrl-C again to stop them at once)"
                     )
+                    # The signal this command got: SIGINT for a Ctrl-C (the workers' sessions are not the
+                    # terminal's, so only this reaches them), which their stop line then calls Ctrl-C.
                     for worker in workers:
                         if worker.proc.poll() is None:
-                            _kill_group(worker.proc.pid, signal.SIGTERM)
+                            _kill_group(worker.proc.pid, self._stop_signal)
                     asked = True
                 time.sleep(self.poll_s)
                 continue
@@ -375,7 +383,8 @@ def free_port(host: str) -> int:
 
 
 def _console_fd() -> int | None:
-    """A duplicate of our stdout for rank 0's progress bar; None when stdout is not a real file."""
+    """A duplicate of our stdout for rank 0's progress bar; None when stdout is not a real file. Rank 0
+    writes to it directly (hpctrain.observe.loggers.open_console), and survives its reader going away."""
     try:
         sys.stdout.flush()
         return os.dup(sys.stdout.fileno())

@@ -24,28 +24,52 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hpctrain.config.redact import redact_config
 from hpctrain.config.schema import LoggerConfig
+from hpctrain.observe.streams import ConsoleFile
 from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 
+# ``log.info(..., extra=RANK_LOG_ONLY)``: a line for the rank's log, not the console (where another process
+# says it already: the local launcher names the command that continues a stopped run).
+RANK_LOG_ONLY = {"console": False}
+
+
 class ConsoleLogHandler(logging.Handler):
-    """Log records through the rich console, so that they print above a live progress bar."""
+    """Log records through the rich console, so that they print above a live progress bar. A console whose
+    reader went away (``| tee`` and Ctrl-C) takes nothing with it: the rank's log has every line."""
 
     def __init__(self, console: Console) -> None:
         super().__init__(logging.INFO)
         self.console = console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if console_lost(self.console) or not getattr(record, "console", True):
+            return
         self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich's own answer, were a write ever to raise BrokenPipeError past :class:`ConsoleFile`, is
+        ``SystemExit(1)`` after pointing *sys.stdout* (the rank's log) at /dev/null: a lost console must
+        neither kill the rank nor silence its log. Quiet from now on; the rank trains on."""
+        self.quiet = True
+        if isinstance(self.file, ConsoleFile):
+            self.file.lost = True
+
+
 def open_console() -> Console | None:
-    """Rank 0's console: the launcher's terminal (passed as a file descriptor), or None."""
+    """Rank 0's console: the launcher's terminal or pipe (passed as a file descriptor), or None."""
     fd = os.environ.get("HPCTRAIN_CONSOLE_FD")
     if fd is None:
         return None
-    return Console(file=os.fdopen(int(fd), "w", buffering=1), highlight=False)
+    return _Console(file=ConsoleFile.open(int(fd)), highlight=False)
+
+
+def console_lost(console: Console | None) -> bool:
+    """Whether ``console``'s reader went away (a pipe whose reader died, a terminal that hung up)."""
+    return console is not None and (console.quiet or bool(getattr(console.file, "lost", False)))
 
 
 class Observer:
@@ -119,6 +143,7 @@ class Observer:
         if loss is not None:
             self._last_loss = loss
         loss = self._last_loss  # between logged steps the bar keeps the latest loss
+        self._drop_lost_bar()
         if self._progress is not None:
             info = f"loss {loss:.4f}" if loss is not None else ""
             if self._val_loss is not None:
@@ -148,10 +173,18 @@ class Observer:
         if self._tensorboard is not None:
             for key, value in numbers.items():
                 self._tensorboard.add_scalar(tensorboard_tag(key), value, record["step"])
+        self._drop_lost_bar()
         if self._progress is None:
             log.info(format_record(record))
         else:
             self.advance(record["step"], record.get("loss"))
+
+    def _drop_lost_bar(self) -> None:
+        """The terminal went away: the bar stops, and the steps go on as lines in the rank's log."""
+        if self._progress is not None and console_lost(self.console):
+            self._progress.stop()
+            self._progress = None
+            log.info("The console went away: training goes on, its lines in this log")
 
     def close(self) -> None:
         if self._progress is not None:

@@ -9,15 +9,25 @@ submitit installs its own USR2 handler that checkpoints global rank 0 only (subm
 
 from __future__ import annotations
 
+import os
 import signal
 from types import FrameType
 
 WALLTIME = 1000  # stop code for the walltime guard; signal numbers are the other codes
 
 
+# Set in every rank the local launcher starts: the process whose death must end the rank.
+LAUNCHER_PID_ENV = "HPCTRAIN_LAUNCHER_PID"
+
+
 def describe(code: int) -> str:
+    """The stop's cause as the stop line says it (``Stopped by <this> after step N``)."""
     if code == WALLTIME:
         return "the time limit is near (walltime guard)"
+    if code == signal.SIGINT and LAUNCHER_PID_ENV in os.environ:
+        # Only the local launcher sends its ranks SIGINT, and only for a Ctrl-C at its terminal. (Under Slurm,
+        # SIGINT can be the warning signal cluster.signal names: its name is said as it is.)
+        return "Ctrl-C"
     return f"SIG{signal.Signals(code).name.removeprefix('SIG')}"
 
 

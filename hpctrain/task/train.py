@@ -58,7 +58,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.errors import CheckpointMismatch
-    from hpctrain.observe.loggers import ConsoleLogHandler, Observer, open_console
+    from hpctrain.observe.loggers import RANK_LOG_ONLY, ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
     from hpctrain.rendezvous.env import restarts_left
@@ -143,7 +143,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         # run directory records the stop (control.json), and status says STOPPED.
         return True
     if job_id is None:
-        log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir))
+        # The rank's log only: under the local launcher, the command's own last line names the way on, after
+        # rank 0's one stop line (the trainer's "Stopped by ... after step N; checkpoint saved").
+        log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir),
+                 extra=RANK_LOG_ONLY)  # fmt: skip
         return False
     requeue.requeue_or_fail(
         job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main, run_dir

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,17 @@ def test_a_stop_prints_the_command_that_continues_it_and_status_says_stopped(sto
     assert status.returncode == 0, status.stderr
     got = fields(status.stdout)
     assert got["state"] == "STOPPED" and got["continue"] == "hpctrain resume outputs/first", status.stdout
+
+
+def test_a_ctrl_c_prints_one_stop_line_that_says_ctrl_c(stopped):
+    """Issue 41: one stop line, rank 0's, naming the key the user pressed (not the SIGTERM the launcher sent
+    its ranks), then only the way on; before, four lines said it (rank 0 twice, the launcher twice)."""
+    _, _, result = stopped
+    shown = result.stdout + result.stderr
+    stops = [line for line in shown.splitlines() if re.search(r"\bstopped (by|at)\b", line, re.IGNORECASE)]
+    assert len(stops) == 1, shown
+    assert re.fullmatch(r"Stopped by Ctrl-C after step \d+; checkpoint saved \(.*\)", stops[0]), shown
+    assert "SIGTERM" not in shown and "SIGINT" not in shown, shown
 
 
 def test_the_same_command_again_continues_the_run(stopped):
