@@ -115,7 +115,10 @@ def run(name: str, argv: list[str]) -> int:
             text_column=args.text_column,
             stop=stop.requested,
         )
-    except (ValueError, OSError) as e:
+    except ValueError as e:  # a bad input (a missing file, a bad --vocab-size): 2, as everywhere else
+        print(f"hpctrain: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # the system failed (a full disk, a worker that died): not the input's fault
         print(f"hpctrain: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:

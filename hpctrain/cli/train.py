@@ -37,6 +37,25 @@ def train(argv: list[str]) -> int:
         forked.stop_prestarted()
 
 
+def _unknown_command(argv: list[str], overrides: list[str]) -> str | None:
+    """``hpctrain trian``: a first word that looks like a subcommand (no ``=``, no ``+``/``~``, a plain
+    word) is answered as one, not as an override Hydra cannot parse; None for anything else."""
+    import difflib
+    import re
+
+    from hpctrain.cli import SUBCOMMANDS
+
+    if not argv or not overrides or argv[0] != overrides[0]:
+        return None
+    word = argv[0]
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", word):
+        return None
+    close = difflib.get_close_matches(word, list(SUBCOMMANDS), n=1)
+    valid = f"valid: {', '.join(SUBCOMMANDS)}, or KEY=VALUE overrides"
+    hint = f"did you mean {close[0]}?" if close else valid
+    return f"unknown command {word!r} ({hint})"
+
+
 def _train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
@@ -48,6 +67,10 @@ def _train(argv: list[str]) -> int:
     from hpctrain.submit.sweep import describe_sampler_sweep, interval_sweep, sampler_sweep, sweep_members
 
     args = get_args_parser().parse_intermixed_args(argv)
+    mistyped = _unknown_command(argv, list(args.overrides))
+    if mistyped is not None:
+        print(f"hpctrain: {mistyped}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     informational = args.help or args.hydra_help or args.info or args.shell_completion
     overrides = list(args.overrides)
     try:

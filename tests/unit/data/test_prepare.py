@@ -60,14 +60,14 @@ def test_prepare_npy_cli_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     )
     assert read_header(out)["dtype"] == "uint32"
     capsys.readouterr()
-    assert prepare_main([str(tmp_path / "a.npy"), "--out", str(out), "--from-npy", "--vocab-size", "5"]) == 1
+    assert prepare_main([str(tmp_path / "a.npy"), "--out", str(out), "--from-npy", "--vocab-size", "5"]) == 2
     assert "--vocab-size=5 is too small for the largest token id 9" in capsys.readouterr().err
-    assert prepare_main([str(tmp_path / "a.npy"), "--out", str(tmp_path / "a.dat"), "--from-npy"]) == 1
+    assert prepare_main([str(tmp_path / "a.npy"), "--out", str(tmp_path / "a.dat"), "--from-npy"]) == 2
     assert "must end in .bin" in capsys.readouterr().err
     np.save(tmp_path / "m.npy", np.zeros((2, 2), dtype=np.int64))
-    assert prepare_main([str(tmp_path / "m.npy"), "--out", str(out), "--from-npy"]) == 1
+    assert prepare_main([str(tmp_path / "m.npy"), "--out", str(out), "--from-npy"]) == 2
     assert "expected a 1-D integer array" in capsys.readouterr().err
-    assert prepare_main([str(tmp_path / "missing"), "--out", str(out)]) == 1
+    assert prepare_main([str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert prepare_main([]) == 2  # argparse usage error
     # A vocabulary larger than the model's is caught when building datasets.
     with pytest.raises(ValueError, match=r"model\.vocab_size=8: data=tokens has a vocabulary of 70000"):

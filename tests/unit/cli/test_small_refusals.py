@@ -1,0 +1,56 @@
+"""Issue 41, the smaller items: each bad input is one line naming the key, the value and what is valid, with
+exit status 2, no traceback, and nothing written. In-process through the CLI's entry point; nothing here
+starts a worker or a job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.cli import main
+from hpctrain.launch.project import PROJECT_DIR_ENV
+
+FAST = ["data.max_bytes=100000", "trainer.max_steps=2", "logger=jsonl"]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder to type the commands in; the environment is restored afterwards."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv(PROJECT_DIR_ENV, str(folder))  # record_project_dir() sets it: undone afterwards
+    for name in ("SLURM_CONF", "HPCTRAIN_SLURM_CONFIGLESS"):
+        monkeypatch.delenv(name, raising=False)
+    return folder
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str], words: str, code: int = 2) -> str:
+    got = main(argv)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert got == code, err
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("hpctrain"), err
+    assert words in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["trian"], "unknown command 'trian' (did you mean train?)"),
+        (["sumary", "multirun/x"], "unknown command 'sumary' (did you mean summary?)"),
+        (["xyzzy"], "unknown command 'xyzzy' (valid: train, resume"),
+    ],
+    ids=["trian", "sumary", "no-close-match"],
+)
+def test_a_mistyped_subcommand_is_named_as_one(here: Path, capsys, argv: list[str], words: str):
+    refused(capsys, argv, words)
+    assert list(here.iterdir()) == []
+
+
+def test_prepare_of_a_missing_input_is_a_bad_input(here: Path, capsys):
+    refused(capsys, ["prepare", str(here / "nonexistent"), "--out", str(here / "x.bin")], "does not exist")
+    assert list(here.iterdir()) == []
