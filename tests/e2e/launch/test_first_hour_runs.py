@@ -167,7 +167,8 @@ def test_what_a_resume_cannot_continue_changes_nothing(stopped, tmp_path: Path):
     assert [p.name for p in mine.iterdir()] == ["config.yaml"] and (
         mine / "config.yaml"
     ).read_text() == "my: own\n"
-    _one_line(cli(*TINY, f"hydra.run.dir={run / 'checkpoints'}", cwd=here), "not an hpctrain run")
+    # (issue 41: named for what it is, a run's checkpoints folder, which only the checkpoint manager writes)
+    _one_line(cli(*TINY, f"hydra.run.dir={run / 'checkpoints'}", cwd=here), "is a run's checkpoints folder")
     assert tree(run) == after
 
 
