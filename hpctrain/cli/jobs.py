@@ -32,7 +32,7 @@ from hpctrain.cli.common import (
 from hpctrain.jobs.status import cancel, status, where
 from hpctrain.jobs.summary import summary_rows, sweep_states
 from hpctrain.jobs.targets import TARGET_HELP, Target, forward, resolve
-from hpctrain.rundir import SWEEP_RECORD, RunDir
+from hpctrain.rundir import JOB_RECORD, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import split_overrides
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -116,6 +116,9 @@ def _run(command: str, argv: list[str]) -> int:
             print(line)
         return report.code
     if command == "cancel":
+        if not target.is_sweep and target.slurm_id is None:  # no job to cancel: stop is the command for it
+            text = target.text
+            raise UsageError(f"{text} is a local run (no {JOB_RECORD}): stop it with hpctrain stop {text}")
         print(cancel(target))
         return EXIT_OK
     return summary(target, args.csv)

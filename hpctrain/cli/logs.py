@@ -45,6 +45,13 @@ def _run(argv: list[str]) -> int:
         target = member_target(args.target, members[args.member])
     elif args.member is not None:
         raise UsageError(f"--member is for a sweep directory; {args.target} is a single run")
+    if target.run_dir is not None:  # a rank the run does not have would otherwise read "no log yet"
+        from hpctrain.observe.results import world_size
+
+        world = world_size(target.run_dir)
+        if world is not None and args.rank >= world:
+            ranks = "0" if world == 1 else f"0-{world - 1}"
+            raise UsageError(f"--rank={args.rank}: {args.target} has {world} rank(s) (valid: {ranks})")
     for stream, text in logs(target, args.follow, args.lines, args.rank):
         if stream == "note":
             print(f"hpctrain logs: {text}", file=sys.stderr)

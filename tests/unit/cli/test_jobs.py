@@ -56,10 +56,11 @@ def test_status_summary_and_cancel_of_a_sweep_run_here(cli: CLI, tmp_path: Path)
     ]
     assert cli("summary", str(tmp_path), "--csv", str(tmp_path / "nowhere" / "x.csv")).returncode == 1
     stopped = cli("cancel", str(tmp_path / "0"))
-    assert stopped.returncode == 1
-    assert (
-        stopped.stderr
-        == f"hpctrain cancel: {tmp_path / '0'} is a local run (no job.json): stop it where it runs (Ctrl-C)\n"
+    # issue 41: the wrong command for a run here (a usage error, 2) names the one that stops it
+    assert stopped.returncode == 2
+    member = tmp_path / "0"
+    assert stopped.stderr == (
+        f"hpctrain cancel: {member} is a local run (no job.json): stop it with hpctrain stop {member}\n"
     )
 
 

@@ -25,7 +25,9 @@ def test_the_tail_of_a_ranks_log(cli: CLI, tmp_path: Path) -> None:
     assert rank1.stdout == RunDir(run).log(1).read_text()
     assert cli("logs", str(run), "-n", "0").stdout == ""
     missing = cli("logs", str(run), "--rank", "5")
-    assert missing.returncode == 1 and missing.stderr.startswith("hpctrain logs: no log yet: ")
+    # issue 41: a rank the run does not have is named as such, not "no log yet"
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr == f"hpctrain logs: --rank=5: {run} has 2 rank(s) (valid: 0-1)\n", missing.stderr
 
 
 def test_a_sweep_member_and_bad_arguments(cli: CLI, tmp_path: Path) -> None:
