@@ -10,6 +10,8 @@ import pytest
 
 from hpctrain.cli import main
 from hpctrain.launch.project import PROJECT_DIR_ENV
+from hpctrain.rundir import SWEEP_RECORD
+from hpctrain.rundir.records import SweepMember, SweepRecord, write_json
 
 FAST = ["data.max_bytes=100000", "trainer.max_steps=2", "logger=jsonl"]
 
@@ -54,3 +56,28 @@ def test_a_mistyped_subcommand_is_named_as_one(here: Path, capsys, argv: list[st
 def test_prepare_of_a_missing_input_is_a_bad_input(here: Path, capsys):
     refused(capsys, ["prepare", str(here / "nonexistent"), "--out", str(here / "x.bin")], "does not exist")
     assert list(here.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "words"),
+    [
+        (
+            ["optim.lr=1e-3,3e-4", "run=lrs"],
+            "run its -m command again: hpctrain -m optim.lr=1e-3,3e-4 run=lrs",
+        ),
+        (["train", "optim.lr=1e-3,3e-4"], "run its -m command again: hpctrain train -m optim.lr=1e-3,3e-4"),
+        (None, "run its -m command again: the -m command that started it"),
+    ],
+    ids=["recorded", "typed-train", "older-record"],
+)
+def test_resume_of_a_sweep_names_its_command(here: Path, capsys, command: list[str] | None, words: str):
+    sweep = here / "multirun" / "lrs"
+    members = [
+        SweepMember(i, [f"optim.lr={lr}"], str(sweep / str(i)), "local") for i, lr in enumerate((1, 2))
+    ]
+    sweep.mkdir(parents=True)
+    write_json(sweep / SWEEP_RECORD, SweepRecord("local", "local", members, command=command))
+    before = sorted(here.rglob("*"))
+    line = refused(capsys, ["resume", str(sweep)], f"RUN_DIR={sweep}: is a sweep (2 members): {words}")
+    assert f"valid: that command, or one member's run directory, e.g. {sweep / '0'}" in line
+    assert sorted(here.rglob("*")) == before
