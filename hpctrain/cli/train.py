@@ -56,6 +56,16 @@ def _unknown_command(argv: list[str], overrides: list[str]) -> str | None:
     return f"unknown command {word!r} ({hint})"
 
 
+def _as_typed(err: ConfigError, overrides: list[str]) -> ConfigError:
+    """A refusal of the run directory (its lock held by another run) names ``run=NAME`` to someone who typed
+    that, not ``hydra.run.dir``, which they never saw; any other refusal as it is."""
+    typed = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
+    if err.key != "hydra.run.dir" or "run" not in typed or "hydra.run.dir" in typed:
+        return err
+    valid = (err.valid or "").replace("a different hydra.run.dir", "another run= name")
+    return ConfigError("run", typed["run"], f"its directory {err.value}: {err.reason}", valid=valid or None)
+
+
 def _train(argv: list[str]) -> int:
     from hydra._internal.utils import get_args_parser
 
@@ -97,7 +107,7 @@ def _train(argv: list[str]) -> int:
             user_traceback = getattr(err, "user_traceback", None)  # the user's own code raised: show where
             if user_traceback:
                 print(user_traceback, file=sys.stderr, end="")
-            print(f"hpctrain: {err}", file=sys.stderr)
+            print(f"hpctrain: {_as_typed(err, list(args.overrides))}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         local = first.cluster.kind == "local" and first.cluster.fork_server and not first.dry_run
         forked.keep_prestarted(local and not (args.cfg or args.package or args.resolve))

@@ -11,6 +11,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.launch.project import PROJECT_DIR_ENV
 from hpctrain.rundir import SWEEP_RECORD
+from hpctrain.rundir.lock import LOCK_FILE, RunLock
 from hpctrain.rundir.records import SweepMember, SweepRecord, write_json
 
 FAST = ["data.max_bytes=100000", "trainer.max_steps=2", "logger=jsonl"]
@@ -81,3 +82,12 @@ def test_resume_of_a_sweep_names_its_command(here: Path, capsys, command: list[s
     line = refused(capsys, ["resume", str(sweep)], f"RUN_DIR={sweep}: is a sweep (2 members): {words}")
     assert f"valid: that command, or one member's run directory, e.g. {sweep / '0'}" in line
     assert sorted(here.rglob("*")) == before
+
+
+def test_a_locked_run_directory_names_the_run_name_typed(here: Path, capsys):
+    run_dir = here / "outputs" / "mine"
+    with RunLock(run_dir).acquire(job_id="4242"):  # another open file description: flock refuses the run
+        line = refused(capsys, ["run=mine", *FAST, "dry_run=true"], "run=mine: its directory outputs/mine: ")
+    assert "another run is using this directory" in line and "hydra.run.dir" not in line, line
+    assert "(valid: another run= name, or wait for that run to end)" in line, line
+    assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # nothing written beside the lock
