@@ -63,6 +63,7 @@ import torch.distributed.checkpoint as dcp
 
 from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
+from hpctrain.checkpoint.pins import pinned
 from hpctrain.checkpoint.reader import FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner
 from hpctrain.checkpoint.staging import (
@@ -559,7 +560,13 @@ class CheckpointManager:
         deleted by a thread (unlinking a 1.4 GiB shard took 0.27 s here, on the training thread otherwise).
         A crash mid-delete leaves a ``.tmp-`` directory, which the next run's resume removes."""
         own = [c for c in layout.committed(self.root) if layout.lineage_of(c) in self._own_lineages]
-        for old in own[self.keep_last :]:
+        beyond = own[self.keep_last :]
+        # trainer.eval_job: a checkpoint whose evaluation job has not read it yet stays, whatever keep_last
+        # says (the job may wait in the queue for hours); it goes at the first prune after the job read it.
+        kept = pinned(self.root, [layout.step_of(c) for c in beyond]) if beyond else set()
+        for old in beyond:
+            if layout.step_of(old) in kept:
+                continue
             doomed = old.with_name(layout.PRUNED_PREFIX + old.name)
             shutil.rmtree(doomed, ignore_errors=True)  # a leftover of an earlier crash: same name
             old.rename(doomed)

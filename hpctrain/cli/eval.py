@@ -11,6 +11,8 @@ stderr and exit status 2; nothing is written. Imports torch when it runs (not on
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +41,13 @@ def run(name: str, argv: list[str]) -> int:
             check_text("OVERRIDES", override)
         from hpctrain.task.evaluate import evaluate_checkpoint
 
-        record = evaluate_checkpoint(Path(args.run_dir), args.step, list(args.overrides))
+        try:
+            record = evaluate_checkpoint(Path(args.run_dir), args.step, list(args.overrides))
+        except BaseException as err:  # its own failure: the pin must not keep the checkpoint for ever
+            first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            _release_pin(Path(args.run_dir), args.step, f"failed: {first_line}")
+            raise
+        _release_pin(Path(args.run_dir), args.step, "read")
     except ConfigError as err:
         user_traceback = getattr(err, "user_traceback", None)  # eval._target_ raised: show where, above
         if user_traceback:
@@ -49,3 +57,21 @@ def run(name: str, argv: list[str]) -> int:
     shown = ", ".join(f"{k} {v:.4f}" for k, v in eval_metrics(record).items())
     print(f"step {record['step']}: {shown} ({record['eval_s']:.1f} s) → {RunDir(Path(args.run_dir)).evals}")
     return 0
+
+
+def _release_pin(run_dir: Path, step: int | None, how: str) -> None:
+    """An evaluation job of ``trainer.eval_job`` (the training job exported the step it submitted it for)
+    releases the pin that kept its checkpoint from pruning, with how it ended: "read" (evaluated), or why
+    not, which ``hpctrain status`` shows. Someone's own ``hpctrain eval`` leaves the job's pin alone."""
+    from hpctrain.slurm.commands import EVAL_STEP_ENV
+
+    own_job = os.environ.get("SLURM_JOB_ID")
+    if step is None or os.environ.get(EVAL_STEP_ENV) != str(step) or not own_job:
+        return
+    run = RunDir(run_dir)
+    pin = run.read_eval_pins().get(step)
+    # The pin's job id is None when this job started before the training job's sbatch call returned.
+    if pin is None or pin.get("released") is not None or pin.get("job_id") not in (None, own_job):
+        return
+    with contextlib.suppress(OSError):  # unwritable: the pruner releases it once this job has ended
+        run.write_eval_pin(step, own_job, released=how)

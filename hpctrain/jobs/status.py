@@ -4,8 +4,10 @@ its lines (the CLI prints them). No torch import here."""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpctrain.jobs.control import describe as describe_control
 from hpctrain.jobs.states import FAILED, RunState, run_state
@@ -120,6 +122,8 @@ def status(target: Target) -> Report:
             last = max(evals, key=lambda r: (r["step"], r.get("time", 0)))  # the latest of the latest step
             shown = ", ".join(f"{k} {fmt(v)}" for k, v in list(eval_metrics(last).items())[:4])
             out.append(("eval", f"{shown} (step {last['step']}; {plural(len(evals), 'evaluation')})"))
+        for line in missed_evaluations(target.run_dir, evals):  # trainer.eval_job: never a silent gap
+            out.append(("missing", line))
         control = describe_control(RunDir(target.run_dir).read_control())
         if control is not None:
             out.append(("control", control))
@@ -147,6 +151,39 @@ def status(target: Target) -> Report:
     report.lines += [f"{key:<{width}}  {value}".rstrip() for key, value in out]
     report.code = code
     return report
+
+
+def missed_evaluations(run_dir: Path, evals: list[dict[str, Any]]) -> list[str]:
+    """``trainer.eval_job``: one line per step submitted for evaluation (``eval_pins/``) with no result in
+    eval.jsonl whose job will not give one: it failed, was never submitted, or ended without reading its
+    checkpoint. A job still pending or running is not missing; nor is one Slurm cannot be asked about."""
+    done = {r["step"] for r in evals}
+    pins = {s: p for s, p in RunDir(run_dir).read_eval_pins().items() if s not in done}
+    unreleased = [str(p["job_id"]) for p in pins.values() if p.get("released") is None and p.get("job_id")]
+    states: dict[str, JobState] = {}
+    if unreleased:
+        try:
+            states = commands.job_states(unreleased)
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):
+            return [_missed(s, p, p.get("released")) for s, p in sorted(pins.items()) if p.get("released")]
+    lines = []
+    for step, pin in sorted(pins.items()):
+        why, job = pin.get("released"), pin.get("job_id")
+        if why is None and job:
+            state = states.get(str(job))
+            if state is not None and not state.final:  # still to come
+                continue
+            ended = state.state if state is not None else "(unknown to Slurm)"
+            why = f"the job ended {ended} before reading its checkpoint"
+        elif why is None:
+            continue  # being submitted (a dead training job's leftover is released by its run's next prune)
+        lines.append(_missed(step, pin, why))
+    return lines
+
+
+def _missed(step: int, pin: dict[str, Any], why: str) -> str:
+    job = f" (job {pin['job_id']})" if pin.get("job_id") else ""
+    return f"evaluation of step {step}{job} missing: {why}"
 
 
 def _status_sweep(target: Target) -> Report:

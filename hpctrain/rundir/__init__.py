@@ -13,6 +13,7 @@ Over 400 lines: one class holds every path of the layout, so that no other modul
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ SBATCH_SCRIPT = "job.sbatch"
 ARRAY_SCRIPT = "array-{}.sbatch"  # cluster.ssh sweeps: one per job array, k = 0, 1, ... (MaxArraySize splits)
 REMOTE_CLI = "hpctrain.sh"  # cluster.ssh: hpctrain's commands on this run, as the laptop runs them there
 EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, submitted once per checkpoint
+EVAL_PINS_DIR = "eval_pins"  # trainer.eval_job: step_N.json per submitted evaluation, the checkpoint's pin
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
 CHECKPOINTS_DIR = "checkpoints"
@@ -92,6 +94,8 @@ LAYOUT: dict[str, str] = {
     SBATCH_SCRIPT: "launcher=sbatch: the rendered script that was submitted",
     ARRAY_SCRIPT.format("K"): "a sweep directory over cluster.ssh: the script of its K-th job array",
     EVAL_SCRIPT: "trainer.eval_job: the evaluation job's script, submitted after each checkpoint",
+    f"{EVAL_PINS_DIR}/": "trainer.eval_job: step_N.json per evaluation submitted (its job id), which keeps "
+    "checkpoint N from pruning until the job has read it (then released, with how)",
     REMOTE_CLI: "cluster.ssh: hpctrain status, logs, save, report, ... as the laptop runs them there",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
@@ -158,6 +162,11 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS_DIR
+
+    @classmethod
+    def of_checkpoints(cls, root: Path) -> RunDir | None:
+        """The run directory whose checkpoints folder ``root`` is; None for a folder of another name."""
+        return cls(root.parent) if root.name == CHECKPOINTS_DIR else None
 
     @property
     def profile(self) -> Path:
@@ -238,6 +247,32 @@ class RunDir:
 
     def read_evals(self) -> list[dict[str, Any]]:
         return [r for r in read_jsonl(self.evals) if "step" in r]
+
+    @property
+    def eval_pins(self) -> Path:
+        return self.path / EVAL_PINS_DIR
+
+    def eval_pin(self, step: int) -> Path:
+        """trainer.eval_job: the pin of the evaluation submitted for checkpoint ``step``. One file per step,
+        written by the training job (before and after sbatch) and released by the evaluation job: no two
+        writers share a file, on a shared file system without locks."""
+        return self.eval_pins / f"step_{step:08d}.json"
+
+    def write_eval_pin(self, step: int, job_id: str | None, released: str | None = None) -> None:
+        """Pin checkpoint ``step`` for evaluation job ``job_id`` (None: being submitted), or with ``released``
+        (how it ended: "read", or why it never will be) unpin it while keeping the record for status."""
+        self.eval_pins.mkdir(parents=True, exist_ok=True)
+        record = {"step": step, "job_id": job_id, "time": time.time(), "released": released}
+        atomic_json(self.eval_pin(step), record)
+
+    def read_eval_pins(self) -> dict[int, dict[str, Any]]:
+        """Every evaluation pin by step (released ones too); a partly written one is skipped."""
+        found: dict[int, dict[str, Any]] = {}
+        for path in sorted(self.eval_pins.glob("step_*.json")) if self.eval_pins.is_dir() else []:
+            record = read_json(path)
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                found[record["step"]] = record
+        return found
 
     @property
     def restarts(self) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -158,13 +159,18 @@ class EvalJobs:
     """``trainer.eval_job``: after each committed checkpoint, submit the run's evaluation script
     (``eval.sbatch``, written at submission) as a job that depends on this one, from a background thread:
     the training loop never waits for sbatch. :meth:`wait` lets the last submissions finish before the
-    process ends (the final checkpoint's comes just before it exits)."""
+    process ends (the final checkpoint's comes just before it exits).
+
+    Each submission pins its checkpoint (``eval_pins/``, :mod:`hpctrain.checkpoint.pins`) before sbatch runs,
+    here on the committing thread, so that no later prune can remove it before its job has read it."""
 
     def __init__(self, run_dir: Path, job_id: str) -> None:
-        self.script, self.job_id = RunDir(run_dir).eval_script, job_id
+        self.run, self.job_id = RunDir(run_dir), job_id
+        self.script = self.run.eval_script
         self.threads: list[threading.Thread] = []
 
     def __call__(self, step: int) -> None:
+        self.run.write_eval_pin(step, None)
         thread = threading.Thread(target=self._submit, args=(step,), name=f"eval-job-{step}", daemon=True)
         thread.start()
         self.threads.append(thread)
@@ -183,12 +189,17 @@ class EvalJobs:
         env[commands.EVAL_STEP_ENV] = str(step)
         try:
             outcome = commands.submit_dependent(self.script, self.job_id, env)
-        except (OSError, ValueError) as err:  # no sbatch here, or it timed out
+        except (OSError, ValueError, subprocess.SubprocessError) as err:  # no sbatch here, or it timed out
             log.warning("trainer.eval_job: cannot submit the evaluation of step %d: %s", step, err)
+            self.run.write_eval_pin(step, None, released=f"not submitted: {err}")  # status names it
             return
         if outcome.ok:
-            log.info(
-                "Evaluation job %s for step %d (after job %s)", outcome.stdout.strip(), step, self.job_id
-            )
+            evaluation = outcome.stdout.strip().split(";")[0]
+            pin = self.run.read_eval_pins().get(step)
+            if pin is None or pin.get("released") is None:  # not already read by a job that started at once
+                self.run.write_eval_pin(step, evaluation)
+            log.info("Evaluation job %s for step %d (after job %s)", evaluation, step, self.job_id)
         else:
             log.warning("trainer.eval_job: %s failed: %s", outcome.command, outcome.stderr.strip())
+            why = f"not submitted: {outcome.stderr.strip() or f'sbatch exit {outcome.returncode}'}"
+            self.run.write_eval_pin(step, None, released=why)

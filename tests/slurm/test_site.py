@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from hpctrain.rundir.records import read_job, read_sweep
+from hpctrain.slurm.commands import JobState, job_states
 from tests.support import hpctrain, metrics, model_and_optimizer
 
 from .test_jobs import fields, jobs_cli, wait_for
@@ -25,6 +26,13 @@ TINY = [
     "trainer.eval_batches=1",
     "logger=jsonl",
 ]
+
+
+PENDING = JobState("", "PENDING", "", "", "")
+
+
+def read_log(run: Path) -> str:
+    return (run / "logs" / "rank0.log").read_text()
 
 
 def squeue_ids(*job_ids: str) -> list[str]:
@@ -188,16 +196,29 @@ def test_a_preempted_pack_resumes_every_unfinished_member_exactly(slurm_cluster,
 
 
 def test_eval_jobs_one_per_checkpoint_after_the_training_job(slurm_cluster, tmp_path: Path) -> None:
+    """Issue 41, item 5: the evaluation jobs wait in the queue (their partition down) until the training job
+    has ended, past the prunes of keep_last=1 that would have removed steps 10 and 20: each still finds its
+    checkpoint, eval.jsonl has every line, and status names no missing evaluation."""
     run = tmp_path / "run"
     result = hpctrain(
         *TINY, "trainer.eval_job=slurm_test", "trainer.max_steps=30", "trainer.ckpt_every=10",
-        "trainer.keep_last=5", "trainer.eval_every=10", "trainer.log_every=10", f"hydra.run.dir={run}",
+        "trainer.keep_last=1", "trainer.eval_every=10", "trainer.log_every=10", f"hydra.run.dir={run}",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     job = read_job(run)
     assert job is not None and (run / "eval.sbatch").is_file()
-    assert wait_final([job.job_id], timeout=240)[job.job_id].state == "COMPLETED"
-    log = (run / "logs" / "rank0.log").read_text()
+    partition = f"PartitionName={slurm_cluster.partition}"
+    started = lambda: job_states([job.job_id]).get(job.job_id, PENDING).state != "PENDING"  # noqa: E731
+    wait_for("the training job to start", started, timeout=120, every=0.2)
+    # A down partition queues new jobs without starting them; the running training job goes on.
+    slurm_cluster.run(["scontrol", "update", partition, "State=DOWN"])
+    try:
+        assert wait_final([job.job_id], timeout=240)[job.job_id].state == "COMPLETED"
+        held = {s.state for s in job_states(re.findall(r"Evaluation job (\d+)", read_log(run))).values()}
+        assert held == {"PENDING"}, held  # every evaluation still waits: steps 10, 20 were due for pruning
+    finally:
+        slurm_cluster.run(["scontrol", "update", partition, "State=UP"])
+    log = read_log(run)
     submitted = re.findall(r"Evaluation job (\d+) for step (\d+) \(after job (\S+)\)", log)
     assert sorted(int(step) for _, step, _ in submitted) == [10, 20, 30], log[-3000:]
     assert {after for _, _, after in submitted} == {job.job_id}
@@ -213,3 +234,4 @@ def test_eval_jobs_one_per_checkpoint_after_the_training_job(slurm_cluster, tmp_
         assert abs(record["val_loss"] - logged[record["step"]]) <= 1e-5, (record, logged)
     shown = fields(jobs_cli("status", run).stdout)
     assert shown["eval"].endswith("(step 30; 3 evaluations)"), shown
+    assert "missing" not in shown, shown
