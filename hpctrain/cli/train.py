@@ -13,6 +13,7 @@ so that every worker can import the user's package (:mod:`hpctrain.launch.projec
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER
 from hpctrain.errors import ConfigError
 
 EXIT_BAD_CONFIG = 2
+# Hydra's refusal of a sweep's value without --multirun: a comma list ("Ambiguous value ...", whose hint
+# is on its later lines) or a sweep function such as range() ("... requires --multirun").
+_SWEEP_WITHOUT_M = re.compile(r"(?:Ambiguous value for argument|Sweep parameters) '(.+)'")
 
 
 def run(name: str, argv: list[str]) -> int:
@@ -59,6 +63,14 @@ def _unknown_command(argv: list[str], overrides: list[str]) -> str | None:
 def _as_typed(err: ConfigError, overrides: list[str]) -> ConfigError:
     """A refusal of the run directory (its lock held by another run) names ``run=NAME`` to someone who typed
     that, not ``hydra.run.dir``, which they never saw; any other refusal as it is."""
+    sweep = _SWEEP_WITHOUT_M.match(err.reason) if not err.key else None
+    if sweep is not None:  # Hydra's three-line answer, cut to its first line, lost its hint: keep it
+        given = sweep.group(1)
+        key, value = given.split("=", 1) if "=" in given else ("", given)
+        ways = "add -m (--multirun) to sweep over it"
+        if "," in value and "(" not in value:
+            ways += f", {key}=[{value}] for a list, or quote it ('{key}=\"{value}\"') for a string"
+        return ConfigError(key, value, "is a sweep, and the command has no -m", valid=ways)
     typed = {o.lstrip("+~").split("=", 1)[0]: o.split("=", 1)[1] for o in overrides if "=" in o}
     if err.key != "hydra.run.dir" or "run" not in typed or "hydra.run.dir" in typed:
         return err

@@ -91,3 +91,16 @@ def test_a_locked_run_directory_names_the_run_name_typed(here: Path, capsys):
     assert "another run is using this directory" in line and "hydra.run.dir" not in line, line
     assert "(valid: another run= name, or wait for that run to end)" in line, line
     assert sorted(p.name for p in run_dir.iterdir()) == [LOCK_FILE]  # nothing written beside the lock
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("optim.lr=1e-3,3e-4", "optim.lr=1e-3,3e-4: is a sweep, and the command has no -m (valid: add -m"),
+        ("optim.lr=range(1,3)", "optim.lr=range(1,3): is a sweep, and the command has no -m (valid: add -m"),
+    ],
+    ids=["comma-list", "range"],
+)
+def test_a_sweep_without_m_keeps_hydras_hint(here: Path, capsys, override: str, words: str):
+    refused(capsys, [override, *FAST, "dry_run=true"], words)
+    assert list(here.iterdir()) == []
