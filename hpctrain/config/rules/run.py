@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.config.sanity import at_least, one_of
-from hpctrain.config.schema import ADAPTERS, Config, DataConfig, ModelConfig
+from hpctrain.config.schema import ADAPTERS, Config, DataConfig, ModelConfig, OptimConfig
 from hpctrain.config.shape import degrees, samples_per_pass
 from hpctrain.errors import ConfigError, require_package
 from hpctrain.precision import PRECISIONS
@@ -89,6 +89,7 @@ def check_data(data: DataConfig) -> None:
         )
 
 
+DEFAULT_WARMUP_STEPS = OptimConfig.warmup_steps
 MAX_LR = 10.0  # SGD on a normalised model may use lr 1-5; nothing trains at 100
 
 
@@ -99,6 +100,15 @@ def check_optim(cfg: Config) -> None:
         raise ConfigError("optim.lr", optim.lr, f"must be > 0 and at most {MAX_LR:g}", valid="e.g. 3e-4")
     at_least("optim.weight_decay", optim.weight_decay, 0.0)
     at_least("optim.warmup_steps", optim.warmup_steps, 0)
+    steps = cfg.trainer.max_steps
+    # A warmup longer than the run trains at a fraction of optim.lr throughout, without a word. The
+    # default's few steps are left alone: a smoke run of 2-5 steps tries a setup, not a learning rate.
+    if optim.warmup_steps > max(steps, DEFAULT_WARMUP_STEPS):
+        raise ConfigError(
+            "optim.warmup_steps", optim.warmup_steps,
+            f"longer than the run (trainer.max_steps={steps}): it would never reach optim.lr",
+            valid=f"0 to {steps} (trainer.max_steps), or a larger trainer.max_steps",
+        )  # fmt: skip
     at_least("optim.grad_clip", optim.grad_clip, 0.0)
     if not 0.0 <= optim.min_lr_ratio <= 1.0:
         raise ConfigError("optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")

@@ -20,12 +20,14 @@ CASES: list[tuple[Callable[[Config], None], list[str], str]] = [
     (check_parallel, ["parallel=tp", "parallel.tp=3", "cluster.nproc=2"], "parallel"),
     (check_checkpoint, ["checkpoint.local_every=0"], "checkpoint.local_every"),
     (check_optim, ["optim.lr=-1"], "optim.lr"),
+    # issue 41: a warmup longer than the run never reaches optim.lr
+    (check_optim, ["optim.warmup_steps=500", "trainer.max_steps=5"], "optim.warmup_steps=500: longer than"),
     (check_trainer, ["trainer.max_steps=0"], "trainer.max_steps"),
     (check_batch, ["trainer.global_batch_size=32", "trainer.micro_batch_size=5"], "trainer."),
 ]
 
 
-@pytest.mark.parametrize(("check", "overrides", "key"), CASES, ids=[c[0].__name__ for c in CASES])
+@pytest.mark.parametrize(("check", "overrides", "key"), CASES, ids=[f"{c[0].__name__}-{c[2]}" for c in CASES])
 def test_each_rule_passes_the_default_and_names_the_key_it_refuses(
     check: Callable[[Config], None], overrides: list[str], key: str
 ) -> None:
