@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER
 from hpctrain.errors import ConfigError
@@ -58,6 +59,27 @@ def _unknown_command(argv: list[str], overrides: list[str]) -> str | None:
     valid = f"valid: {', '.join(SUBCOMMANDS)}, or KEY=VALUE overrides"
     hint = f"did you mean {close[0]}?" if close else valid
     return f"unknown command {word!r} ({hint})"
+
+
+def _interval_without_sampler(overrides: list[str], composed: Any) -> ConfigError | None:
+    """``-m optim.lr=interval(…)`` under Hydra's basic sweeper, which cannot sample a range (its traceback,
+    after the sweep directory was made): the override and the sweeper that can, before anything is written."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from hpctrain.errors import pip_line
+    from hpctrain.submit.sweep import SWEEPER_PACKAGES, chosen_sweeper
+
+    if chosen_sweeper(composed) != "basic":
+        return None
+    parser = OverridesParser.create()
+    for text in overrides:
+        if parser.parse_override(text).is_interval_sweep():
+            key, value = text.split("=", 1)
+            plugin = pip_line(SWEEPER_PACKAGES["optuna"][0])
+            why = "an interval needs a sweeper that samples (Hydra's basic sweeper lists a grid)"
+            valid = f"hydra/sweeper=optuna ({plugin}), or a list of values: {key}=A,B,C"
+            return ConfigError(key.lstrip("+~"), value, why, valid=valid)
+    return None
 
 
 def _as_typed(err: ConfigError, overrides: list[str]) -> ConfigError:
@@ -121,6 +143,11 @@ def _train(argv: list[str]) -> int:
                 print(user_traceback, file=sys.stderr, end="")
             print(f"hpctrain: {_as_typed(err, list(args.overrides))}", file=sys.stderr)
             return EXIT_BAD_CONFIG
+        if args.multirun:
+            basic_interval = _interval_without_sampler(overrides, composed)
+            if basic_interval is not None:
+                print(f"hpctrain: {basic_interval}", file=sys.stderr)
+                return EXIT_BAD_CONFIG
         local = first.cluster.kind == "local" and first.cluster.fork_server and not first.dry_run
         forked.keep_prestarted(local and not (args.cfg or args.package or args.resolve))
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):

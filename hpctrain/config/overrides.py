@@ -110,7 +110,13 @@ def sweeper_params(overrides: list[str]) -> list[str]:
     out: list[str] = []
     parser = OverridesParser.create()
     for text in overrides:
-        if text.lstrip("+").split("=", 1)[0] != SWEEPER_PARAMS:
+        key = text.lstrip("+").split("=", 1)[0]
+        if key.startswith(f"{SWEEPER_PARAMS}.") and "=" in text:
+            # One key of the search space (+hydra.sweeper.params.optim.lr=interval(…)): the same override,
+            # which Hydra would refuse in two lines ("Sweeping over Hydra's configuration is not supported")
+            out.append(f"{key.removeprefix(SWEEPER_PARAMS + '.')}={text.split('=', 1)[1]}")
+            continue
+        if key != SWEEPER_PARAMS:
             out.append(text)
             continue
         try:
@@ -123,8 +129,38 @@ def sweeper_params(overrides: list[str]) -> list[str]:
                 SWEEPER_PARAMS, value, "not a mapping of keys to search spaces",
                 valid="{optim.lr: 'interval(1e-4,1e-2)', trainer.seed: 'choice(1,2)'}",
             )  # fmt: skip
-        out += [f"{key}={space}" for key, space in value.items()]
+        typed = _mapping_texts(text.split("=", 1)[1])
+        # An unquoted space (interval(1e-4,1e-2)) parses to a Sweep object whose str() is Python's repr:
+        # the user's own text goes on, so the sweeper reads what they typed and a refusal shows it.
+        out += [
+            f"{key}={space if isinstance(space, str) else typed.get(key, space)}"
+            for key, space in value.items()
+        ]
     return out
+
+
+def _mapping_texts(text: str) -> dict[str, str]:
+    """``{a.b: interval(1, 2), c: 'x'}`` as typed: each key's value text (quotes kept), split at the commas
+    and colons outside brackets and quotes."""
+    body = text.strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        return {}
+    items, depth, quote, start = [], 0, "", 1
+    for i, ch in enumerate(body[1:-1], start=1):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    items.append(body[start:-1])
+    pairs = [item.split(":", 1) for item in items if ":" in item]
+    return {key.strip().strip("'\""): value.strip() for key, value in pairs}
 
 
 def plain_parameters(overrides: list[str], config_dirs: Sequence[Path] = ()) -> list[str]:

@@ -104,3 +104,23 @@ def test_a_locked_run_directory_names_the_run_name_typed(here: Path, capsys):
 def test_a_sweep_without_m_keeps_hydras_hint(here: Path, capsys, override: str, words: str):
     refused(capsys, [override, *FAST, "dry_run=true"], words)
     assert list(here.iterdir()) == []
+
+
+OPTUNA_LINE = (
+    "(valid: hydra/sweeper=optuna (pip install 'hpctrain[sweep]'), or a list of values: optim.lr=A,B,C)"
+)
+
+
+@pytest.mark.parametrize(
+    "sweep",
+    [
+        ["optim.lr=interval(1e-4,1e-2)"],
+        ["hydra.sweeper.params={optim.lr:interval(1e-4,1e-2)}"],
+        ["+hydra.sweeper.params.optim.lr=interval(1e-4,1e-2)"],
+    ],
+    ids=["override", "params-mapping", "params-key"],
+)
+def test_an_interval_under_the_basic_sweeper_names_optuna(here: Path, capsys, sweep: list[str]):
+    line = refused(capsys, ["-m", *sweep, *FAST], "optim.lr=interval(1e-4,1e-2): an interval needs a sweeper")
+    assert line.endswith(OPTUNA_LINE), line
+    assert list(here.iterdir()) == []  # Hydra's basic sweeper made the sweep directory before its traceback

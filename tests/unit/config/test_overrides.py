@@ -16,6 +16,15 @@ def test_the_sweepers_params_mapping_becomes_overrides() -> None:
     assert got == ["optim.lr=interval(1e-4,1e-2)", "model=gpt"]
 
 
+def test_an_unquoted_search_space_goes_on_as_typed() -> None:
+    """Issue 41: an unquoted space parsed to IntervalSweep(tags=set(), …), whose repr reached the sweeper and
+    the refusal; one key typed as +hydra.sweeper.params.KEY was Hydra's two-line error."""
+    got = sweeper_params(["hydra.sweeper.params={optim.lr:interval(1e-4,1e-2), trainer.seed: choice(1,2)}"])
+    assert got == ["optim.lr=interval(1e-4,1e-2)", "trainer.seed=choice(1,2)"]
+    got = sweeper_params(["+hydra.sweeper.params.optim.lr=interval(1e-4,1e-2)", "model=gpt"])
+    assert got == ["optim.lr=interval(1e-4,1e-2)", "model=gpt"]
+
+
 def test_a_targets_parameters_are_its_signatures() -> None:
     assert target_parameters("hpctrain.jobs.logs.tail") == ["path", "n"]
     assert target_parameters("no.such.module.Thing") is None
