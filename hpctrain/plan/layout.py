@@ -57,6 +57,7 @@ def declared_facts(cfg: Config) -> ModelFacts:
     """The fact sheet of a built-in model under the run's pipeline split (a ConfigError for a model that
     declares none, see :func:`planned_model`)."""
     spec = planned_model(cfg)
+    _check_plannable(spec)
     n_stages = run_shape(cfg).n_stages
     lora = cfg.model.lora
     adapters = (lora.rank, tuple(lora.targets) or spec.lora_targets) if cfg.model.adapters == "lora" else None
@@ -71,6 +72,32 @@ def declared_facts(cfg: Config) -> ModelFacts:
 
 
 _SHEETS: dict[tuple[Any, ...], ModelFacts] = {}
+
+# The fact sheet lists every layer's tensors: a typo such as model.n_layers=1000000000000 would build it for
+# hours. Both bounds are far beyond anything trained (the deepest transformers have about a thousand layers;
+# the largest machines about 10 PB of accelerator memory, and training holds about 16 bytes a parameter):
+# a model past either fits nowhere, and is refused from arithmetic before any sheet is built.
+MAX_PLANNED_LAYERS = 16_384
+MAX_TRAINING_BYTES = 2**60  # 1 EiB
+TRAINING_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments
+
+
+def _check_plannable(spec: TransformerSpec) -> None:
+    def numel(specs: Any) -> int:
+        return sum(math.prod(p.shape) for p in specs)
+
+    per_layer = numel(spec.block_param_specs())
+    n_params = numel(spec.input_params()) + numel(spec.output_params()) + per_layer * spec.n_layers
+    most = max(1, (MAX_TRAINING_BYTES // TRAINING_BYTES_PER_PARAM) // max(per_layer, 1))
+    too_big = n_params * TRAINING_BYTES_PER_PARAM > MAX_TRAINING_BYTES
+    if spec.n_layers > MAX_PLANNED_LAYERS or too_big:
+        why = (
+            f"{n_params:.3g} parameters (model.d_model={spec.d_model}) fit on no machine: training holds "
+            f"about {TRAINING_BYTES_PER_PARAM} bytes a parameter, more than 1 EiB here"
+            if too_big
+            else f"deeper than any model the planner plans (at most {MAX_PLANNED_LAYERS} layers)"
+        )
+        raise ConfigError("model.n_layers", spec.n_layers, why, valid=f"1 to {min(MAX_PLANNED_LAYERS, most)}")
 
 
 def local_numel(spec: ParamSpec | ParamFact, tp: int, shards: int, shard_rank: int) -> int:

@@ -4,6 +4,7 @@ starts a worker or a job."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,25 @@ def test_an_interval_under_the_basic_sweeper_names_optuna(here: Path, capsys, sw
     line = refused(capsys, ["-m", *sweep, *FAST], "optim.lr=interval(1e-4,1e-2): an interval needs a sweeper")
     assert line.endswith(OPTUNA_LINE), line
     assert list(here.iterdir()) == []  # Hydra's basic sweeper made the sweep directory before its traceback
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["model.n_layers=1000000000000"],
+            "model.n_layers=1000000000000: deeper than any model the planner plans",
+        ),
+        (
+            ["model=gpt2_124m", "model.n_layers=1000000000000"],
+            "parameters (model.d_model=768) fit on no machine",
+        ),
+    ],
+    ids=["deep", "huge"],
+)
+def test_a_model_that_fits_nowhere_is_refused_before_its_sheet_is_built(here: Path, capsys, argv, words: str):
+    """Issue 41: the planner listed every layer's tensors first: no answer within 120 s."""
+    started = time.monotonic()
+    refused(capsys, [*argv, *FAST, "dry_run=true"], words)
+    assert time.monotonic() - started < 30
+    assert list(here.iterdir()) == []
