@@ -101,6 +101,19 @@ def check_faults(faults: FaultsConfig) -> None:
         raise ConfigError("faults.save_delay_s", faults.save_delay_s, "must be ≥ 0", valid="seconds, e.g. 8")
 
 
+def check_fault_ranks(faults: FaultsConfig, world: int) -> None:
+    """A fault on a rank the run does not have would never fire, and a test built on it would pass for
+    nothing: one line naming the key and the world size."""
+    for key in ("fail_at", "hang_at", "kill_at", "stop_at", "nan_at", "writer_kill_at", "slow_rank"):
+        value = getattr(faults, key)
+        rank = value.partition(":")[0] if value is not None else ""
+        if rank.isdigit() and int(rank) >= world:
+            raise ConfigError(
+                f"faults.{key}", value, f"rank {rank} is not in this run of {world} rank(s)",
+                valid=f"a rank from 0 to {world - 1}",
+            )  # fmt: skip
+
+
 class FaultInjector:
     """What one rank does at each named point; a no-op for ``faults=none``."""
 

@@ -10,7 +10,9 @@ from typing import Any
 
 from hpctrain.config.sanity import at_least, check_local_cluster, one_of
 from hpctrain.config.schema import Config
+from hpctrain.config.shape import world_size
 from hpctrain.errors import ConfigError
+from hpctrain.faults import check_fault_ranks
 from hpctrain.slurm.remote import DESTINATION_HELP, destination_problem
 from hpctrain.slurm.spec import (
     DEPENDENCY,
@@ -78,6 +80,30 @@ def check_lost_nodes(cfg: Config) -> None:
         on_nodes(cfg, nodes)
 
 
+WORKERS_PER_CPU = 4  # loader processes beyond a few per CPU only wait for one, each holding its memory
+
+
+def check_num_workers(cfg: Config) -> None:
+    """data.num_workers is per rank: more than a few loader processes per CPU a rank can have only fights
+    for them (100000 would fork until the node runs out of memory). The CPUs: this machine's for a local
+    run; for a Slurm job, cluster.cpus_per_task or this machine's, whichever is more (a login node may
+    have fewer than the compute nodes)."""
+    here = os.cpu_count() or 1
+    cpus = here if cfg.cluster.kind == "local" else max(cfg.cluster.cpus_per_task, here)
+    most = WORKERS_PER_CPU * cpus
+    if cfg.data.num_workers > most:
+        where = (
+            "this machine's"
+            if cfg.cluster.kind == "local"
+            else "the CPUs a rank has (cluster.cpus_per_task or this machine's)"
+        )
+        raise ConfigError(
+            "data.num_workers", cfg.data.num_workers,
+            f"more loader processes per rank than {WORKERS_PER_CPU} × {where} {cpus} CPUs",
+            valid=f"0 to {most}",
+        )  # fmt: skip
+
+
 def check_cluster(cfg: Config) -> None:
     """The cluster group: local processes, or a Slurm job and every sbatch option it renders."""
     c = cfg.cluster
@@ -88,6 +114,9 @@ def check_cluster(cfg: Config) -> None:
     at_least("cluster.kill_grace_s", c.kill_grace_s, 0.0)
     at_least("cluster.max_restarts", c.max_restarts, 0)
     at_least("cluster.max_no_progress", c.max_no_progress, 1)
+    if c.nproc >= 1 and c.nodes >= 1 and c.tasks_per_node >= 1:  # else refused below, naming its key
+        check_fault_ranks(cfg.faults, world_size(cfg))
+    check_num_workers(cfg)
     if c.health_check is not None:
         check_health_script(c.health_check)
     check_ssh(cfg)

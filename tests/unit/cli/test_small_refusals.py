@@ -147,3 +147,28 @@ def test_a_model_that_fits_nowhere_is_refused_before_its_sheet_is_built(here: Pa
     refused(capsys, [*argv, *FAST, "dry_run=true"], words)
     assert time.monotonic() - started < 30
     assert list(here.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["faults.fail_at=5:2"],
+            "faults.fail_at=5:2: rank 5 is not in this run of 2 rank(s) (valid: a rank from 0 to 1)",
+        ),
+        (
+            ["faults.kill_at=2:1@1", "cluster.nproc=2"],
+            "faults.kill_at=2:1@1: rank 2 is not in this run of 2 rank(s)",
+        ),
+        (
+            ["data.num_workers=100000"],
+            "data.num_workers=100000: more loader processes per rank than 4 × this",
+        ),
+    ],
+    ids=["fail_at", "kill_at", "num_workers"],
+)
+def test_a_rank_or_a_resource_the_run_does_not_have_is_refused(
+    here: Path, capsys, argv: list[str], words: str
+):
+    refused(capsys, [*argv, *FAST, "dry_run=true"], words)
+    assert list(here.iterdir()) == []
