@@ -66,3 +66,20 @@ def test_pins_are_kept_when_slurm_cannot_be_asked(tmp_path: Path, monkeypatch: p
     manager.close()
     assert _steps(run.checkpoints) == [1, 3]
     assert run.read_eval_pins()[1]["released"] is None
+
+
+def test_a_pin_without_a_job_id_is_kept_for_its_grace_then_released(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sbatch call may still be running (kept), or the training job died inside it (released after
+    SUBMIT_GRACE_S, with that reason for status)."""
+    from hpctrain.checkpoint import pins
+
+    run = RunDir(tmp_path)
+    run.checkpoints.mkdir(parents=True)
+    monkeypatch.setattr(commands, "job_states", lambda ids: {})
+    run.write_eval_pin(5, None)
+    assert pins.pinned(run.checkpoints, [5]) == {5}
+    monkeypatch.setattr(pins, "SUBMIT_GRACE_S", 0.0)
+    assert pins.pinned(run.checkpoints, [5]) == set()
+    assert run.read_eval_pins()[5]["released"] == "never submitted (sbatch hung)"
