@@ -84,6 +84,13 @@ def check_data(data: DataConfig) -> None:
         return
     if data.name not in DATASETS:
         raise ConfigError("data", data.name, "not a known choice", valid=", ".join(DATASETS))
+    if data.path is not None and not DATASETS[data.name].needs_file:
+        # Refused, not honoured: the built-ins other than tokens are fixed corpora (text: Python's own
+        # sources), and a user's text becomes a token file with `hpctrain prepare` first.
+        raise ConfigError(
+            "data.path", data.path, f"data={data.name} reads no file, so it would be ignored",
+            valid="leave it unset, or data=tokens with a .bin written by `hpctrain prepare`",
+        )  # fmt: skip
     if not 0.0 < data.val_fraction <= 0.5:
         raise ConfigError("data.val_fraction", data.val_fraction, "must be in (0, 0.5]")
     for key, value, low in (("num_samples", data.num_samples, 2), ("max_bytes", data.max_bytes, 1024)):
