@@ -31,6 +31,7 @@ def run(name: str, argv: list[str]) -> int:
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
     args = parser.parse_args(argv)
+    from hpctrain.cli.train import one_process
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.plan.check import check_run
     from hpctrain.plan.estimate import estimate
@@ -40,7 +41,8 @@ def run(name: str, argv: list[str]) -> int:
     from hpctrain.submit.precheck import composed_run
 
     try:
-        cfg = composed_run(args.overrides, user_config_dirs(args.config_dir))  # as train composes it
+        overrides = one_process(list(args.overrides))
+        cfg = composed_run(overrides, user_config_dirs(args.config_dir))  # as train composes it
         check_run(cfg)
         measured = measured_for(cfg)
         est = estimate(cfg, measured)

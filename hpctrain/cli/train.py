@@ -42,6 +42,16 @@ def train(argv: list[str]) -> int:
         forked.stop_prestarted()
 
 
+def one_process(overrides: list[str]) -> list[str]:
+    """``parallel=none`` is one process (docs/parallelism.md's table): a local run's default of 2 processes
+    would refuse it, so it comes with ``cluster.nproc=1`` unless nproc was typed (then a mismatch is refused,
+    naming both). A Slurm profile's world is its nodes × tasks_per_node, which nproc does not change."""
+    keys = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    if "parallel=none" in overrides and "cluster.nproc" not in keys:
+        return [*overrides, "cluster.nproc=1"]
+    return overrides
+
+
 def _unknown_command(argv: list[str], overrides: list[str]) -> str | None:
     """``hpctrain trian``: a first word that looks like a subcommand (no ``=``, no ``+``/``~``, a plain
     word) is answered as one, not as an override Hydra cannot parse; None for anything else."""
@@ -116,7 +126,7 @@ def _train(argv: list[str]) -> int:
         print(f"hpctrain: {mistyped}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     informational = args.help or args.hydra_help or args.info or args.shell_completion
-    overrides = list(args.overrides)
+    overrides = one_process(list(args.overrides))
     try:
         config_dirs = user_config_dirs(args.config_dir)
     except ConfigError as err:

@@ -173,3 +173,14 @@ def test_a_rank_or_a_resource_the_run_does_not_have_is_refused(
 ):
     refused(capsys, [*argv, *FAST, "dry_run=true"], words)
     assert list(here.iterdir()) == []
+
+
+def test_parallel_none_is_one_process_unless_nproc_is_typed(here: Path, capsys):
+    """Issue 41: docs/parallelism.md's table says one process; the local default of 2 refused it."""
+    assert main(["parallel=none", *FAST, "dry_run=true"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["plan", "parallel=none"]) == 0
+    assert "local: 1 process on this machine" in capsys.readouterr().out
+    refused(
+        capsys, ["parallel=none", "cluster.nproc=2", *FAST, "dry_run=true"], "cluster.nproc=2: parallel=none"
+    )
