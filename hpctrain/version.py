@@ -15,10 +15,10 @@ import sys
 __version__ = "0.1.0"
 
 # The torch and Python hpctrain supports: (lowest, first unsupported), i.e. >=lowest,<top; None: no top yet.
-# Provisional: to be set from the compatibility run (.ci/compat: torch 2.13 and the newest served, Python
-# 3.10-3.13), and kept equal to pyproject.toml's requires-python and torch requirement.
+# What the compatibility run passed (.ci/compat, docs/support.md: torch 2.13-2.15 on Python 3.10-3.13,
+# 2026-12-06), equal to pyproject.toml's requires-python and torch requirement (tests/unit/test_torch_api.py).
 TORCH_SUPPORTED: tuple[str, str | None] = ("2.13", "2.16")
-PYTHON_SUPPORTED: tuple[str, str | None] = ("3.10", None)
+PYTHON_SUPPORTED: tuple[str, str | None] = ("3.10", "3.14")
 
 EXIT_UNSUPPORTED = 2  # the exit status of a CLI command or worker refused for its environment
 

@@ -37,6 +37,10 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     **torchapi.METADATA_PICKLE_NAMES,
     ("pathlib", "PosixPath"): __import__("pathlib").PosixPath,
     ("pathlib", "WindowsPath"): __import__("pathlib").PureWindowsPath,
+    # Python 3.13 made pathlib a package: its paths pickle as pathlib._local.*. Named here, never imported, so
+    # a checkpoint written on 3.13 loads on 3.10-3.12 as well.
+    ("pathlib._local", "PosixPath"): __import__("pathlib").PosixPath,
+    ("pathlib._local", "WindowsPath"): __import__("pathlib").PureWindowsPath,
     ("collections", "OrderedDict"): __import__("collections").OrderedDict,
     ("builtins", "set"): set,
     ("builtins", "frozenset"): frozenset,

@@ -242,6 +242,13 @@ def test_this_environment_is_supported_and_the_constants_are_ranges() -> None:
         assert release(low) is not None and (top is None or release(top) > release(low))
 
 
+def test_pyproject_declares_the_ranges_hpctrain_checks() -> None:
+    """pip refuses what the import-time check would: the two declarations are one range."""
+    project = (ROOT / "pyproject.toml").read_text()
+    assert f'requires-python = "{spec(PYTHON_SUPPORTED)}"' in project
+    assert f'"torch{spec(TORCH_SUPPORTED)}"' in project
+
+
 def test_torchapi_refuses_an_unsupported_torch_at_import() -> None:
     """Importing the module checks the torch it imports (here: made to look like 2.5.1)."""
     code = (
