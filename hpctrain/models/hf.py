@@ -51,9 +51,9 @@ def pipeline_split(model: nn.Module) -> PipelineSplit | None:
             kwargs["position_embeddings"] = stage.get_submodule(keep[0])(hidden, position_ids=positions)
         # No position ids here: with them transformers looks for packed sequences (a data-dependent scan);
         # a stage's sequences are whole.
-        kwargs["attention_mask"] = create_causal_mask(
-            config=stage.config, inputs_embeds=hidden, attention_mask=None, cache=None, position_ids=None
-        )
+        # The cache by position: transformers 5.24 renamed it (past_key_values -> cache); 5.20 is the newest
+        # on Python 3.10.
+        kwargs["attention_mask"] = create_causal_mask(stage.config, hidden, None, None, position_ids=None)
         return kwargs
 
     return PipelineSplit(tuple(names[:at]), blocks, (*names[at + 1 :], *head), keep, block_kwargs)

@@ -92,6 +92,12 @@ def _providers() -> dict[str, list[str]]:
     for dist in metadata.distributions():
         for file in dist.files or ():
             parts = file.parts
+            # Python 3.10's packages_distributions reads top_level.txt only (scikit-learn ships none): the
+            # top-level names from the files, as 3.11's does.
+            if len(parts) > 1 and file.suffix == ".py" and not parts[0].endswith((".dist-info", ".data")):
+                names = out.setdefault(parts[0], [])
+                if _norm(dist.metadata["Name"]) not in names:
+                    names.append(_norm(dist.metadata["Name"]))
             if len(parts) > 2 and parts[0] == "hydra_plugins":
                 names = out.setdefault(f"hydra_plugins.{parts[1]}", [])
                 if _norm(dist.metadata["Name"]) not in names:
