@@ -107,11 +107,7 @@ class GuardedStream:
         try:
             return self.stream.write(text)
         except OSError as err:
-            if not is_lost(err):
-                raise
-            self._lose()
-            if self.end:
-                raise
+            self._failed(err)
             return len(text)
 
     def writelines(self, lines: Any) -> None:
@@ -124,11 +120,16 @@ class GuardedStream:
         try:
             self.stream.flush()
         except OSError as err:
-            if not is_lost(err):
-                raise
-            self._lose()
-            if self.end:
-                raise
+            self._failed(err)
+
+    def _failed(self, err: OSError) -> None:
+        """A failed write or flush: raised again unless the reader is gone (then the stream is discarded,
+        and raised once more only when ``end``)."""
+        if not is_lost(err):
+            raise err
+        self._lose()
+        if self.end:
+            raise err
 
     def _lose(self) -> None:
         self.lost = True
