@@ -93,7 +93,8 @@ def login(slurm_cluster: SlurmTestCluster, tmp_path_factory: pytest.TempPathFact
     (root / "authorized_keys").write_text(client_key + "\n")
     port = _free_port()
     (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key}\n")
-    # The login node's shell: the cluster's configuration and clients, and the cluster's python first.
+    # The login node's shell: the cluster's configuration and clients (its startup files may still put another
+    # python first on PATH, as root's ~/.bashrc does here: the jobs' cluster.setup line picks the venv's).
     cluster_path = os.pathsep.join([str(Path(sys.executable).parent), slurm_cluster.env()["PATH"]])
     (root / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host_key'}\nPidFile {root / 'sshd.pid'}\n"
@@ -149,6 +150,9 @@ def _overrides(login: Login, config: Path | None = None) -> list[str]:
         f"cluster.remote_dir={login.root / 'cluster'}",
         "cluster.nodes=1",
         "cluster.tasks_per_node=1",
+        # What a user's profile does on their cluster: the job's (and hpctrain.sh's) interpreter is the
+        # venv's, whatever the login shell's startup put first on PATH (root's ~/.bashrc here: pyenv's shims).
+        f"cluster.setup=['export PATH={Path(sys.executable).parent}:$PATH']",
     ]
 
 
