@@ -16,13 +16,14 @@ import os
 import sys
 from pathlib import Path
 
+from hpctrain.cli.common import Parser, UsageError
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError
 from hpctrain.rundir import RunDir, eval_metrics
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpctrain eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    p = Parser(prog="hpctrain eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
     p.add_argument("overrides", nargs="*", metavar="OVERRIDES",
@@ -33,7 +34,10 @@ def _parser() -> argparse.ArgumentParser:
 def run(name: str, argv: list[str]) -> int:
     try:
         args = _parser().parse_intermixed_args(argv)
-    except SystemExit as e:
+    except UsageError as err:  # one line, not argparse's usage
+        print(f"hpctrain eval: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     try:
         check_text("RUN_DIR", args.run_dir)

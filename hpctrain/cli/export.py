@@ -16,6 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpctrain.cli.common import Parser, UsageError
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError, require_package
 from hpctrain.weights.export import DTYPES, FORMATS
@@ -27,7 +28,7 @@ TRUST_HELP = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpctrain export", description=__doc__.split("\n\n")[1].strip())
+    p = Parser(prog="hpctrain export", description=__doc__.split("\n\n")[1].strip())
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     p.add_argument(
         "--to", required=True, metavar="DIR", help="the folder to write (must not exist, or be empty)"
@@ -46,7 +47,10 @@ def _parser() -> argparse.ArgumentParser:
 def run(name: str, argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:
+    except UsageError as err:  # one line, not argparse's usage
+        print(f"hpctrain export: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     try:
         for key in ("run_dir", "to", "format", "dtype"):

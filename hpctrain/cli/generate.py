@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpctrain.cli.common import Parser, UsageError
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError, require_package
 
@@ -23,7 +24,7 @@ TRUST_HELP = (
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hpctrain generate", description=__doc__.split("\n\n")[1].strip())
+    p = Parser(prog="hpctrain generate", description=__doc__.split("\n\n")[1].strip())
     p.add_argument("source", metavar="SOURCE", help="a run directory or an export folder")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -66,7 +67,10 @@ def _require_tokenizers(source: Path) -> None:
 def run(name: str, argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as e:
+    except UsageError as err:  # one line, not argparse's usage
+        print(f"hpctrain generate: {err}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
         return int(e.code or 0)
     try:
         check_text("SOURCE", args.source)

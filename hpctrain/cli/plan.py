@@ -9,9 +9,9 @@ models; a model without declared shapes (a user's ``_target_``) is measured firs
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from hpctrain.cli.common import Parser, UsageError
 from hpctrain.errors import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
@@ -20,7 +20,7 @@ EXIT_BAD_CONFIG = 2
 
 def run(name: str, argv: list[str]) -> int:
     """``hpctrain plan OVERRIDES... [--top N] [--config-dir DIR]``."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hpctrain plan",
         description="Memory per GPU, step time and cost of a run, and layouts that fit; starts nothing.",
         epilog="Exit status: 0 fits (or nothing to judge), 1 does not fit, 2 bad config.",
@@ -30,7 +30,13 @@ def run(name: str, argv: list[str]) -> int:
     )
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as err:  # one line, not argparse's usage
+        print(f"hpctrain plan: {err}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
     from hpctrain.cli.train import one_process
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.plan.check import check_run

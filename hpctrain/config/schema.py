@@ -192,6 +192,10 @@ class ParallelConfig:
     compile_cache: str = "run"
 
 
+# cluster.max_restarts when not given, by cluster.kind (ClusterConfig.max_restarts says why).
+DEFAULT_RESTARTS = {"slurm": 3, "local": 0}
+
+
 @dataclass
 class ClusterConfig:
     """Where the run executes.
@@ -267,8 +271,11 @@ class ClusterConfig:
     # Restarts inside the allocation (hpctrain.launch.agent): when a rank exits abnormally or hangs, every
     # rank's worker is started again (forked: no new torch import) from the newest valid checkpoint, in the
     # same job. A separate cap from max_requeues (new jobs): once these are used up, a fault requeues as
-    # before. 0: no restart inside the allocation.
-    max_restarts: int = 0
+    # before. 0: no restart inside the allocation. None (the default): DEFAULT_RESTARTS[kind], i.e. 3 on
+    # Slurm (a first fault is answered in seconds, not after the queue) and 0 for cluster=local (a
+    # workstation's user watches the run, and the likeliest fault there is a bug of their own, whose
+    # traceback a restart would only delay). The same error at the same step twice is never restarted.
+    max_restarts: int | None = None
     # A crash loop ends: this many restarts in a row without a single new training step stop the run
     # (FAILED, its cause in one line in `hpctrain status`) instead of burning every restart and requeue.
     max_no_progress: int = 3
@@ -312,6 +319,11 @@ class ClusterConfig:
     # all its NICs together (InfiniBand). None: unknown, no communication time in the estimate.
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
+
+    def resolve(self) -> None:
+        """Fill in the defaults that depend on ``kind`` (the typed config's readers see plain ints)."""
+        if self.max_restarts is None:
+            self.max_restarts = DEFAULT_RESTARTS.get(self.kind, 0)
 
     def peak(self, kind: str) -> float | None:
         """The configured peak FLOP/s of one kind of matmul (one of hpctrain.precision.PEAKS), or None."""

@@ -48,6 +48,7 @@ def to_config(run_keys: dict[str, Any] | DictConfig) -> Config:
     typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), rest))
     assert isinstance(typed, Config), type(typed)
     declare_secret(typed.cluster.secret_env)
+    typed.cluster.resolve()
     for name, value in groups.items():
         setattr(typed, name, value)
     return typed

@@ -65,7 +65,7 @@ from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartb
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.rundir.files import atomic_write
-from hpctrain.rundir.records import read_error_record, write_error_record
+from hpctrain.rundir.records import read_error_record, record_killed, write_error_record
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ STOPPED = "stop"  # the generation file's word for "the run stopped: no more res
 # to claim the restart with the real cause before claiming it itself.
 SYMPTOM_WAIT_S = 1.5
 EXIT_CRASH_LOOP = 4
+REPEATED = "RepeatedError"  # restarts.jsonl's word for a run stopped on the same error at the same step twice
 # Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked.
 FINAL_ERRORS = ("NonFiniteStop",)
 
@@ -171,17 +172,24 @@ class RestartBook:
             "attempt_s": round(time.time() - started, 3),
             **(nodes or {}),  # a lost node: which, what took its place (hpctrain.launch.nodes)
         }
+        step = fault_step(self.rd.path, key, outcome.rank)
+        if step is not None and _raised(outcome):
+            record["step"] = step
         in_a_row = 0 if progress else self.no_progress_run() + 1
         if in_a_row >= self.max_no_progress:
-            record["action"] = "stopped"
-            record["why"] = (
+            return self._stop(
+                record,
+                "CrashLoop",
                 f"crash loop: {in_a_row} attempt{'s' * (in_a_row > 1)} in a row without a new step "
-                f"(cluster.max_no_progress={self.max_no_progress}); last: {outcome.cause}"
+                f"(cluster.max_no_progress={self.max_no_progress}); last: {outcome.cause}",
             )
-            self.rd.append_restart(record)
-            atomic_write(self.rd.agent_generation(self.job), STOPPED)
-            log.error("hpctrain: %s", record["why"])
-            return False
+        if self.repeated(record):  # a bug of the run's own (code, data, config): a restart meets it again
+            return self._stop(
+                record,
+                REPEATED,
+                f"not restarted: the same error at step {step} twice, so a fault of the run itself (its "
+                f"code, data or config), which a restart would meet again: {where(outcome)} {outcome.cause}",
+            )
         if generation >= self.max_restarts:
             record["action"] = USED_UP
             self.rd.append_restart(record)
@@ -196,16 +204,46 @@ class RestartBook:
         record["resume_step"] = self.resume_step()
         self.rd.append_restart(record)
         atomic_write(self.rd.agent_generation(self.job), str(generation + 1))
-        where = f"rank {outcome.rank} on {outcome.host}" if outcome.rank is not None else "a rank"
         log.warning(
             "Restart %d of at most %d inside the allocation: %s %s; resuming from step %d",
             generation + 1,
             self.max_restarts,
-            where,
+            where(outcome),
             outcome.cause,
             record["resume_step"],
         )
         return True
+
+    def _stop(self, record: dict[str, Any], error: str, why: str) -> bool:
+        """The run stops: recorded (``error`` is the type its error record takes), and every agent stops."""
+        record.update(action="stopped", error=error, why=why)
+        self.rd.append_restart(record)
+        atomic_write(self.rd.agent_generation(self.job), STOPPED)
+        log.error("hpctrain: %s", why)
+        return False
+
+    def repeated(self, record: dict[str, Any]) -> bool:
+        """Whether an earlier attempt of this run ended with the same raised error at the same step."""
+        if "step" not in record:
+            return False
+        same = (record["step"], record["cause"])
+        return any((r.get("step"), r.get("cause")) == same for r in self.rd.read_restarts())
+
+
+def where(outcome: Outcome) -> str:
+    return f"rank {outcome.rank} on {outcome.host}" if outcome.rank is not None else "a rank"
+
+
+def _raised(outcome: Outcome) -> bool:
+    """Whether the worker ended by an exception of its own (describe_exit's words for it), not by a signal,
+    a hang, a lost node or a lost peer: only such an error can be the run's own deterministic bug."""
+    return outcome.cause.startswith("failed with exit code") and not outcome.peer_symptom
+
+
+def fault_step(run_dir: Path, key: str, rank: int | None) -> int | None:
+    """The step ``rank`` was in when its attempt (``key``) ended, from its last heartbeat."""
+    beats = [b.step for b in read_heartbeats(run_dir, key) if b.rank == rank]
+    return beats[0] if beats else None
 
 
 def attempt_progress(run_dir: Path, key: str, first_step: int) -> bool:
@@ -338,6 +376,8 @@ def run_task(run_dir: Path) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
+            if code < 0 and not pending:  # kill -9, the OOM killer: the worker could record nothing itself
+                record_killed(run_dir, rank, -code, cfg.cluster.max_restarts)
             if code == 0 or pending or launcher_only or is_final(run_dir, rank):
                 return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
             record = read_error_record(run_dir, rank)
@@ -412,9 +452,11 @@ def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
     ``hpctrain status`` prints, and ends the job FAILED."""
     if book.generation() is None:
         records = book.rd.read_restarts()
-        why = next((r["why"] for r in reversed(records) if r.get("action") == "stopped"), "crash loop")
+        stop = next((r for r in reversed(records) if r.get("action") == "stopped"), {})
+        if stop.get("error") == REPEATED:  # the user's own error (its rank's record) is the run's cause
+            return code or 1
         if rank == 0:
-            write_error_record(run_dir, 0, "CrashLoop", why)
+            write_error_record(run_dir, 0, "CrashLoop", stop.get("why", "crash loop"))
         return EXIT_CRASH_LOOP
     return code or 1
 

@@ -38,6 +38,7 @@ from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.launch.agent import (
+    REPEATED,
     Outcome,
     RestartBook,
     describe_exit,
@@ -57,6 +58,7 @@ from hpctrain.rundir.records import (
     is_peer_symptom,
     read_error_file,
     read_user_traceback,
+    record_killed,
     write_error_record,
 )
 from hpctrain.rundir.runs import continue_command
@@ -162,6 +164,9 @@ class LocalLauncher:
                 # checkpoint), not given kill_grace_s to stop.
                 grace = 0.0 if book is not None and generation < c.max_restarts else c.kill_grace_s
                 failures = self._supervise(workers, grace, run_dir)
+                for failed in failures if self._stop_signal is None else []:
+                    if failed.returncode < 0:  # kill -9, the OOM killer: it could record nothing itself
+                        record_killed(run_dir, failed.rank, -failed.returncode, c.max_restarts)
                 if not failures or book is None or self._stop_signal is not None:
                     break
                 if any(is_final(run_dir, f.rank) for f in failures):  # e.g. trainer.nonfinite=stop
@@ -178,8 +183,10 @@ class LocalLauncher:
                                RESTART_ENV: str(generation)})  # fmt: skip
                 if not book.decide(generation, outcome, started, first_step, key):
                     if book.generation() is None:  # a crash loop: its cause is the run's error
-                        why = book.rd.read_restarts()[-1].get("why", "crash loop")
-                        write_error_record(run_dir, 0, "CrashLoop", why)
+                        stop = book.rd.read_restarts()[-1]
+                        why = stop.get("why", "crash loop")
+                        if stop.get("error") != REPEATED:  # else the user's own error is the run's cause
+                            write_error_record(run_dir, 0, "CrashLoop", why)
                         crash_loop = why
                     break
                 for worker in workers:

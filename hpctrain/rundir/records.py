@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -132,6 +133,24 @@ def write_error_record(
     path = error_file(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_json(path, record)
+
+
+KILLED = "Killed"  # the error type of a rank that a signal ended before it could record anything
+
+
+def record_killed(run_dir: Path, rank: int, signum: int, restarts: int) -> None:
+    """A rank ended by a signal (kill -9, the OOM killer, a lost node) records nothing itself: its observer
+    (the local launcher, the Slurm agent) records it, so that ``hpctrain status`` names this rank and not a
+    peer's "connection reset". ``restarts``: the run's cluster.max_restarts (0: the line says what would
+    have answered it)."""
+    if read_error_record(run_dir, rank) is not None:
+        return
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:  # a real-time signal has no name
+        name = f"signal {signum}"
+    hint = "" if restarts else "; cluster.max_restarts=N restarts the ranks inside the allocation, in seconds"
+    write_error_record(run_dir, rank, KILLED, f"was killed by {name}{hint}")
 
 
 def read_error_record(run_dir: Path, rank: int) -> dict[str, Any] | None:

@@ -27,6 +27,9 @@ FAULTY = [
     "trainer.eval_batches=1",
     "logger=jsonl",
     "cluster.dist_timeout_s=60",
+    # The requeue path: what answers a fault once restarts inside the allocation are off or used up (on by
+    # default on Slurm: tests/slurm/test_restart.py).
+    "cluster.max_restarts=0",
 ]
 
 

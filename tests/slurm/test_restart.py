@@ -29,8 +29,8 @@ RUN = [
     "trainer.eval_every=0",
     "model.dropout=0.1",
 ]
+# No cluster.max_restarts: the slurm_test profile's default (3 on Slurm, cluster.DEFAULT_RESTARTS) answers.
 FAULTS = [
-    "cluster.max_restarts=2",
     "faults.kill_at=3:6",  # rank 3 (node2) kills itself at step 6: resume from 4
     "faults.stop_at=1:14@1",  # in the restarted start, rank 1 (node1) stops at step 14: resume from 12
     "trainer.watchdog_factor=10",

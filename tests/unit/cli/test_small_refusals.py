@@ -184,3 +184,24 @@ def test_parallel_none_is_one_process_unless_nproc_is_typed(here: Path, capsys):
     refused(
         capsys, ["parallel=none", "cluster.nproc=2", *FAST, "dry_run=true"], "cluster.nproc=2: parallel=none"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["export"], "hpctrain export: the following arguments are required: RUN_DIR, --to"),
+        (["export", "run", "--to", "out", "--bogus"], "hpctrain export: unrecognized arguments: --bogus"),
+        (["generate"], "hpctrain generate: the following arguments are required: SOURCE, --prompt"),
+        (["generate", "run", "--prompt", "hi", "--top-k", "x"], "--top-k: invalid int value: 'x'"),
+        (["plan", "--bogus"], "hpctrain plan: unrecognized arguments: --bogus"),
+        (["plan", "--top", ""], "hpctrain plan: argument --top: invalid int value: ''"),
+        (["eval", "run", "--step", "\x01"], "hpctrain eval: argument --step: invalid int value"),
+    ],
+    ids=["export", "export-flag", "generate", "generate-int", "plan-flag", "plan-empty", "eval-ctrl"],
+)
+def test_a_subcommands_bad_arguments_are_one_line_not_argparses_usage(
+    here: Path, capsys, argv: list[str], words: str
+):
+    """Issue 41 (b, untidy refusals): export, generate and plan printed argparse's multi-line usage."""
+    assert words in refused(capsys, argv, words)
+    assert list(here.iterdir()) == []

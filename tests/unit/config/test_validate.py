@@ -125,7 +125,10 @@ INVALID = [
     (["cluster=slurm_test", "cluster.spare_nodes="], ["cluster.spare_nodes=", "integer"]),
     (["cluster=slurm_test", "cluster.spare_nodes=one"], ["cluster.spare_nodes=one", "integer"]),
     (["cluster=slurm_test", "cluster.spare_nodes=\x01"], ["cluster.spare_nodes=", "\\x01"]),
-    (["cluster=slurm_test", "cluster.spare_nodes=1"], ["cluster.spare_nodes=1", "cluster.max_restarts ≥ 1"]),
+    (
+        ["cluster=slurm_test", "cluster.spare_nodes=1", "cluster.max_restarts=0"],
+        ["cluster.spare_nodes=1", "cluster.max_restarts ≥ 1"],
+    ),
     (["cluster.spare_nodes=1", "cluster.max_restarts=1"], ["cluster.spare_nodes=1", "cluster.kind=local"]),
     (["cluster=slurm_test", "cluster.min_nodes=3"], ["cluster.min_nodes=3", "more than cluster.nodes=2"]),
     (
