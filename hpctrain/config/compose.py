@@ -223,6 +223,16 @@ def _translate(err: Exception, parsed: dict[str, Any], dirs: Sequence[Path] = ()
         value = OmegaConf.load(path).get(key) if path is not None else None
         reason = f"unknown key in {path or source}{nearest(key, names)}"
         return ConfigError(full_key, value, reason, valid=", ".join(names) or None)
+    mark = getattr(err, "problem_mark", None)
+    if mark is not None and getattr(mark, "name", "").endswith(".yaml"):  # a YAML file that does not parse
+        group = Path(mark.name).parent.name
+        key, option = (group, Path(mark.name).stem) if group in GROUPS else ("--config-dir", None)
+        problem = getattr(err, "problem", None) or text.strip().splitlines()[0]
+        return ConfigError(
+            key,
+            option,
+            f"{mark.name} is not valid YAML: {problem} (line {mark.line + 1}, column {mark.column + 1})",
+        )
     first_line = text.strip().splitlines()[0] if text.strip() else type(err).__name__
     return ConfigError("", None, first_line)
 
@@ -252,9 +262,10 @@ def _target_hint(group: str, key: str, parsed: dict[str, Any], dirs: Sequence[Pa
 
 
 def _missing_option(message: str) -> tuple[str | None, str | None]:
-    # "In 'config': Could not find 'model/zzz'" → ("model", "zzz")
-    marker = "Could not find '"
-    if marker not in message:
+    # "In 'config': Could not find 'model/zzz'" → ("model", "zzz"); an option of a list
+    # (logger=[console,zzz]) is "Could not load 'logger/zzz'"
+    marker = next((m for m in ("Could not find '", "Could not load '") if m in message), None)
+    if marker is None:
         return None, None
     path = message.split(marker, 1)[1].split("'", 1)[0]
     group, _, option = path.rpartition("/")

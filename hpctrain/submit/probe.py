@@ -70,6 +70,14 @@ def probe(cfg: Config) -> None:
             log.info("model %s cannot run on the meta device (%s): checked when training starts",
                      cfg.model.target, err)  # fmt: skip
             return
+        if objective.with_targets:  # loss=model: the model is handed the labels too, which it may not take
+            raise ConfigError(
+                "loss",
+                "model",
+                f"model {cfg.model.target} does not compute its own loss from a whole batch (labels "
+                f"included): {_first_line(err)}",
+                valid="a loss of outputs and targets, e.g. loss=cross_entropy",
+            ) from None
         raise ConfigError(
             "data", cfg.data.target or cfg.data.name,
             f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",

@@ -115,6 +115,17 @@ def check_optim(cfg: Config) -> None:
     for key in ("beta1", "beta2"):
         if not 0.0 <= getattr(optim, key) < 1.0:
             raise ConfigError(f"optim.{key}", getattr(optim, key), "must be in [0, 1)")
+    if not optim.eps > 0:  # Adam divides by sqrt(v) + eps: 0 divides by zero where a gradient is 0
+        raise ConfigError("optim.eps", optim.eps, "must be > 0", valid="e.g. 1e-8")
+    if optim.name == "sgd":
+        # momentum ≥ 1 makes the velocity grow without bound (Sutskever et al. 2013, eq. 1: v ← μv - ε∇f);
+        # torch.optim.SGD refuses a negative one, and Nesterov without momentum, deep in the workers.
+        if not 0.0 <= optim.momentum < 1.0:
+            raise ConfigError("optim.momentum", optim.momentum, "must be in [0, 1)", valid="e.g. 0.9")
+        if optim.nesterov and optim.momentum == 0:
+            raise ConfigError(
+                "optim.nesterov", True, "Nesterov momentum needs momentum", valid="optim.momentum in (0, 1)"
+            )
     if optim.fused and optim.name != "adamw":
         raise ConfigError(
             "optim.fused", optim.fused, f"the fused kernel is AdamW's; optim={optim.name} has none",
@@ -135,6 +146,8 @@ def check_trainer(cfg: Config) -> None:
         at_least(f"trainer.{key}", getattr(t, key), 1)
     if t.log_every is not None:
         at_least("trainer.log_every", t.log_every, 1)
+    if not 0 <= t.seed < 2**32:  # numpy.random.seed's range (checkpoint.state.seed_everything seeds it)
+        raise ConfigError("trainer.seed", t.seed, "out of range", valid="0 to 4294967295 (2^32 - 1)")
     if t.ckpt_every != "auto" and (isinstance(t.ckpt_every, bool) or not isinstance(t.ckpt_every, int)):
         raise ConfigError(
             "trainer.ckpt_every", t.ckpt_every, "not a number of steps", valid="an integer ≥ 0, or auto"

@@ -205,3 +205,45 @@ def test_a_subcommands_bad_arguments_are_one_line_not_argparses_usage(
     """Issue 41 (b, untidy refusals): export, generate and plan printed argparse's multi-line usage."""
     assert words in refused(capsys, argv, words)
     assert list(here.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["loss=model"], "loss=model: model hpctrain.models.gpt.GPT does not compute its own loss"),
+        (["optim.eps=-1"], "optim.eps=-1.0: must be > 0"),
+        (["optim.eps=0"], "optim.eps=0.0: must be > 0"),
+        (["optim=sgd", "optim.momentum=-1"], "optim.momentum=-1.0: must be in [0, 1)"),
+        (["optim=sgd", "optim.momentum=1"], "optim.momentum=1.0: must be in [0, 1)"),
+        (["optim=sgd", "optim.momentum=0", "optim.nesterov=true"], "optim.nesterov=True: Nesterov momentum"),
+        (["trainer.seed=-1"], "trainer.seed=-1: out of range (valid: 0 to 4294967295"),
+        (["trainer.seed=4294967296"], "trainer.seed=4294967296: out of range"),
+        (["logger=[console,nosuch]"], "logger=nosuch: unknown option (valid: console, jsonl, tensorboard"),
+    ],
+    ids=["loss-model", "eps", "eps-0", "momentum", "momentum-1", "nesterov", "seed", "seed-2^32", "logger"],
+)
+def test_a_bad_value_names_its_own_key(here: Path, capsys, argv: list[str], words: str):
+    """Issue 41 (b, untidy refusals): each named the wrong key (data=text for loss=model), no key at all
+    (logger: "unknown config"), or was accepted until torch refused it on every rank."""
+    refused(capsys, [*FAST, *argv, "dry_run=true"], words)  # argv last: FAST's logger=jsonl is overridden
+    assert list(here.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (
+            "_target_: torch.nn.Linear\nin_features: [1\n",
+            "expected ',' or ']', but got '<stream end>' (line 3",
+        ),
+        ("a: b: c\n", "mapping values are not allowed here (line 1, column 5)"),
+        ("\t- x\n", "found character '\\t' that cannot start any token"),
+    ],
+    ids=["flow", "mapping", "tab"],
+)
+def test_a_broken_user_yaml_names_its_file_and_line(here: Path, capsys, text: str, problem: str):
+    (here / "conf" / "model").mkdir(parents=True)
+    (here / "conf" / "model" / "mine.yaml").write_text(text)
+    line = refused(capsys, ["--config-dir", "conf", "model=mine", *FAST, "dry_run=true"], problem)
+    assert line.startswith(f"hpctrain: model=mine: {here / 'conf/model/mine.yaml'} is not valid YAML: "), line
+    assert sorted(p.name for p in here.iterdir()) == ["conf"]
