@@ -3,7 +3,8 @@
 - time limits in every format sbatch accepts, to minutes;
 - which strings may reach an ``#SBATCH`` line or a shell unquoted;
 - node lists (``node[1-3,7],gpu-a01``) expanded to host names;
-- the rendezvous port every task of a job derives alike.
+- the rendezvous port every task of a job derives alike;
+- the counts Slurm puts in a job's environment, which a shell may also hold (malformed).
 """
 
 from __future__ import annotations
@@ -111,3 +112,24 @@ def rendezvous_port(job_id: str, array_task: str = "", restart: str = "0", attem
     """
     key = f"{job_id}:{array_task}:{restart}:{attempt}".encode()
     return 20000 + zlib.crc32(key) % 20000
+
+
+# What Slurm puts in a job's environment as counts, and hpctrain reads as integers (requeues, ranks, array
+# task). Set by hand in a shell, or left over from an salloc, one that is not a count would fail every rank.
+COUNT_VARIABLES = (
+    "SLURM_RESTART_COUNT",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_ARRAY_TASK_ID",
+)
+
+
+def malformed_count(environ: dict[str, str]) -> tuple[str, str] | None:
+    """(name, value) of the first of COUNT_VARIABLES that is set but is no integer ≥ 0, else None."""
+    for name in COUNT_VARIABLES:
+        value = environ.get(name)
+        if value is not None and not (value.isascii() and value.isdigit()):
+            return name, value
+    return None

@@ -88,6 +88,8 @@ def precheck(
             require_package("trainer.precision", "fp8", "torchao")
         if typed.trainer.precision == "fp8" and typed.cluster.kind == "local":
             check_float8_here()  # a Slurm job's device is known only on its node: the worker checks there
+        if i == 0 and typed.cluster.kind == "local":
+            _check_slurm_counts()  # read by every rank of a local run too (requeues, the checkpoint's job)
         if i == 0 and typed.cluster.kind == "local" and typed.cluster.fork_server:
             from hpctrain.launch.forked import check_server_env
 
@@ -351,6 +353,19 @@ def _probe_once(cfg: Config, probed: set[str]) -> None:
 
     probe(cfg)
     probed.add(key)
+
+
+def _check_slurm_counts() -> None:
+    from hpctrain.slurm.spec import malformed_count
+
+    found = malformed_count(dict(os.environ))
+    if found is not None:
+        raise ConfigError(
+            found[0],
+            found[1],
+            "in this shell's environment, and not a count as Slurm sets it",
+            valid=f"an integer ≥ 0, or unset {found[0]}",
+        )
 
 
 def local_gpu_capabilities(environ: dict[str, str] | None = None) -> list[tuple[int, int]]:

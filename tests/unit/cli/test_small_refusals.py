@@ -247,3 +247,16 @@ def test_a_broken_user_yaml_names_its_file_and_line(here: Path, capsys, text: st
     line = refused(capsys, ["--config-dir", "conf", "model=mine", *FAST, "dry_run=true"], problem)
     assert line.startswith(f"hpctrain: model=mine: {here / 'conf/model/mine.yaml'} is not valid YAML: "), line
     assert sorted(p.name for p in here.iterdir()) == ["conf"]
+
+
+@pytest.mark.parametrize(
+    "value", ["abc", "", "-1", "1\n2", "٣"], ids=["word", "empty", "negative", "ctrl", "digit"]
+)
+def test_a_slurm_count_in_the_shell_that_is_no_count_is_refused_before_a_run_dir(
+    here: Path, capsys, monkeypatch: pytest.MonkeyPatch, value: str
+):
+    """Issue 41 (b): SLURM_RESTART_COUNT=abc failed every rank with int()'s ValueError, left a run dir."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", value)
+    shown = value.replace("\n", "\\n")  # a control character is shown escaped
+    refused(capsys, FAST, f"SLURM_RESTART_COUNT={shown}: in this shell's environment, and not a count")
+    assert list(here.iterdir()) == []
