@@ -63,6 +63,19 @@ def run_config(run_dir: Path, key: str = "RUN_DIR") -> Any:
         raise ConfigError(key, str(run_dir), f"its config.yaml cannot be read: {first_line(err)}") from None
 
 
+def adapters_folded(weights: dict[str, Any], found: list[str], cfg: Any, model: Any) -> dict[str, Any]:
+    """A trained run's checkpoint ``weights`` with its adapters (``found``) folded into the base weights:
+    the plain model's tensors, as ``export --merge`` writes them and ``generate`` loads them."""
+    from hpctrain.models.adapters import merged, transposed_modules
+    from hpctrain.weights.load import match_names, read_weights, wanted_names
+
+    if cfg.model.init_from is not None and not set(wanted_names(model)) <= set(weights):
+        # The checkpoint holds what trained; the base weights are those the run started from.
+        base = match_names(wanted_names(model), read_weights(Path(cfg.model.init_from), "model.init_from"))
+        weights = {**base, **{n: weights[n] for n in found}}
+    return merged(weights, cfg.model.lora, transposed_modules(model))
+
+
 def check_destination(to: Path) -> None:
     """``--to`` must be a new or empty folder in a place this process can write."""
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
@@ -86,9 +99,9 @@ def export(
     import torch
 
     from hpctrain.models import build_model
-    from hpctrain.models.adapters import adapter_names, merged, peft_config, transposed_modules
+    from hpctrain.models.adapters import adapter_names, peft_config, transposed_modules
     from hpctrain.rundir import checkpoints as layout
-    from hpctrain.weights.load import match_names, read_checkpoint_model, read_weights, wanted_names
+    from hpctrain.weights.load import read_checkpoint_model, wanted_names
     from hpctrain.weights.trust import check_trusted
 
     check_destination(to)
@@ -128,13 +141,7 @@ def export(
                 {n: weights[n] for n in found}, cfg, checkpoint, to, dtype, peft_config, is_hf,
                 layout.step_of, fan_in_fan_out,
             )  # fmt: skip
-        if cfg.model.init_from is not None and not set(wanted_names(model)) <= set(weights):
-            # The checkpoint holds what trained; the base weights are those the run started from.
-            base = match_names(
-                wanted_names(model), read_weights(Path(cfg.model.init_from), "model.init_from")
-            )
-            weights = {**base, **{n: weights[n] for n in found}}
-        weights = merged(weights, cfg.model.lora, transposed_modules(model))
+        weights = adapters_folded(weights, found, cfg, model)
     names = wanted_names(model)
     missing = [n for n in names if n not in weights]
     if missing:

@@ -48,8 +48,9 @@ def load_model(source: Path, step: int | None, trust_code: bool = False) -> tupl
     Only model classes are built from what the folder names, unless ``trust_code``
     (:mod:`hpctrain.weights.trust`)."""
     from hpctrain.models import build_model
-    from hpctrain.weights.export import EXPORT_META, checkpoint_of, run_config
-    from hpctrain.weights.load import load_into
+    from hpctrain.models.adapters import adapter_names
+    from hpctrain.weights.export import EXPORT_META, adapters_folded, checkpoint_of, run_config
+    from hpctrain.weights.load import fill, load_into, read_checkpoint_model
     from hpctrain.weights.trust import check_trusted
 
     if (source / EXPORT_META).is_file():
@@ -65,7 +66,16 @@ def load_model(source: Path, step: int | None, trust_code: bool = False) -> tupl
     if not trust_code:
         check_trusted(model_cfg.target, model_cfg.args, named_in)
     model = build_model(model_cfg)
-    load_into(model, weights, strict=True, key="SOURCE")
+    if model_cfg.adapters != "none" and not (source / EXPORT_META).is_file():
+        # A run that trained adapters: its checkpoint holds the adapters (and perhaps not the frozen base
+        # weights, which model.init_from holds), folded in here as `hpctrain export --merge` folds them.
+        tensors = read_checkpoint_model(weights, "SOURCE")
+        found = adapter_names(list(tensors))
+        if not found:
+            raise ConfigError("SOURCE", str(source), f"the checkpoint {weights.name} holds no adapters")
+        fill(model, adapters_folded(tensors, found, cfg, model), str(weights), strict=True, key="SOURCE")
+    else:
+        load_into(model, weights, strict=True, key="SOURCE")
     return model.eval(), model_cfg, data
 
 

@@ -292,21 +292,32 @@ def match_names(wanted: list[str], given: dict[str, Any]) -> dict[str, Any]:
 def load_into(model: nn.Module, path: Path, strict: bool = True, key: str = "model.init_from") -> list[str]:
     """Fill ``model``'s weights from ``path``. Missing or unexpected names, or a shape that differs, are one
     ConfigError line when ``strict``; otherwise what matches is loaded and the rest returned as warnings."""
+    return fill(model, read_weights(path, key), str(path), strict, key)
+
+
+def fill(
+    model: nn.Module,
+    tensors: dict[str, torch.Tensor],
+    where: str,
+    strict: bool = True,
+    key: str = "model.init_from",
+) -> list[str]:
+    """:func:`load_into` of tensors already read (``where``: what the one-line ConfigError names)."""
     wanted = wanted_names(model)
-    weights = match_names(wanted, read_weights(path, key))
+    weights = match_names(wanted, tensors)
     own = model.state_dict()
     shapes = {name: tuple(t.shape) for name, t in weights.items()}
     problems = fit_problems(wanted, {name: tuple(t.shape) for name, t in own.items()}, shapes)
     if problems and strict:
         raise ConfigError(
-            key, str(path), "does not fit the model: " + "; ".join(problems),
+            key, where, "does not fit the model: " + "; ".join(problems),
             valid="weights of this model, or model.init_strict=false to load what fits",
         )  # fmt: skip
     usable = {n: t for n, t in weights.items() if n in own and t.shape == own[n].shape}
     for name, tensor in usable.items():  # weights full of NaN would train to the end with a NaN loss
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ConfigError(
-                key, str(path), f"holds non-finite values (NaN or inf) in {name}",
+                key, where, f"holds non-finite values (NaN or inf) in {name}",
                 valid="weights of a run that did not diverge",
             )  # fmt: skip
     with torch.no_grad():

@@ -86,6 +86,11 @@ def test_init_from_then_lora_resumes_exactly_and_exports(pretrained: Path, tmp_p
         assert done.returncode == 0, done.stderr
     assert cli("export", str(pre), "--to", str(base)).returncode == 0
     assert json.loads((adapters / "adapter_config.json").read_text())["r"] == 4
+    # generate of the run (issue 41: it refused, "36 missing … 8 unexpected"): the merged export's text.
+    prompt = ["--prompt", "def ", "--max-new-tokens", "12", "--temperature", "0"]
+    from_run, from_export = cli("generate", str(run), *prompt), cli("generate", str(merged), *prompt)
+    assert from_run.returncode == 0 and from_export.returncode == 0, from_run.stderr + from_export.stderr
+    assert from_run.stdout == from_export.stdout and from_run.stdout.startswith("def "), from_run.stdout
     # Merged: W + (alpha / rank) · B A, every other weight the base's.
     lora = read_checkpoint_model(run / "checkpoints" / "step_00000008")
     got, was = load_file(str(merged / "model.safetensors")), load_file(str(base / "model.safetensors"))
