@@ -147,6 +147,9 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        # The step this rank ended in, on file now: the thread writes once a second, and a step that raised
+        # within that second would leave an older one (the restart policy compares where attempts failed).
+        self._write_heartbeat()
 
     # --- the thread
     def _run(self) -> None:

@@ -67,7 +67,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import USER_STOP, StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
-    from hpctrain.rundir.records import is_peer_symptom, read_error_record
+    from hpctrain.rundir.records import KILLED, is_peer_symptom, read_error_record
     from hpctrain.slurm import commands
     from hpctrain.train.overrides import keep_global_batch
     from hpctrain.train.trainer import fit
@@ -128,7 +128,8 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             beats = read_heartbeats(run_dir, job_key())
             culprit, why = find_culprit(beats, time.time())
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
-            if own_error is None or is_peer_symptom(own_error["message"]):
+            # (A record its agent wrote for it, KILLED, is no error of its own: it was killed too.)
+            if own_error is None or own_error["type"] == KILLED or is_peer_symptom(own_error["message"]):
                 requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
                                          watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
         raise

@@ -65,6 +65,34 @@ def test_a_crash_loop_ends_after_max_no_progress_attempts(tmp_path: Path) -> Non
     assert "crash loop" in status.stdout, status.stdout
 
 
+def test_the_same_error_at_the_same_step_twice_is_not_restarted(tmp_path: Path) -> None:
+    """Issue 41, item 4: a bug of the run's own (every attempt raises at step 6) is restarted once, then the
+    run stops FAILED with the user's error as its cause, not after every restart and requeue."""
+    run = tmp_path / "bug"
+    result = hpctrain(*RUN, "cluster.max_restarts=3", "faults.fail_at=1:6", f"hydra.run.dir={run}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("hpctrain: not restarted: the same error at step 6 twice"), last
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [(r["action"], r.get("step")) for r in records] == [("restart", 6), ("stopped", 6)], records
+    status = hpctrain("status", str(run))
+    shown = dict(line.split(None, 1) for line in status.stdout.splitlines() if line[:1].strip())
+    assert status.returncode == 1 and shown["state"].startswith("FAILED"), status.stdout
+    assert shown["error"].startswith("rank 1 on ") and "injected failure at step 6" in shown["error"], shown
+    assert "not restarted: the same error at step 6 twice" in status.stdout, status.stdout
+
+
+def test_a_killed_rank_is_the_cause_status_names(tmp_path: Path) -> None:
+    """Issue 41, item 6: rank 1 SIGKILLed with restarts off (cluster=local's default); status named rank 0's
+    "Connection reset by peer" and did not say what would have answered the fault."""
+    run = tmp_path / "killed"
+    result = hpctrain(*RUN, "faults.kill_at=1:3", f"hydra.run.dir={run}")
+    assert result.returncode == 1, result.stderr[-3000:]
+    status = hpctrain("status", str(run))
+    error = next(line for line in status.stdout.splitlines() if line.startswith("error"))
+    assert "rank 1 on " in error and "Killed: was killed by SIGKILL; cluster.max_restarts=N" in error, error
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
