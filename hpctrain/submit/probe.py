@@ -105,6 +105,21 @@ def probe(cfg: Config) -> None:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
+    if not loss.is_floating_point():  # backward() has nothing to differentiate in an integer tensor
+        raise ConfigError(
+            "loss._target_", cfg.loss.target, f"returned a {loss.dtype} tensor, which has no gradient",
+            valid="a floating-point scalar computed from the model's output",
+        )  # fmt: skip
+    if not any(p.requires_grad for p in model.parameters()):  # the optimizer would get an empty list
+        raise ConfigError(
+            "model._target_", cfg.model.target, "has no trainable parameters: nothing to train",
+            valid="a model with parameters (requires_grad=True)",
+        )  # fmt: skip
+    if not loss.requires_grad:
+        raise ConfigError(
+            "loss._target_", cfg.loss.target, "returned a tensor that does not depend on the model's output "
+            "(no gradient reaches the model)", valid="a scalar computed from the model's output",
+        )  # fmt: skip
 
 
 def check_init_from(cfg: Config) -> None:

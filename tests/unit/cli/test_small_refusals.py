@@ -4,6 +4,7 @@ starts a worker or a job."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -260,3 +261,51 @@ def test_a_slurm_count_in_the_shell_that_is_no_count_is_refused_before_a_run_dir
     shown = value.replace("\n", "\\n")  # a control character is shown escaped
     refused(capsys, FAST, f"SLURM_RESTART_COUNT={shown}: in this shell's environment, and not a count")
     assert list(here.iterdir()) == []
+
+
+USER_CODE = """import torch
+from torch import nn
+
+
+def int_loss(outputs, batch):
+    return torch.tensor(3)
+
+
+def constant_loss(outputs, batch):
+    return torch.tensor(3.0)
+
+
+class NoParameters(nn.Module):
+    def forward(self, x):
+        return torch.zeros(x.shape[0], 10, device=x.device) + x.flatten(1)[:, :1]
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (
+            ["loss=mine"],
+            "loss._target_=issue41_user.int_loss: returned a torch.int64 tensor, which has no gradient",
+        ),
+        (["loss=mine", "loss._target_=issue41_user.constant_loss"], "does not depend on the model's output"),
+        (
+            ["model=mine", "data=digits"],
+            "model._target_=issue41_user.NoParameters: has no trainable parameters",
+        ),
+    ],
+    ids=["int-loss", "constant-loss", "no-parameters"],
+)
+def test_a_user_loss_or_model_that_cannot_train_is_refused_before_a_run_dir(
+    here: Path, capsys, monkeypatch: pytest.MonkeyPatch, argv: list[str], words: str
+):
+    """Issue 41 (b): each failed on every rank (backward() of an int tensor, an empty parameter list) and
+    left an empty run directory behind."""
+    (here / "issue41_user.py").write_text(USER_CODE)
+    for group, target in (("loss", "issue41_user.int_loss"), ("model", "issue41_user.NoParameters")):
+        (here / "conf" / group).mkdir(parents=True)
+        (here / "conf" / group / "mine.yaml").write_text(f"_target_: {target}\n")
+    monkeypatch.syspath_prepend(str(here))
+    monkeypatch.delitem(sys.modules, "issue41_user", raising=False)
+    refused(capsys, ["--config-dir", "conf", *FAST, *argv], words)
+    assert sorted(p.name for p in here.iterdir() if p.name != "__pycache__") == ["conf", "issue41_user.py"]
