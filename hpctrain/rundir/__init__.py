@@ -13,6 +13,7 @@ Over 400 lines: one class holds every path of the layout, so that no other modul
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ EVAL_RECORD_FIELDS = ("step", "eval_batches", "eval_s", "time", "host", "job_id"
 MULTIRUN_RECORD = "multirun.yaml"
 HYDRA_DIR = ".hydra"
 HYDRA_OVERRIDES = "overrides.yaml"
+# A Slurm submission over an existing run: its record as it was, for the job's rank 0 to put back when the
+# workers refuse to continue the run's checkpoint (the submitting command has ended by then).
+RECORD_BEFORE = ".record-before.json"
 SUMMARY_CSV = "summary.csv"
 # Hydra would write its .hydra/ record before hpctrain has accepted the attempt (a refused one would leave
 # the refused command as the run's): hpctrain writes it itself once accepted (RunDir.write_hydra_record).
@@ -97,6 +101,8 @@ LAYOUT: dict[str, str] = {
     f"{EVAL_PINS_DIR}/": "trainer.eval_job: step_N.json per evaluation submitted (its job id), which keeps "
     "checkpoint N from pruning until the job has read it (then released, with how)",
     REMOTE_CLI: "cluster.ssh: hpctrain status, logs, save, report, ... as the laptop runs them there",
+    RECORD_BEFORE: "a Slurm submission over an existing run: its record before it, put back if the job's "
+    "ranks refuse to continue its checkpoint",
     LOCK_FILE: "the lock of the run using the directory",
     SWEEP_RECORD: "a sweep directory: its members (one Slurm array, or runs here)",
     MULTIRUN_RECORD: "a sweep directory: Hydra's record of the sweep",
@@ -374,8 +380,7 @@ class RunDir:
     def record_files(self) -> list[Path]:
         """What says what the run is and where it stands: config.yaml, Hydra's records (.hydra/: the command
         ``hpctrain resume`` replays) and the ranks' error records (``hpctrain status``'s FAILED)."""
-        names = (RUN_CONFIG, "hydra.yaml", HYDRA_OVERRIDES)
-        return [self.config, *(self.hydra / name for name in names), *self.error_files()]
+        return [*self.recipe_files(), *self.error_files()]
 
     def snapshot_record(self) -> dict[Path, bytes | None]:
         """The run's record (:meth:`record_files`) as it is now, byte for byte (None: absent), taken before an
@@ -400,6 +405,47 @@ class RunDir:
             elif not path.is_file() or path.read_bytes() != data:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, data)
+
+    def recipe_files(self) -> list[Path]:
+        """What ``hpctrain resume`` replays: config.yaml and Hydra's record (.hydra/)."""
+        return [self.config, *(self.hydra / name for name in (RUN_CONFIG, "hydra.yaml", HYDRA_OVERRIDES))]
+
+    def save_record(self, snapshot: dict[Path, bytes | None]) -> None:
+        """Keep the recipe (:meth:`recipe_files`) of :meth:`snapshot_record`'s snapshot in the run directory
+        (RECORD_BEFORE, plain JSON: name in the run → text, or null for absent), for
+        :meth:`restore_saved_record` in the job."""
+        names = set(self.recipe_files())
+        kept = {
+            str(p.relative_to(self.path)): None if d is None else d.decode()
+            for p, d in snapshot.items()
+            if p in names
+        }
+        atomic_json(self.path / RECORD_BEFORE, kept)
+
+    def forget_record(self) -> None:
+        (self.path / RECORD_BEFORE).unlink(missing_ok=True)
+
+    def restore_saved_record(self) -> bool:
+        """Put back the recipe :meth:`save_record` kept (only those files: any other name is ignored, never
+        written), so that ``hpctrain resume`` replays what last trained; the refused job's own error records
+        stay, for ``hpctrain status`` to say why. False when none was kept or it cannot be read."""
+        try:
+            kept = json.loads((self.path / RECORD_BEFORE).read_text())
+        except (OSError, ValueError):
+            return False
+        if not isinstance(kept, dict):
+            return False
+        for path in self.recipe_files():
+            name = str(path.relative_to(self.path))
+            if name not in kept or not (kept[name] is None or isinstance(kept[name], str)):
+                continue
+            if kept[name] is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, kept[name])
+        self.forget_record()
+        return True
 
     def write_hydra_record(self, texts: dict[str, str]) -> None:
         """Hydra's record of the run (.hydra/config.yaml, hydra.yaml, overrides.yaml: name → text), written

@@ -264,6 +264,12 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
             redact_files([RunDir(run_dir.parent).multirun], typed.cluster.env)
             if typed.cluster.kind == "local":  # a member of a sweep run here: in its sweep.json
                 _record_local_member(run_dir)
+            if typed.cluster.kind == "slurm" and snapshot.get(run.config) is not None:
+                # Over an existing run: the job's rank 0 puts this back if the ranks refuse its checkpoint
+                # (this command has ended by then); a later submission writes its own.
+                run.save_record(snapshot)
+            else:
+                run.forget_record()
             status = _launch(typed, run_dir)
         finally:
             if lock is not None:
@@ -286,6 +292,7 @@ def task(cfg) -> float | None:  # type: ignore[no-untyped-def]  # Hydra passes a
         print(f"hpctrain: sbatch refused the job: {_one_line(err)}", file=sys.stderr)
         if snapshot is not None:
             run.restore_record(snapshot)
+            run.forget_record()
         _remove(run_dir, made, submission=True)
         raise SystemExit(1) from None
     if status:

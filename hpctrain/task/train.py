@@ -116,7 +116,9 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
     except CheckpointMismatch:
-        if env.is_main:  # refused: the run's config.yaml is again the one its checkpoints were trained with
+        # Refused: the run's record is again what it was before this submission (a Slurm job: kept for it by
+        # the submitting command), else its config.yaml the one its checkpoints were trained with.
+        if env.is_main and not RunDir(run_dir).restore_saved_record():
             RunDir(run_dir).restore_config()
         raise
     except Exception as err:

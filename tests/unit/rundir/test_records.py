@@ -70,3 +70,29 @@ def test_sweep_overrides_split_into_common_and_own() -> None:
     ]
     assert split_overrides(members) == (["trainer.max_steps=5"], [["optim.lr=0.1"], ["optim.lr=0.2"]])
     assert split_overrides(members[:1]) == ([], [["trainer.max_steps=5", "optim.lr=0.1"]])
+
+
+def test_a_slurm_submissions_kept_recipe_is_put_back_and_nothing_else(tmp_path: Path) -> None:
+    """Issue 41, item 2 under Slurm: the submitting command has ended when the job's ranks refuse the
+    checkpoint; rank 0 puts back the recipe (config.yaml, .hydra/) the submission kept, so that `hpctrain
+    resume` replays what last trained. A crafted file writes nothing outside those files."""
+    from hpctrain.rundir import RECORD_BEFORE
+
+    run = RunDir(tmp_path)
+    run.config.write_text("trained: 1\n")
+    run.hydra.mkdir()
+    run.hydra_overrides.write_text("- trained=1\n")
+    before = run.snapshot_record()
+    run.save_record(before)
+    run.config.write_text("refused: 3\n")
+    (run.hydra / "hydra.yaml").write_text("new: file\n")  # absent before: removed again
+    run.hydra_overrides.write_text("- model.n_layers=3\n")
+    assert run.restore_saved_record()
+    assert run.config.read_text() == "trained: 1\n" and run.hydra_overrides.read_text() == "- trained=1\n"
+    assert not (run.hydra / "hydra.yaml").exists() and not (tmp_path / RECORD_BEFORE).exists()
+    assert not run.restore_saved_record()  # once
+    for crafted in ('{"../outside": "x", "checkpoints/a": "y", "config.yaml": 3}', "[1]", "{", ""):
+        (tmp_path / RECORD_BEFORE).write_text(crafted)
+        run.restore_saved_record()
+        assert run.config.read_text() == "trained: 1\n"
+        assert not (tmp_path.parent / "outside").exists() and not (tmp_path / "checkpoints").exists()
