@@ -1,10 +1,10 @@
 """Does every parallel layout train like one process? ``python -m hpctrain.verify.parity`` prints the table.
 
-Each case trains the same tiny model on the same global batches for 10 steps under one layout, through the
-real trainer (``fit``: data sharding, pipeline schedules, clipping, evaluation and a checkpoint at the end),
-and is compared with the single-process run: the largest relative gap of the 10 losses, and of the final
-validation loss. In fp32 the layouts differ only in the order of floating-point sums, so the gaps stay at
-rounding level (tolerance 1e-5).
+Each case trains the same tiny model on the same global batches for 10 steps (``--steps``) under one layout,
+through the real trainer (``fit``: data sharding, pipeline schedules, clipping, evaluation and a checkpoint at
+the end), and is compared with the single-process run: the largest relative gap of its losses, and of the
+final validation loss. In fp32 the layouts differ only in the order of floating-point sums, so the gaps stay
+at rounding level (tolerance 1e-5).
 
 Cases of one world size share one launch of that many processes (gloo on CPU, NCCL on GPUs).
 """
@@ -31,12 +31,11 @@ if TYPE_CHECKING:
     from hpctrain.rendezvous.env import DistEnv
 
 TOLERANCE = 1e-5
-STEPS = 10
+STEPS = 10  # the table's default; the suite runs it with fewer (tests/e2e/parallel/test_layouts.py)
 
 _COMMON = [
     "data=synthetic",
     "data.num_samples=512",
-    f"trainer.max_steps={STEPS}",
     "trainer.global_batch_size=8",
     "trainer.log_every=1",
     "trainer.eval_every=0",
@@ -199,8 +198,8 @@ CASES += [
 ]
 
 
-def overrides(case: Case, model: str) -> list[str]:
-    return [*MODELS[model], *_COMMON, *case.layout.args(), *case.overrides]
+def overrides(case: Case, model: str, steps: int = STEPS) -> list[str]:
+    return [*MODELS[model], *_COMMON, f"trainer.max_steps={steps}", *case.layout.args(), *case.overrides]
 
 
 class _Recorder:
@@ -249,7 +248,7 @@ def _worker(env: DistEnv, device: torch.device, jobs: list[tuple[str, DictConfig
         Path(out).write_text(json.dumps(results))
 
 
-def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
+def run_cases(cases: list[Case], work_dir: Path, steps: int = STEPS) -> dict[str, dict[str, Any]]:
     """Train every case (and the single-process references); return records keyed ``"model: case"``."""
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.plan.check import check_run
@@ -264,7 +263,7 @@ def run_cases(cases: list[Case], work_dir: Path) -> dict[str, dict[str, Any]]:
         for model in case.models:
             if case in references and (case.name, model) not in needed:
                 continue  # a reference only for the models compared with it
-            composed = compose(overrides(case, model))
+            composed = compose(overrides(case, model, steps))
             cfg = to_typed(composed)
             check_run(cfg)
             by_world.setdefault(case.ranks, []).append((f"{model}: {case.name}", composed, cfg))
@@ -291,25 +290,25 @@ class Row:
         return self.loss_gap <= self.case.tolerance and self.val_gap <= self.case.tolerance
 
 
-def compare(results: dict[str, dict[str, Any]], cases: list[Case]) -> list[Row]:
+def compare(results: dict[str, dict[str, Any]], cases: list[Case], steps: int = STEPS) -> list[Row]:
     rows = []
     for case in cases:
         for model in case.models:
             ours, ref = results[f"{model}: {case.name}"], results[f"{model}: {case.reference}"]
             losses = [r["loss"] for r in ours["records"]]
             ref_losses = [r["loss"] for r in ref["records"]]
-            if len(losses) != STEPS or len(ref_losses) != STEPS:
-                raise RuntimeError(f"{model}: {case.name}: {len(losses)} losses logged, expected {STEPS}")
+            if len(losses) != steps or len(ref_losses) != steps:
+                raise RuntimeError(f"{model}: {case.name}: {len(losses)} losses logged, expected {steps}")
             gap = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
             val, ref_val = ours["records"][-1]["val_loss"], ref["records"][-1]["val_loss"]
             rows.append(Row(model, case, gap, abs(val - ref_val) / abs(ref_val), losses[-1], ours["seconds"]))
     return rows
 
 
-def format_table(rows: list[Row]) -> str:
+def format_table(rows: list[Row], steps: int = STEPS) -> str:
     width = max(len(r.case.name) for r in rows) if rows else 6
     lines = [
-        f"{'model':<5} {'layout':<{width}} {'ranks':>5} {'loss gap':>9} {'val gap':>9} {'loss@10':>8} "
+        f"{'model':<5} {'layout':<{width}} {'ranks':>5} {'loss gap':>9} {'val gap':>9} {f'loss@{steps}':>8} "
         f"{'time s':>7} {'tolerance':>9}  ok"
     ]
     for r in rows:
@@ -318,7 +317,7 @@ def format_table(rows: list[Row]) -> str:
             f"{r.final_loss:>8.4f} {r.seconds:>7.1f} {r.case.tolerance:>9.0e}  {'yes' if r.ok else 'NO'}"
         )
     lines.append(
-        f"gaps: largest relative difference to one fp32 process over {STEPS} steps (losses) and at the end "
+        f"gaps: largest relative difference to one fp32 process over {steps} steps (losses) and at the end "
         "(validation loss)"
     )
     return "\n".join(lines)
@@ -331,15 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="run only the cases whose name contains one of these")
     parser.add_argument("--fp32-only", action="store_true", help="leave out mixed precision and compile")
     parser.add_argument("--models", nargs="*", choices=sorted(MODELS), help="run only these models' rows")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"steps per case (default {STEPS}; ≥ 3)")
     args = parser.parse_args(argv)
+    if args.steps < 3:  # warm-up (2 steps) and at least one step on the decaying schedule
+        parser.error("--steps must be at least 3")
     every = CASES if args.fp32_only else [*CASES, *EXTRA_CASES]
     cases = [c for c in every if not args.only or any(word in c.name for word in args.only)]
     if args.models:
         kept = [replace(c, models=tuple(m for m in c.models if m in args.models)) for c in cases]
         cases = [c for c in kept if c.models]
     with tempfile.TemporaryDirectory(prefix="hpctrain-parity-") as tmp:
-        rows = compare(run_cases(cases, Path(tmp)), cases)
-    print(format_table(rows))
+        rows = compare(run_cases(cases, Path(tmp), args.steps), cases, args.steps)
+    print(format_table(rows, args.steps))
     return 0 if all(r.ok for r in rows) else 1
 
 
