@@ -110,6 +110,7 @@ def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster,
     job_id = submit(
         run, *TRAIN, "trainer.max_steps=10", "faults.kill_at=3:1", "cluster.max_requeues=5",
         "cluster.max_no_progress=2", "cluster.dist_timeout_s=60",
+        "cluster.max_restarts=0",  # the requeue path (a restart inside the job, Slurm's default, heals it)
     )  # fmt: skip
     assert wait_final([job_id], timeout=300)[job_id].state == "FAILED"
     records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
