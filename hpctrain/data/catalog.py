@@ -126,6 +126,16 @@ def check_feeds(data: DataConfig, model: Any) -> None:
         )
     model.check_data(str(data.name), image_shape, vocab)
     declared = model.context_length
+    window = data.seq_len or declared
+    if spec_of(data).needs_file and window is not None:  # as datasets.build_datasets cuts the file
+        tokens = int(read_token_header(str(data.path))["num_tokens"])
+        if (tokens - 1) // window < 2:
+            raise ConfigError(
+                "data.path",
+                data.path,
+                f"holds {tokens} tokens: fewer than 2 windows of {window} + 1 (one to train, one to check)",
+                valid=f"a file of at least {2 * window + 1} tokens, or a shorter data.seq_len",
+            )
     if data.seq_len is not None and declared is not None and data.seq_len != declared:
         if model.transformer:  # a built-in's positions are its model.seq_len
             raise ConfigError(
@@ -137,6 +147,10 @@ def check_feeds(data: DataConfig, model: Any) -> None:
                 "data.seq_len", data.seq_len, f"is longer than model {model.name}'s {declared} positions",
                 valid=f"1..{declared}",
             )  # fmt: skip
+
+
+def spec_of(data: DataConfig) -> Any:
+    return DATASETS[str(data.name)]
 
 
 def default_for(model: Any) -> str | None:

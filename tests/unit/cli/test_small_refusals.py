@@ -309,3 +309,14 @@ def test_a_user_loss_or_model_that_cannot_train_is_refused_before_a_run_dir(
     monkeypatch.delitem(sys.modules, "issue41_user", raising=False)
     refused(capsys, ["--config-dir", "conf", *FAST, *argv], words)
     assert sorted(p.name for p in here.iterdir() if p.name != "__pycache__") == ["conf", "issue41_user.py"]
+
+
+def test_a_token_file_shorter_than_one_window_is_refused_before_a_run_dir(here: Path, capsys):
+    """Issue 41 (b): a token file too small for one sample failed every rank and left a run directory."""
+    (here / "tiny.txt").write_text("just a few bytes\n")  # 17 tokens: no window of the GPT's 64
+    assert main(["prepare", str(here / "tiny.txt"), "--out", str(here / "tiny.bin")]) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in here.iterdir())
+    words = f"data.path={here / 'tiny.bin'}: holds 17 tokens: fewer than 2 windows of 64 + 1"
+    refused(capsys, [*FAST, "data=tokens", f"data.path={here / 'tiny.bin'}"], words)
+    assert sorted(p.name for p in here.iterdir()) == before
