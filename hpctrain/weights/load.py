@@ -314,6 +314,20 @@ def fill(
             valid="weights of this model, or model.init_strict=false to load what fits",
         )  # fmt: skip
     usable = {n: t for n, t in weights.items() if n in own and t.shape == own[n].shape}
+    # Integers (or booleans) where the model holds floating point are no weights of it: a cast would load
+    # counts or ids as if they had been trained (a float ↔ float cast, fp32 ↔ bf16, is a precision's).
+    cast = [
+        f"{n} {t.dtype} → {own[n].dtype}"
+        for n, t in usable.items()
+        if own[n].is_floating_point() and not t.is_floating_point()
+    ]
+    if cast:
+        raise ConfigError(
+            key,
+            where,
+            f"holds {len(cast)} integer tensor(s) where the model's are floating point ({_few(cast)})",
+            valid="floating-point weights of this model",
+        )
     for name, tensor in usable.items():  # weights full of NaN would train to the end with a NaN loss
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ConfigError(

@@ -35,3 +35,18 @@ def test_a_shape_mismatch_is_found_from_the_headers(tmp_path: Path):
     with pytest.raises(ConfigError, match="of another shape"):
         check_fits(wider, tmp_path / "w.safetensors")
     check_fits(wider, tmp_path / "w.safetensors", strict=False)  # init_strict=false: what fits is loaded
+
+
+def test_integer_tensors_are_refused_not_cast_to_float(tmp_path: Path):
+    """Issue 41 (b): an init_from file of int64 tensors was cast to float and trained from, without a word."""
+    weights = {
+        k: v.round().to(torch.int64) for k, v in _weights(GPT(n_layers=1, d_model=32, n_heads=2)).items()
+    }
+    save_file(weights, str(tmp_path / "w.safetensors"))
+    model = GPT(n_layers=1, d_model=32, n_heads=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(
+        ConfigError, match=r"holds \d+ integer tensor\(s\) where the model's are floating point"
+    ):
+        load_into(model, tmp_path / "w.safetensors")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "nothing was loaded"
