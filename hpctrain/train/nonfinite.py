@@ -62,13 +62,18 @@ class Guard:
         self.mode = mode
         self.max_skips = max_skips
         self.in_a_row = 0
+        self.steps = 0  # steps this attempt trained, finite or not
 
     def good(self) -> None:
         self.in_a_row = 0
+        self.steps += 1
 
-    def bad(self, step: int, loss: float, grad_norm: float) -> None:
-        """After a non-finite ``step`` whose update was not applied: return to skip it, or raise."""
+    def bad(self, step: int, loss: float, grad_norm: float, last: bool = False) -> None:
+        """After a non-finite ``step`` whose update was not applied: return to skip it, or raise. ``last``:
+        the run's last step, which ends the run FAILED when no step since it (re)started was finite: a run
+        that trained nothing must not read as one that succeeded."""
         what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
+        self.steps += 1
         if self.mode == "stop":
             raise NonFiniteStop(f"non-finite {what}; trainer.nonfinite=stop: nothing of this step is saved")
         if self.mode == "rollback":
@@ -77,6 +82,11 @@ class Guard:
             )
             raise Rollback(step)
         self.in_a_row += 1
+        if last and self.in_a_row == self.steps:
+            raise NonFiniteStop(
+                f"non-finite {what}: all {self.steps} step(s) this attempt trained were non-finite (nothing "
+                "was learned); look at the model's output and the loss"
+            )
         if self.in_a_row > self.max_skips:
             raise NonFiniteStop(
                 f"non-finite {what}: {self.in_a_row} in a row, over trainer.max_nonfinite_skips="

@@ -275,7 +275,9 @@ def fit(
         lr = run.scheduler.get_last_lr()[0]
         if result.skipped and state.step + 1 not in skip_steps:
             try:
-                guard.bad(state.step + 1, float(result.loss), float(result.grad_norm))
+                guard.bad(
+                    state.step + 1, float(result.loss), float(result.grad_norm), state.step + 1 == t.max_steps
+                )
             except Rollback as back:
                 checkpoints.close()
                 run.batches.close()

@@ -76,3 +76,35 @@ def test_every_skipped_step_is_a_strict_json_line(tmp_path: Path, bad: int) -> N
     assert [r["step"] for r in skipped] == [bad], records
     assert skipped[0]["nonfinite"] is True and skipped[0]["loss"] is None, skipped
     assert all(r["loss"] is not None and r["loss"] > 0 for r in records if r["step"] != bad)
+
+
+@pytest.mark.parametrize(
+    ("finite", "stops"),
+    [
+        ([False, False, False], True),  # every step NaN (a NaN model or loss): FAILED, not exit 0
+        (
+            [True, False, False],
+            False,
+        ),  # one finite step: the last ones skipped, as trainer.nonfinite=skip says
+        ([False, True, False], False),
+        ([False], True),
+    ],
+)
+def test_a_run_whose_every_step_was_non_finite_ends_failed(finite: list[bool], stops: bool) -> None:
+    """Issue 41 (b, wrong accepts): a model whose output is NaN from the first step, or a loss that returns
+    NaN, ended with exit 0 and NaN logged: every step was skipped, so the run learned nothing."""
+    from hpctrain.train.nonfinite import Guard, NonFiniteStop
+
+    guard = Guard("skip", max_skips=10)
+    outcome = None
+    try:
+        for step, ok in enumerate(finite, 1):
+            if ok:
+                guard.good()
+            else:
+                guard.bad(step, float("nan"), float("nan"), last=step == len(finite))
+    except NonFiniteStop as err:
+        outcome = str(err)
+    assert (outcome is not None) == stops, outcome
+    if stops:
+        assert f"all {len(finite)} step(s) this attempt trained were non-finite" in str(outcome)
