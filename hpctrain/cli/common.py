@@ -30,6 +30,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
+    def parse_or_exit(
+        self, argv: list[str], intermixed: bool = False, prefix: str | None = None
+    ) -> argparse.Namespace | int:
+        """The parsed arguments; or, for a bad line, that one line on stderr (after ``prefix``, the prog
+        unless given) and :data:`EXIT_USAGE`, not argparse's usage; for ``--help``, its exit status."""
+        try:
+            return self.parse_intermixed_args(argv) if intermixed else self.parse_args(argv)
+        except UsageError as err:
+            print(f"{prefix or self.prog}: {' '.join(str(err).split())}", file=sys.stderr)
+            return EXIT_USAGE
+        except SystemExit as exit_:  # --help
+            return exit_.code if isinstance(exit_.code, int) else EXIT_OK
+
 
 def guarded(prog: str, run: Callable[[], int]) -> int:
     """Run a subcommand; its errors become one line on stderr and an exit status."""

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpctrain.cli.common import Parser, UsageError
+from hpctrain.cli.common import Parser
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError
 from hpctrain.rundir import RunDir, eval_metrics
@@ -32,13 +32,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(name: str, argv: list[str]) -> int:
-    try:
-        args = _parser().parse_intermixed_args(argv)
-    except UsageError as err:  # one line, not argparse's usage
-        print(f"hpctrain eval: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = _parser().parse_or_exit(argv, intermixed=True)
+    if isinstance(args, int):
+        return args
     try:
         check_text("RUN_DIR", args.run_dir)
         for override in args.overrides:

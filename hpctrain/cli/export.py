@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpctrain.cli.common import Parser, UsageError
+from hpctrain.cli.common import Parser
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError, require_package
 from hpctrain.weights.export import DTYPES, FORMATS
@@ -45,13 +45,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(name: str, argv: list[str]) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except UsageError as err:  # one line, not argparse's usage
-        print(f"hpctrain export: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = _parser().parse_or_exit(argv)
+    if isinstance(args, int):
+        return args
     try:
         for key in ("run_dir", "to", "format", "dtype"):
             check_text(f"--{key.replace('_', '-')}", str(getattr(args, key)))

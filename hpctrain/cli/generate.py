@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpctrain.cli.common import Parser, UsageError
+from hpctrain.cli.common import Parser
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError, require_package
 
@@ -65,13 +65,9 @@ def _require_tokenizers(source: Path) -> None:
 
 
 def run(name: str, argv: list[str]) -> int:
-    try:
-        args = _parser().parse_args(argv)
-    except UsageError as err:  # one line, not argparse's usage
-        print(f"hpctrain generate: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = _parser().parse_or_exit(argv)
+    if isinstance(args, int):
+        return args
     try:
         check_text("SOURCE", args.source)
         if not args.prompt:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from hpctrain.cli.common import Parser, UsageError
+from hpctrain.cli.common import Parser
 from hpctrain.errors import ConfigError
 
 EXIT_DOES_NOT_FIT = 1
@@ -30,13 +30,9 @@ def run(name: str, argv: list[str]) -> int:
     )
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
-    try:
-        args = parser.parse_args(argv)
-    except UsageError as err:  # one line, not argparse's usage
-        print(f"hpctrain plan: {err}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = parser.parse_or_exit(argv)
+    if isinstance(args, int):
+        return args
     from hpctrain.cli.train import one_process
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.plan.check import check_run

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from hpctrain.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser, UsageError
+from hpctrain.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Parser
 from hpctrain.data.tokenfile import header_path, tokenizer_path
 from hpctrain.errors import MissingPackage, require_package
 
@@ -89,13 +89,9 @@ def _require_packages(args: argparse.Namespace) -> None:
 def run(name: str, argv: list[str]) -> int:
     from hpctrain.data.prepare import prepare_tokens  # numpy: only when it runs
 
-    try:
-        args = _parser().parse_args(argv)
-    except UsageError as e:
-        print(f"hpctrain: prepare: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_USAGE
-    except SystemExit as e:  # --help
-        return int(e.code or 0)
+    args = _parser().parse_or_exit(argv, prefix="hpctrain: prepare")
+    if isinstance(args, int):
+        return args
     try:
         _require_packages(args)
     except MissingPackage as err:
