@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CLI, REPO, STDLIB
+from tests.support import CLI, REPO, STDLIB, fork_server_imports
 
 # bench/reference_ddp.py holds the hand-written DDP loop that parity tests compare against.
 sys.path.insert(0, str(REPO / "bench"))
@@ -312,6 +312,8 @@ def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None
         return
     path = str(tmp_path_factory.mktemp("forkserver") / "s.sock")
     command = [sys.executable, "-m", SERVER_MODULE, "--socket", path, "--parent", str(os.getpid())]
+    for module in fork_server_imports():
+        command += ["--import", module]
     server = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)
     try:
         while True:  # listening; it answers once its imports are done, while the first tests run

@@ -1,6 +1,7 @@
 """The fork server's process: import torch and the worker side once, then fork one child per request.
 
     python -m hpctrain.forkserver --socket PATH      # a server for launches that set HPCTRAIN_FORKSERVER=PATH
+    python -m hpctrain.forkserver --socket PATH --import transformers.modeling_utils  # and a heavy library
     (--fd N --parent PID)                            # one launch's own server, on a socketpair it inherited
     (--fd N --parent PID --share PATH)               # ... that the other Slurm tasks of its node join at PATH
 
@@ -26,7 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
+import importlib.util
 import os
+import re
 import selectors
 import signal
 import socket
@@ -34,6 +38,7 @@ import stat
 import struct
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -47,8 +52,9 @@ class _Stop(Exception):
     """SIGTERM, SIGINT or SIGHUP reached the server."""
 
 
-def preload() -> None:
-    """What every worker imports on its way to the first step, imported once here (nothing is run)."""
+def preload(extra: Sequence[str] = ()) -> None:
+    """What every worker imports on its way to the first step, imported once here (nothing is run); and the
+    ``extra`` modules a persistent server was asked for (``--import``)."""
     import hydra.utils  # noqa: F401
     import numpy.random  # noqa: F401
     import torch
@@ -70,6 +76,12 @@ def preload() -> None:
     # What torch imports lazily on a worker's way to its first step (the optimizer's first step imports
     # dynamo, ~2 s here).
     torchapi.preload_lazy_modules()
+    for name in extra:
+        importlib.import_module(name)
+
+
+# A dotted module name: what --import accepts (anything else is refused before an import is tried).
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 @dataclass
@@ -280,6 +292,20 @@ def _on_stop(signum: int, _frame: object) -> None:
     raise _Stop(signal.Signals(signum).name)
 
 
+def _bad_imports(names: Sequence[str], socket_path: str | None) -> str | None:
+    """What is wrong with ``--import``'s modules (one line), or None."""
+    if names and socket_path is None:
+        return "--import goes with --socket (a server kept running for many launches)"
+    for name in names:
+        if MODULE_NAME.fullmatch(name) and importlib.util.find_spec(name.split(".")[0]) is None:
+            return (
+                f"--import {name}: no module named {name.split('.')[0]!r} in this Python ({sys.executable})"
+            )
+        if not MODULE_NAME.fullmatch(name):
+            return f"--import {name!r}: not a module name (valid: a dotted name, e.g. numpy.linalg)"
+    return None
+
+
 def main(argv: list[str]) -> NoReturn:
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group(required=True)
@@ -290,9 +316,22 @@ def main(argv: list[str]) -> NoReturn:
     parser.add_argument("--share", help=argparse.SUPPRESS)  # with --fd: the node's other tasks join here
     parser.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # die with this pid
     parser.add_argument("--room", help=argparse.SUPPRESS)  # room in the command line for the children's
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="with --socket: import MODULE too before serving, once for every rank it forks (a library the "
+        "model needs that takes seconds to import: transformers.modeling_utils)",
+    )
     args = parser.parse_args(argv)
     if args.share is not None and args.fd is None:
         parser.error("--share goes with --fd")
+    bad = _bad_imports(args.imports, args.socket)
+    if bad:
+        print(f"{parser.prog}: {bad}", file=sys.stderr)
+        raise SystemExit(2)
     if args.room is None:  # started by hand: again, with the room
         os.execve(sys.executable, [*sys.orig_argv, *room_args()], {**os.environ, **room_env()})
     os.environ.pop(ROOM_ENV, None)  # the block keeps it, for the children's environments
@@ -324,12 +363,18 @@ def main(argv: list[str]) -> NoReturn:
     startup_env = dict(os.environ)
     paths = site_path(startup_env)
     ident = identity()  # before the imports: a source changed while they ran is a change
+    code = 0
     listener = _listen(listen_at) if listen_at else None
     try:
         for sig in () if shielded else (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, _on_stop)  # from here the finally below closes and removes the socket
         os.environ["OPENBLAS_NUM_THREADS"] = "1"  # numpy's OpenBLAS starts no thread pool here
-        preload()
+        try:
+            preload(args.imports)
+        except ImportError as err:  # --import named what is not installed: one line, no socket left
+            print(f"{parser.prog}: --import: {err}", file=sys.stderr, flush=True)
+            code = 2
+            raise _Stop from None
         # What the imports put in the environment, a worker's own imports would have put in its own.
         by_imports = {
             k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS" and startup_env.get(k) != v
@@ -364,5 +409,5 @@ def main(argv: list[str]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(
-        0
+        code
     )  # tearing down an interpreter that holds torch takes seconds, and there is nothing to tear down

@@ -26,6 +26,15 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FAST = ["data.max_bytes=200000", "trainer.eval_batches=1", "logger=jsonl"]
 
 
+def fork_server_imports() -> list[str]:
+    """What the session's fork server imports besides torch (``--import``): transformers' model classes'
+    common base when transformers is installed (the examples' gpt2_tiny and llama_tiny, LoRA and exports
+    import it in every rank, ~5 CPU-s each here; forked from the server, a rank has it already)."""
+    import importlib.util
+
+    return ["transformers.modeling_utils"] if importlib.util.find_spec("transformers") is not None else []
+
+
 def hpctrain(
     *args: str, cwd: Path | None = None, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

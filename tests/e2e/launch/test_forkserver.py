@@ -22,14 +22,14 @@ import torch
 
 from hpctrain.errors import ConfigError
 from hpctrain.launch.forked import FORKSERVER_ENV, OFF, SERVER_MODULE, ForkServer
-from tests.support import FAST, REPO, hpctrain, metrics, model_and_optimizer, worker_pids
+from tests.support import FAST, REPO, fork_server_imports, hpctrain, metrics, model_and_optimizer, worker_pids
 
 # What a process can tell of how it was started (random draws and the hash seed aside), after importing what
 # a worker imports (the fork server's preload: imports can set environment variables).
 PROBE = r"""
 import json, os, random, resource, signal, sys
 from hpctrain.forkserver.serve import preload
-preload()
+preload([name for name in os.environ["FSPROBE_IMPORTS"].split(",") if name])  # what the server has too
 env = dict(os.environ)  # before threadpoolctl, which sets a variable as it is imported
 import numpy, threadpoolctl, torch
 
@@ -77,13 +77,13 @@ print(json.dumps(report), flush=True)
 
 
 def _start_server(
-    cwd: Path, *, parent: bool = True, options: tuple[str, ...] = ()
+    cwd: Path, *, parent: bool = True, options: tuple[str, ...] = (), server_args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], str]:
     """A fork server of this test's own (its socket in a short directory: AF_UNIX paths are short)."""
     import tempfile
 
     path = os.path.join(tempfile.mkdtemp(prefix="fs"), "s.sock")
-    command = [sys.executable, *options, "-m", SERVER_MODULE, "--socket", path]
+    command = [sys.executable, *options, "-m", SERVER_MODULE, "--socket", path, *server_args]
     if parent:
         command += ["--parent", str(os.getpid())]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -136,7 +136,9 @@ def _probe(tmp_path: Path, env: dict[str, str], console: int, server: ForkServer
     return report
 
 
-def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path: Path, server_path: str):
+def test_a_forked_child_is_what_a_fresh_interpreter_would_be(
+    tmp_path: Path, server_path: str, fork_server: str | None
+):
     (tmp_path / "fsprobe.py").write_text(PROBE)
     (tmp_path / "lib").mkdir()
     console_file = open(tmp_path / "console", "wb")  # noqa: SIM115
@@ -148,6 +150,9 @@ def test_a_forked_child_is_what_a_fresh_interpreter_would_be(tmp_path: Path, ser
         "PYTHONUNBUFFERED": "1",
         "HPCTRAIN_CONSOLE_FD": str(console),
         "ONLY_IN_THE_FIRST": "1",
+        # The session's server imports these too (tests.support.fork_server_imports); a server of this
+        # module's own imports nothing more.
+        "FSPROBE_IMPORTS": ",".join(fork_server_imports() if server_path == fork_server else []),
     }
     server = ForkServer.connect(server_path)
     try:
@@ -431,3 +436,53 @@ def test_a_server_stopped_while_it_starts_exits_quietly(tmp_path: Path):
         )  # fmt: skip
         assert server.returncode == 0 and "Traceback" not in server.stderr, (phase, server.stderr)
         assert not sock.exists(), phase
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--import", "nosuchmodule"], "no module named 'nosuchmodule' in this Python"),
+        (["--import", ""], "'': not a module name"),
+        (["--import", "a\x01b"], "'a\\x01b': not a module name"),
+        (["--import", "../outside"], "'../outside': not a module name"),
+        (["--import", "json.no_such_part"], "No module named 'json.no_such_part'"),  # found only by importing
+    ],
+    ids=["not installed", "empty", "control character", "a path", "a missing submodule"],
+)
+def test_a_bad_import_is_one_line_and_leaves_no_socket(tmp_path: Path, args: list[str], words: str):
+    path = tmp_path / "s.sock"
+    result = subprocess.run(
+        [sys.executable, "-m", SERVER_MODULE, "--socket", str(path), *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    lines = [line for line in result.stderr.splitlines() if line.startswith("python -m hpctrain.forkserver")]
+    assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert not path.exists()
+
+
+def test_import_goes_with_a_server_kept_running():
+    result = subprocess.run(
+        [sys.executable, "-m", SERVER_MODULE, "--fd", "3", "--import", "json"], capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "python -m hpctrain.forkserver: --import goes with --socket (a server kept running for many launches)"
+    ]
+
+
+def test_a_module_the_server_imported_is_in_every_child_it_forks(tmp_path: Path):
+    """``--import colorsys`` (a module nothing else imports): the forked child finds it imported."""
+    (tmp_path / "has_it.py").write_text("import sys\nprint('colorsys' in sys.modules, flush=True)\n")
+    server, path = _start_server(REPO, server_args=("--import", "colorsys"))
+    client = ForkServer.connect(path)
+    try:
+        log = tmp_path / "child.log"
+        with open(log, "wb") as out:
+            child = client.spawn("has_it", [], {**os.environ, "PYTHONPATH": str(tmp_path)}, out.fileno())
+        assert child.wait(timeout=60) == 0, log.read_text()
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(timeout=30)
+    assert log.read_text().split() == ["True"]
