@@ -65,14 +65,12 @@ class FastTier:
         rank: int,
         world_size: int,
         local_world_size: int,
-        every: int,
     ) -> None:
         self.paths = paths
         self.host = host
         self.rank = rank
         self.world_size = world_size
         self.per_node = max(1, min(local_world_size, world_size))
-        self.every = every
 
     # --- topology
     def peer_of(self, rank: int) -> int | None:

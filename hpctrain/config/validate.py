@@ -15,8 +15,8 @@ from hpctrain.config.rules.parallel import check_parallel
 from hpctrain.config.rules.run import (
     check_adapters,
     check_batch,
-    check_data,
-    check_init_from,
+    check_data_common,
+    check_init_from_exists,
     check_logger,
     check_optim,
     check_task,
@@ -32,8 +32,8 @@ def validate(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
     """Every rule of every group, in order; the run's shape when none fails."""
     check_no_control_characters(cfg)
     check_finite(cfg)
-    check_data(cfg.data)
-    check_init_from(cfg.model.init_from)
+    check_data_common(cfg.data)
+    check_init_from_exists(cfg.model.init_from)
     check_adapters(cfg.model)
     check_task(cfg)
     check_cluster(cfg)

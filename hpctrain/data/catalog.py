@@ -77,7 +77,7 @@ def fixed_vocab(name: str) -> int | None:
 WINDOWED = ("text", "tokens")  # the built-ins that cut token windows (data.seq_len)
 
 
-def check_data(data: DataConfig) -> None:
+def check_builtin_data(data: DataConfig) -> None:
     """The built-in dataset's own keys: a known name and its numbers (a user's dataset, ``data._target_``, is
     checked on a real item by :mod:`hpctrain.submit.probe`)."""
     if data.target is not None:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hpctrain.data import catalog
-from hpctrain.data.catalog import check_data, check_feeds
+from hpctrain.data.catalog import check_builtin_data, check_feeds
 from hpctrain.data.tokenfile import read_token_file
 from hpctrain.errors import ConfigError
 
@@ -157,7 +157,7 @@ def stdlib_text(max_bytes: int) -> np.ndarray:
 
 def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
     """The built-in dataset ``data.name`` shaped for the model's declared input (``spec``, a ModelSpec)."""
-    check_data(data)  # raises ConfigError (a ValueError) naming the key and what fits
+    check_builtin_data(data)  # raises ConfigError (a ValueError) naming the key and what fits
     check_feeds(data, spec)
     if data.name == "synthetic":  # shaped by the model: its spec makes it
         return spec.synthetic_dataset(data.num_samples, seed)  # type: ignore[no-any-return]

@@ -1,4 +1,5 @@
-"""The seam between the submit side and where workers run: local processes now, Slurm beside it later."""
+"""The seam between the submit side and where workers run: local processes (:mod:`hpctrain.launch.local`) or a
+Slurm job (:mod:`hpctrain.launch.submitit`, :mod:`hpctrain.launch.sbatch`)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.config.validate import validate
-from hpctrain.data.catalog import check_data, check_feeds, dataset_gives, default_for
+from hpctrain.data.catalog import check_builtin_data, check_feeds, dataset_gives, default_for
 from hpctrain.models.builtin import model_spec
 from hpctrain.models.spec import ModelSpec
 
@@ -28,7 +28,7 @@ def check_run(cfg: Config, run_dir: str | Path | None = None) -> RunShape:
 
 def check_model(cfg: Config, spec: ModelSpec, shape: RunShape) -> None:
     if cfg.data.target is None:
-        check_data(cfg.data)
+        check_builtin_data(cfg.data)
         check_feeds(cfg.data, spec)
     spec.check_layout(shape.degrees, cfg.parallel, shape.n_stages)
 

@@ -301,9 +301,9 @@ def _check_init_from(cfg: Config, run_dir: Path, probed: set[str]) -> None:
     own = cfg.trainer.resume != "never" and layout.committed(RunDir(run_dir).checkpoints)
     if key in probed or own or cfg.trainer.resume not in ("auto", "never"):
         return
-    from hpctrain.submit.probe import check_init_from
+    from hpctrain.submit.probe import check_init_from_fits
 
-    check_init_from(cfg)
+    check_init_from_fits(cfg)
     probed.add(key)
 
 

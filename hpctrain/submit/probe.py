@@ -122,17 +122,17 @@ def probe(cfg: Config) -> None:
         )  # fmt: skip
 
 
-def check_init_from(cfg: Config) -> None:
+def check_init_from_fits(cfg: Config) -> None:
     """``model.init_from``'s names and shapes against the model built on the meta device, read from the
     weights' headers: a mismatch is one line before anything starts, not a failure on every rank."""
     from pathlib import Path
 
-    from hpctrain.weights.load import check_fits
+    from hpctrain.weights.load import check_weights_fit
 
     if cfg.model.init_from is None:
         return
     model = build_model(cfg, "meta")
-    check_fits(model, Path(cfg.model.init_from), cfg.model.init_strict)
+    check_weights_fit(model, Path(cfg.model.init_from), cfg.model.init_strict)
 
 
 def check_labels(cfg: Config, outputs: Any, batch: Any, target_key: str) -> None:

@@ -340,7 +340,7 @@ def build_fast_tier(cfg: Config, env: DistEnv, run_dir: Path) -> FastTier | None
             f"{ckpt_layout.JOB_ID_ENV})", valid="null outside those",
         )  # fmt: skip
     paths = ckpt_layout.FastTierPaths(Path(c.local_path), ckpt_layout.run_key(run_dir), job)
-    return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size, c.local_every)
+    return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size)
 
 
 def _start_observer(observer: Observer | None, state: TrainState, env: DistEnv, max_steps: int) -> None:

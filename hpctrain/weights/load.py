@@ -258,7 +258,9 @@ def fit_problems(
     return problems
 
 
-def check_fits(model: nn.Module, path: Path, strict: bool = True, key: str = "model.init_from") -> None:
+def check_weights_fit(
+    model: nn.Module, path: Path, strict: bool = True, key: str = "model.init_from"
+) -> None:
     """Before anything starts: the weights at ``path`` fit ``model`` (built on the meta device), by names
     and shapes read from headers; a one-line ConfigError otherwise (when ``strict``)."""
     if not strict:

@@ -1,9 +1,11 @@
 """The house rules of docs/architecture.md that a test can check: faults stay in their room, Slurm is
 called from one module, the submit path imports no torch, no module grows past ~400 lines without a reason,
-and the import-linter contracts hold (the rules on names and derived numbers: tests/unit/test_rules.py)."""
+no two module-level check functions share a name, and the import-linter contracts hold (the rules on names
+and derived numbers: tests/unit/test_rules.py)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -63,6 +65,27 @@ def test_long_modules_say_why() -> None:
         if lines > 430 and "Over 400 lines" not in path.read_text()[:3000]:
             long.append(f"{path.relative_to(ROOT)} ({lines} lines)")
     assert not long, long
+
+
+def check_functions(paths: list[Path]) -> dict[str, list[str]]:
+    """Module-level ``check*``, ``require*`` and ``validate*`` functions by name: the files defining each."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(("check", "require", "validate")):
+                found.setdefault(node.name, []).append(path.as_posix())
+    return found
+
+
+def test_no_two_check_functions_share_a_name(tmp_path: Path) -> None:
+    """A refusal is found by its function's name: two rooms' ``check_data`` (the common keys, the built-in
+    dataset's) read as one rule. The guard itself: two files defining ``check_x`` are caught."""
+    twins = {name: where for name, where in check_functions(_sources()).items() if len(where) > 1}
+    assert not twins, twins
+    for name in ("a.py", "b.py"):
+        (tmp_path / name).write_text("def check_x():\n    pass\n")
+    planted = [tmp_path / "a.py", tmp_path / "b.py"]
+    assert [len(where) for where in check_functions(planted).values()] == [2]
 
 
 def test_import_contracts_hold() -> None:

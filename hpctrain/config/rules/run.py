@@ -41,7 +41,7 @@ def check_task(cfg: Config) -> None:
                           valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal))  # fmt: skip
 
 
-def check_init_from(path: str | None) -> None:
+def check_init_from_exists(path: str | None) -> None:
     """``model.init_from``: weights that exist (what they hold is read when the run starts)."""
     if path is None:
         return
@@ -75,7 +75,7 @@ def check_adapters(model: ModelConfig) -> None:
             )  # fmt: skip
 
 
-def check_data(data: DataConfig) -> None:
+def check_data_common(data: DataConfig) -> None:
     """The data group's keys common to every dataset (a built-in dataset's own: hpctrain.data.catalog; whether
     it feeds the model: the model spec's rule)."""
     at_least("data.num_workers", data.num_workers, 0)

@@ -45,7 +45,7 @@ def _tier(
     tmp_path: Path, job: str = "local-j1", rank: int = 0, world: int = 1, per_node: int = 1
 ) -> FastTier:
     paths = layout.FastTierPaths(tmp_path / "shm", layout.run_key(tmp_path / "run"), job)
-    return FastTier(paths, "node1", rank, world, per_node, every=2)
+    return FastTier(paths, "node1", rank, world, per_node)
 
 
 def test_paths_are_keyed_by_run_job_host_and_rank(tmp_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_a_path_that_is_not_writable_is_refused_in_one_line(tmp_path: Path) -> N
     blocker.write_text("not a directory")
     paths = layout.FastTierPaths(blocker, "run", "local-j")
     with pytest.raises(ConfigError) as caught:
-        FastTier(paths, "node1", 0, 1, 1, every=2).prepare(1000, "checkpoint.local_path")
+        FastTier(paths, "node1", 0, 1, 1).prepare(1000, "checkpoint.local_path")
     line = str(caught.value)
     assert "\n" not in line and line.startswith(f"checkpoint.local_path={blocker}: not writable")
 
@@ -163,12 +163,12 @@ def test_a_path_too_small_for_the_state_is_refused_naming_the_sizes(tmp_path: Pa
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         paths = layout.FastTierPaths(small, "run", "local-j")
-        tier = FastTier(paths, "node1", 0, 4, 2, every=2)
+        tier = FastTier(paths, "node1", 0, 4, 2)
         with pytest.raises(ConfigError) as caught:
             tier.prepare(100 << 20, "checkpoint.local_path")
         line = str(caught.value)
         assert "\n" not in line and line.startswith(f"checkpoint.local_path={small}: 0.00 GiB free on node1")
         assert "needs 0.98 GiB (2 rank(s) × 5 × 0.10 GiB of state" in line
-        FastTier(paths, "node1", 0, 1, 1, every=2).prepare(100 << 10, "checkpoint.local_path")  # this fits
+        FastTier(paths, "node1", 0, 1, 1).prepare(100 << 10, "checkpoint.local_path")  # this fits
     finally:
         subprocess.run(["umount", str(small)], check=True)

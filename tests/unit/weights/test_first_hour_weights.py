@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.gpt import GPT
-from hpctrain.weights.load import check_fits, load_into
+from hpctrain.weights.load import check_weights_fit, load_into
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -33,8 +33,8 @@ def test_a_shape_mismatch_is_found_from_the_headers(tmp_path: Path):
     with torch.device("meta"):
         wider = GPT(n_layers=1, d_model=64, n_heads=2)
     with pytest.raises(ConfigError, match="of another shape"):
-        check_fits(wider, tmp_path / "w.safetensors")
-    check_fits(wider, tmp_path / "w.safetensors", strict=False)  # init_strict=false: what fits is loaded
+        check_weights_fit(wider, tmp_path / "w.safetensors")
+    check_weights_fit(wider, tmp_path / "w.safetensors", strict=False)  # init_strict=false: what fits loads
 
 
 def test_integer_tensors_are_refused_not_cast_to_float(tmp_path: Path):

@@ -1,1 +1,0 @@
-"""Fast tests of hpctrain.faults."""
