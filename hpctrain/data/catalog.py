@@ -104,18 +104,23 @@ def check_builtin_data(data: DataConfig) -> None:
                               valid=f"leave it unset, or data={' or data='.join(WINDOWED)}")  # fmt: skip
 
 
-def dataset_facts(data: DataConfig) -> tuple[str, tuple[int, int, int, int] | None, int | None]:
-    """What built-in dataset ``data`` yields: (what it gives, fixed image shape or None, vocabulary or None);
-    a token file's vocabulary is read from its header (a ConfigError when there is no usable file)."""
+def dataset_facts(
+    data: DataConfig,
+) -> tuple[str, tuple[int, int, int, int] | None, int | None, int | None]:
+    """What built-in dataset ``data`` yields: (what it gives, fixed image shape or None, vocabulary or None,
+    tokens or None); a token file's vocabulary and length are read from its header, once (a ConfigError when
+    there is no usable file)."""
     spec = DATASETS[str(data.name)]
-    vocab = _token_file_vocab(data.path) if spec.needs_file else spec.vocab
-    return spec.gives, spec.image_shape, vocab
+    if not spec.needs_file:
+        return spec.gives, spec.image_shape, spec.vocab, None
+    header = _token_file_header(data.path)
+    return spec.gives, spec.image_shape, int(header["vocab_size"]), int(header["num_tokens"])
 
 
 def check_feeds(data: DataConfig, model: Any) -> None:
     """Whether built-in dataset ``data`` can feed ``model`` (a ModelSpec): what it gives, then the model's own
     rules on the image shape or vocabulary. A one-line ConfigError naming what fits otherwise."""
-    gives, image_shape, vocab = dataset_facts(data)
+    gives, image_shape, vocab, tokens = dataset_facts(data)
     if not model.accepts(gives):
         fitting = [d.name for d in DATASETS.values() if model.accepts(d.gives)]
         raise ConfigError(
@@ -127,15 +132,14 @@ def check_feeds(data: DataConfig, model: Any) -> None:
     model.check_data(str(data.name), image_shape, vocab)
     declared = model.context_length
     window = data.seq_len or declared
-    if spec_of(data).needs_file and window is not None:  # as datasets.build_datasets cuts the file
-        tokens = int(read_token_header(str(data.path))["num_tokens"])
-        if (tokens - 1) // window < 2:
-            raise ConfigError(
-                "data.path",
-                data.path,
-                f"holds {tokens} tokens: fewer than 2 windows of {window} + 1 (one to train, one to check)",
-                valid=f"a file of at least {2 * window + 1} tokens, or a shorter data.seq_len",
-            )
+    # As datasets.build_datasets cuts the file: a window to train on and one to check.
+    if tokens is not None and window is not None and (tokens - 1) // window < 2:
+        raise ConfigError(
+            "data.path",
+            data.path,
+            f"holds {tokens} tokens: fewer than 2 windows of {window} + 1 (one to train, one to check)",
+            valid=f"a file of at least {2 * window + 1} tokens, or a shorter data.seq_len",
+        )
     if data.seq_len is not None and declared is not None and data.seq_len != declared:
         if model.transformer:  # a built-in's positions are its model.seq_len
             raise ConfigError(
@@ -168,7 +172,7 @@ def default_for(model: Any) -> str | None:
     return None
 
 
-def _token_file_vocab(path: str | None) -> int:
+def _token_file_header(path: str | None) -> dict[str, Any]:
     if path is None or path == "???":
         raise ConfigError(
             "data.path", path, "required for data=tokens", valid="a .bin written by `hpctrain prepare`"
@@ -179,7 +183,7 @@ def _token_file_vocab(path: str | None) -> int:
             "data.path", path, f"no token file there (need {Path(path).name} and {header.name})"
         )
     try:
-        return int(read_token_header(path)["vocab_size"])
+        return read_token_header(path)
     except (ValueError, OSError) as err:
         raise ConfigError("data.path", path, f"not a usable token file: {err}") from None
 
