@@ -335,6 +335,24 @@ def server_for(fork_server: bool, env: Mapping[str, str] | None = None) -> tuple
     return server, owned
 
 
+def persistent_server() -> ForkServer | None:
+    """A connection to the persistent server ``HPCTRAIN_FORKSERVER`` names, ready and of this checkout; None
+    when none is set or it cannot serve (the launch says why, if it matters there)."""
+    value = os.environ.get(FORKSERVER_ENV)
+    if value is None or value == OFF or not supported():
+        return None
+    try:
+        server = ForkServer.connect(value)
+    except ConfigError:
+        return None
+    try:
+        server.ready()
+    except ForkServerError:
+        server.close()
+        return None
+    return server
+
+
 def supported() -> bool:
     """Linux (parent-death signals, pidfds) and a Python that passes descriptors over sockets."""
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open") and hasattr(socket, "send_fds")

@@ -94,19 +94,12 @@ def precheck(
             from hpctrain.launch.forked import check_server_env
 
             check_server_env()  # a HPCTRAIN_FORKSERVER that names no running server
-        _probe_once(typed, probed)
-        if typed.model.init_from is not None and not multirun:
-            _check_init_from(typed, resolved_dir(cfg, "hydra.run.dir"), probed)
-        if typed.plan_check and (typed.cluster.gpus_per_node > 0 or typed.cluster.kind == "local"):
-            # A user's model (no declared shapes) is measured first: imports torch, once per distinct model.
-            from hpctrain.submit.fits import check_fits, check_fits_here
-            from hpctrain.submit.measure import measured_for
+        # The user's model, data and loss, init_from and the memory fit: torch's side (in a child of a
+        # persistent fork server, when one serves).
+        from hpctrain.submit.torchside import check_torch_side_where_cheapest
 
-            measured = measured_for(typed)
-            if typed.cluster.gpus_per_node > 0:
-                check_fits(typed, measured)  # the memory per GPU must fit
-            else:
-                check_fits_here(typed, measured)  # the processes must fit in this machine's memory
+        run_dir = None if multirun else resolved_dir(cfg, "hydra.run.dir")
+        check_torch_side_where_cheapest(typed, cfg, run_dir, probed)
         if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
             # What the config itself cannot do is said first (above), then where it cannot be submitted
             # from; before the snapshot: nothing to write where none submits.
@@ -291,22 +284,6 @@ def _check_slurm_here(cfg: Config) -> None:
         ) from None  # fmt: skip
 
 
-def _check_init_from(cfg: Config, run_dir: Path, probed: set[str]) -> None:
-    """``model.init_from`` fits the model (names and shapes, from the weights' headers), unless this run
-    continues a checkpoint of its own, where init_from is ignored. Imports torch (only for init_from)."""
-    from hpctrain.rundir import RunDir
-    from hpctrain.rundir import checkpoints as layout
-
-    key = repr(("init_from", cfg.model, cfg.data))
-    own = cfg.trainer.resume != "never" and layout.committed(RunDir(run_dir).checkpoints)
-    if key in probed or own or cfg.trainer.resume not in ("auto", "never"):
-        return
-    from hpctrain.submit.probe import check_init_from_fits
-
-    check_init_from_fits(cfg)
-    probed.add(key)
-
-
 def example_note(cfg: Config) -> str | None:
     """What an example profile's placeholders are, in words (None for a profile of the user's)."""
     c = cfg.cluster
@@ -339,20 +316,6 @@ def _check_unlocked(run_dir: Path) -> None:
 
     if RunDir(run_dir).lock.is_file():
         RunLock(run_dir).acquire().release()
-
-
-def _probe_once(cfg: Config, probed: set[str]) -> None:
-    """Try the user's model, data and loss on the meta device (hpctrain.submit.probe), once per distinct
-    combination of a sweep. Imports torch, but only for runs that bring their own code."""
-    from hpctrain.submit.probe import needs_probe
-
-    key = repr((cfg.model, cfg.data, cfg.loss, cfg.trainer.seed))
-    if not needs_probe(cfg) or key in probed:
-        return
-    from hpctrain.submit.probe import probe
-
-    probe(cfg)
-    probed.add(key)
 
 
 def _check_slurm_counts() -> None:
