@@ -1,6 +1,9 @@
 """The whole GPU check in one command: on one CUDA GPU, every figure beside its reference measured in the
 same run.
 
+Over 400 lines: a lent GPU is minutes long, so its whole check is one prepared script that runs once: every
+section beside its reference, the device's description and the one JSON of figures the docs read.
+
     python bench/gpu.py                           # everything (~10 minutes on one H100)
     python bench/gpu.py --only mfu,fp8            # some sections (each runs its own references)
     python bench/gpu.py --only cache,tests --json out.json

@@ -18,6 +18,10 @@ at nice 19 while training runs the next forward and backward, and a pre-hook on 
 waits for the copy: the staged state is still exactly the state of the saved step, and ``save`` blocks only
 for the rest (model buffers, which a forward may change, RNG and counters: small). Only the trainer, which
 owns the loop, declares optimizers: a loop that changed parameters outside ``step`` must not.
+
+Over 400 lines: the segment's layout, its reuse while the state's layout holds, the copy beside the next step
+and the plan the writer serves from it are one protocol with the writer process; split, both halves would
+share the slots' invariants.
 """
 
 from __future__ import annotations

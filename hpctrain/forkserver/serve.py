@@ -20,6 +20,10 @@ pre-emption), and the server must neither die of USR2 nor kill the worker that i
 SIGTERM. Such a server ignores them (the agent forwards them to the worker) and dies with SIGKILL when the
 agent dies. With ``--share PATH`` (:mod:`hpctrain.launch.nodeserver`) it also listens at PATH for the other
 tasks of its node and job step, and ends once its own connection, every joined one and every child are gone.
+
+Over 400 lines: the server's one selector loop, its children's lifetimes and its start-up (preload, socket,
+parent death, signals, refusals of a bad ``--import``) share the process's state; the child's side lives in
+:mod:`hpctrain.forkserver.child`.
 """
 
 from __future__ import annotations

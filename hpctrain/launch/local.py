@@ -17,6 +17,9 @@ The launch is the workers' job (``HPCTRAIN_JOB_ID``, a fresh id unless the launc
 a restart that keeps it is inside the same job). The checkpoint fast tier of a job
 (``checkpoint.local_every``) is removed when the launch that made its id ends; one whose id was given from
 outside belongs to whoever gave it (a restart agent), which removes it (``FastTierPaths.remove_job``).
+
+Over 400 lines: the local launcher's start, supervision, stop and failure reports share one set of workers and
+their signals (issue 42's one supervisor will move the decisions out).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ pipeline-parallel plans, and the shapes the planner reads. Any other model gets 
 facts are unknown until the model is built (:mod:`hpctrain.submit.probe` builds it on the meta device); the
 trainer then derives what it needs from the built module. The core reads these facts; it never asks which
 model it trains.
+
+Over 400 lines: the spec protocol and the transformer spec the built-ins share (its parameter, FLOP and
+activation counts, the layout rules for tp, pp, cp and ep) are read together: the planner's numbers and the
+refusals before submit come from the same lines.
 """
 
 from __future__ import annotations

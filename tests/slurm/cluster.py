@@ -28,6 +28,11 @@ is recorded in /run/hpct-slurm-test-cluster.json). Anything
 left by a crashed run (``hpct-*`` namespaces and links, daemons carrying this harness's marker
 variable) is cleaned before the next start; a cluster whose owner is still alive, or one brought
 ``up`` from the shell, is never touched: stop it with ``down`` first.
+
+Over 400 lines: one cluster's whole life, as the suite and a human at a shell (``up``/``down``) both drive it:
+packages, namespaces and the bridge, munge, MariaDB and slurmdbd, the configs, the daemons, a node's faults (a
+stopped slurmd, DOWN and RESUME) and teardown all read and write the one state file under the one lock; split,
+each part would reach into the others' state.
 """
 
 from __future__ import annotations

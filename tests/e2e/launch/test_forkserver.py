@@ -3,7 +3,11 @@ is what ``python -m MODULE`` would have been, runs are bitwise those of fresh in
 a killed launcher or a dead server, and a bad HPCTRAIN_FORKSERVER is one line.
 
 The session's own server (tests/conftest.py) serves the rest of the suite; here a server is also started
-for the tests that need one of their own (to kill it, or from another checkout)."""
+for the tests that need one of their own (to kill it, or from another checkout).
+
+Over 400 lines: the fork server's end-to-end journeys share the servers they start (their own, another
+checkout's, a dead one) and the probe module that compares a forked child with a fresh interpreter.
+"""
 
 from __future__ import annotations
 
