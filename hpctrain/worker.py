@@ -20,6 +20,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.observe.logs import setup_logging
 from hpctrain.observe.streams import guard_std_streams
@@ -28,15 +29,19 @@ from hpctrain.rundir import RunDir, RunLock
 from hpctrain.rundir.records import EXIT_STOPPED
 from hpctrain.version import EXIT_UNSUPPORTED, UnsupportedEnvironment, environment_problem
 
+if TYPE_CHECKING:
+    from hpctrain.config.schema import Config
+
 PR_SET_PDEATHSIG = 1
 LOCK_WAIT_S = 15.0
 
 log = logging.getLogger("hpctrain.worker")
 
 
-def run(run_dir: Path) -> bool:
+def run(run_dir: Path, cfg: Config | None = None) -> bool:
     """Train this process's rank of the run in ``run_dir``; raise (after recording it) on failure. Whether
-    the run reached its end (False: a stop signal ended it early, with a checkpoint)."""
+    the run reached its end (False: a stop signal ended it early, with a checkpoint). ``cfg``: the run's
+    config when the caller has read it already (config.yaml is read once per process)."""
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     # A node's environment may not be the submitting machine's: refused before anything imports torch or
     # writes a file (no error record: the one line says it all).
@@ -44,7 +49,7 @@ def run(run_dir: Path) -> bool:
     if refusal is not None:
         raise UnsupportedEnvironment(refusal)
     try:
-        return _train(run_dir)
+        return _train(run_dir, cfg)
     except BaseException as err:
         _record_error(run_dir, rank, err)
         raise
@@ -88,7 +93,7 @@ def main(argv: list[str]) -> None:
     _finish(0 if finished else EXIT_STOPPED)  # a stopped run is not a finished one, nor a failed one
 
 
-def _train(run_dir: Path) -> bool:
+def _train(run_dir: Path, cfg: Config | None) -> bool:
     from hpctrain.resilience.signals import StopSignals
 
     # First of all: a pre-emption signal that arrives while torch is still importing must not be lost (nor,
@@ -111,9 +116,10 @@ def _train(run_dir: Path) -> bool:
     # A requeued job's previous incarnation may still be dying: wait a few seconds for its lock to go.
     lock = RunLock(run_dir).acquire(wait_s=LOCK_WAIT_S, job_id=job_id) if job_id and env.is_main else None
     try:
-        from hpctrain.config.io import load_run_config
+        if cfg is None:
+            from hpctrain.config.io import load_run_config
 
-        cfg = load_run_config(RunDir(run_dir).config)
+            cfg = load_run_config(RunDir(run_dir).config)
         if cfg.task.name == "script":
             from hpctrain.task.script import run_script
 
@@ -122,7 +128,7 @@ def _train(run_dir: Path) -> bool:
             return True
         from hpctrain.task.train import run_training
 
-        return run_training(run_dir, env, job_id, signals)
+        return run_training(run_dir, env, job_id, signals, cfg)
     finally:
         if lock is not None:
             lock.release()

@@ -53,7 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.launch import health
 from hpctrain.launch.jobscript import survives_lost_nodes
@@ -66,6 +66,9 @@ from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.rundir.files import atomic_write
 from hpctrain.rundir.records import read_error_record, record_killed, write_error_record
+
+if TYPE_CHECKING:
+    from hpctrain.config.schema import ClusterConfig, Config
 
 log = logging.getLogger(__name__)
 
@@ -306,13 +309,12 @@ def slurm_job_start() -> str:
     return f"{job}.r{env.get('SLURM_RESTART_COUNT', '0')}"
 
 
-def run_task(run_dir: Path) -> int:
+def run_task(run_dir: Path, cfg: Config) -> int:
     """One Slurm task's rank, with restarts inside the allocation when ``cluster.max_restarts`` > 0: start
-    the worker, watch it and the generation, restart. Returns the task's exit status."""
-    from hpctrain.config.io import load_run_config
+    the worker, watch it and the generation, restart. Returns the task's exit status. ``cfg``: the run's
+    config.yaml, as the task read it (once)."""
     from hpctrain.launch.forked import ForkServer
 
-    cfg = load_run_config(RunDir(run_dir).config)
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     host = os.uname().nodename
     book = RestartBook(run_dir, slurm_job_start(), cfg.cluster.max_restarts, cfg.cluster.max_no_progress)
@@ -519,13 +521,10 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def task_is_agent(run_dir: Path) -> bool:
+def task_is_agent(cluster: ClusterConfig) -> bool:
     """Whether a task is its rank's agent: restarts inside the allocation, a site health check, or tasks
     that share a node, whose workers then fork from one server per node (:mod:`hpctrain.launch.nodeserver`:
     one torch import per node, not per task). Else the task is its worker, as before the agent."""
-    from hpctrain.config.io import load_run_config
-
-    cluster = load_run_config(RunDir(run_dir).config).cluster
     shares_a_node = cluster.tasks_per_node > 1 and cluster.fork_server
     return cluster.max_restarts > 0 or cluster.health_check is not None or shares_a_node
 
@@ -533,10 +532,13 @@ def task_is_agent(run_dir: Path) -> bool:
 def main(argv: list[str]) -> None:
     """``python -m hpctrain.launch.agent RUN_DIR``: the srun template's task. Without restarts inside the
     allocation the task becomes its worker (exec: same process, same signals, same exit status)."""
-    if not task_is_agent(Path(argv[0])):
+    from hpctrain.config.io import load_run_config
+
+    cfg = load_run_config(RunDir(argv[0]).config)
+    if not task_is_agent(cfg.cluster):
         os.execv(sys.executable, [sys.executable, "-u", "-m", WORKER_MODULE, argv[0]])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
-    code = run_task(Path(argv[0]))
+    code = run_task(Path(argv[0]), cfg)
     logging.shutdown()
     sys.stdout.flush()
     os._exit(code)

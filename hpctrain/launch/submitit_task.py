@@ -24,15 +24,18 @@ class RestartsFailed(RuntimeError):
 
 
 def run_task(run_dir: str) -> None:
+    from hpctrain.config.io import load_run_config
     from hpctrain.launch.agent import run_task as agent_task
     from hpctrain.launch.agent import task_is_agent
+    from hpctrain.rundir import RunDir
 
-    if task_is_agent(Path(run_dir)):  # restarts, a health check, or tasks sharing a node
-        code = agent_task(Path(run_dir))
+    cfg = load_run_config(RunDir(run_dir).config)  # once: the agent or the worker takes it from here
+    if task_is_agent(cfg.cluster):  # restarts, a health check, or tasks sharing a node
+        code = agent_task(Path(run_dir), cfg)
         if code != 0:  # an error ends the job FAILED, as the worker's own would
             raise RestartsFailed(f"the worker of this task ended with status {code} ({run_dir})")
         return
-    importlib.import_module(WORKER_MODULE).run(Path(run_dir))
+    importlib.import_module(WORKER_MODULE).run(Path(run_dir), cfg)
 
 
 class PackFailed(RuntimeError):

@@ -51,12 +51,12 @@ def on_members(cfg: Config) -> Config:
     return fewer
 
 
-def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals) -> bool:
+def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSignals, cfg: Config) -> bool:
     """hpctrain's trainer on this rank: join the process group, train, and answer a stop or a fault.
-    Whether training reached ``trainer.max_steps`` (False: stopped early, saved)."""
+    Whether training reached ``trainer.max_steps`` (False: stopped early, saved). ``cfg``: the run's
+    config.yaml as the worker read it (once per process)."""
     from omegaconf import OmegaConf
 
-    from hpctrain.config.io import load_run_config
     from hpctrain.config.shape import run_shape
     from hpctrain.errors import CheckpointMismatch
     from hpctrain.observe.loggers import RANK_LOG_ONLY, ConsoleLogHandler, Observer, open_console
@@ -74,7 +74,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
 
     console = open_console() if env.is_main else None
     setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
-    cfg = on_members(load_run_config(RunDir(run_dir).config))
+    cfg = on_members(cfg)
     signals.listen(cfg.cluster.signal)
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.compose import compose, to_typed
-from hpctrain.config.io import write_run_config
+from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.launch import agent, nodeserver
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
@@ -39,7 +39,7 @@ def test_a_task_is_its_ranks_agent_where_restarts_a_check_or_a_shared_node_ask(
     tmp_path: Path, overrides: list[str], is_agent: bool
 ):
     write_run_config(tmp_path, compose(overrides))
-    assert agent.task_is_agent(tmp_path) is is_agent
+    assert agent.task_is_agent(load_run_config(tmp_path / "config.yaml").cluster) is is_agent
     assert to_typed(compose(overrides)).cluster.tasks_per_node in (1, 2)
 
 

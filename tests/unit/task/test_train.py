@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.config.compose import compose
-from hpctrain.config.io import write_run_config
+from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.launch.local import free_port
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.signals import StopSignals
@@ -63,7 +63,8 @@ def train(run_dir: Path, *overrides: str) -> None:
     write_run_config(run_dir, compose([*RUN, *overrides, f"hydra.run.dir={run_dir}"]))
     env = DistEnv(0, 0, 1, 1, "127.0.0.1", free_port("127.0.0.1"), hostname="localhost")
     try:
-        run_training(run_dir, env, None, StopSignals({"USR2", "TERM"}))
+        cfg = load_run_config(run_dir / "config.yaml")  # as the worker read it
+        run_training(run_dir, env, None, StopSignals({"USR2", "TERM"}), cfg)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -15,7 +15,7 @@ import pytest
 import torch.distributed as dist
 
 from hpctrain.config.compose import compose
-from hpctrain.config.io import write_run_config
+from hpctrain.config.io import load_run_config, write_run_config
 from hpctrain.launch.local import free_port
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.signals import StopSignals
@@ -69,7 +69,8 @@ def strict(line: str) -> dict:
 def test_every_skipped_step_is_a_strict_json_line(tmp_path: Path, bad: int) -> None:
     write_run_config(tmp_path, compose([*RUN, f"faults.nan_at=0:{bad}", f"hydra.run.dir={tmp_path}"]))
     env = DistEnv(0, 0, 1, 1, "127.0.0.1", free_port("127.0.0.1"), hostname="localhost")
-    run_training(tmp_path, env, None, StopSignals({"USR2", "TERM"}))
+    cfg = load_run_config(tmp_path / "config.yaml")  # as the worker read it
+    run_training(tmp_path, env, None, StopSignals({"USR2", "TERM"}), cfg)
     records = [strict(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == sorted({2, 4, bad}), records
     skipped = [r for r in records if r.get("nonfinite")]
