@@ -312,16 +312,11 @@ def server_for(fork_server: bool, env: Mapping[str, str] | None = None) -> tuple
         stop_prestarted()
         return None, False
     if value is not None:
-        server = ForkServer.connect(value)
         try:
-            server.ready()
-        except ForkServerError as err:
-            server.close()
-            if not isinstance(err, ServerMismatch):
-                raise
+            return _ready_at(value), True
+        except ServerMismatch as err:
             _tell(str(err))
             return None, False
-        return server, True
     server, owned = (_prestarted, False) if _prestarted is not None else (ForkServer.start(env), True)
     try:
         server.ready()
@@ -342,14 +337,19 @@ def persistent_server() -> ForkServer | None:
     if value is None or value == OFF or not supported():
         return None
     try:
-        server = ForkServer.connect(value)
-    except ConfigError:
+        return _ready_at(value)
+    except (ConfigError, ForkServerError):
         return None
+
+
+def _ready_at(path: str) -> ForkServer:
+    """The server at ``path``, connected and ready; ConfigError (none there) or ForkServerError, closed."""
+    server = ForkServer.connect(path)
     try:
         server.ready()
     except ForkServerError:
         server.close()
-        return None
+        raise
     return server
 
 

@@ -112,12 +112,11 @@ def precheck(
                 warned.add(path)
                 note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
                 print(note, file=sys.stderr)
-        if multirun:
+        if run_dir is None:  # a sweep member
             sweep_dir = resolved_dir(cfg, "hydra.sweep.dir")
             check_not_in_checkpoint("hydra.sweep.dir", sweep_dir)
             check_writable_dir("hydra.sweep.dir", sweep_dir)
         else:
-            run_dir = resolved_dir(cfg, "hydra.run.dir")
             check_not_in_checkpoint("hydra.run.dir", run_dir)
             check_writable_dir("hydra.run.dir", run_dir)
             _check_unlocked(run_dir)
