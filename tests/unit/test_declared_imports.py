@@ -90,18 +90,19 @@ def _providers() -> dict[str, list[str]]:
     (a namespace that several distributions, hpctrain among them, share)."""
     out = {top: [_norm(d) for d in dists] for top, dists in metadata.packages_distributions().items()}
     for dist in metadata.distributions():
+        name = _norm(dist.metadata["Name"])  # once: each .metadata parses the METADATA file again (18 s here)
         for file in dist.files or ():
             parts = file.parts
             # Python 3.10's packages_distributions reads top_level.txt only (scikit-learn ships none): the
             # top-level names from the files, as 3.11's does.
             if len(parts) > 1 and file.suffix == ".py" and not parts[0].endswith((".dist-info", ".data")):
                 names = out.setdefault(parts[0], [])
-                if _norm(dist.metadata["Name"]) not in names:
-                    names.append(_norm(dist.metadata["Name"]))
+                if name not in names:
+                    names.append(name)
             if len(parts) > 2 and parts[0] == "hydra_plugins":
                 names = out.setdefault(f"hydra_plugins.{parts[1]}", [])
-                if _norm(dist.metadata["Name"]) not in names:
-                    names.append(_norm(dist.metadata["Name"]))
+                if name not in names:
+                    names.append(name)
     return out
 
 

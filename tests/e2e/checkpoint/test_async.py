@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState
 from hpctrain.rundir import checkpoints as layout
+from hpctrain.verify.local_group import start_ranks
 
 WORLD_SIZE = 2
 
@@ -127,4 +127,4 @@ def worker(rank: int, root: str, store: str, overlap: bool) -> None:
 @pytest.mark.parametrize("overlap", [False, True], ids=["staged-in-save", "staged-beside-next-step"])
 def test_async_save_is_staged_before_returning_and_resumes_bitwise(tmp_path: Path, overlap: bool):
     args = (str(tmp_path / "checkpoints"), str(tmp_path / "store"), overlap)
-    mp.spawn(worker, args=args, nprocs=WORLD_SIZE)
+    start_ranks(worker, WORLD_SIZE, *args)

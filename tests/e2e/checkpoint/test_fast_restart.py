@@ -93,13 +93,10 @@ def test_a_killed_rank_restarts_from_its_own_copy_bitwise(reference: Path, tmp_p
 
 # ------------------------------------------------------------------------ two "nodes" of one rank each
 def _group(fn: Any, world: int, *args: Any) -> None:
-    import torch.multiprocessing as mp
-
     from hpctrain.launch.local import free_port
+    from hpctrain.verify.local_group import start_ranks
 
-    mp.start_processes(
-        _join, args=(world, free_port("127.0.0.1"), fn, args), nprocs=world, start_method="spawn"
-    )
+    start_ranks(_join, world, world, free_port("127.0.0.1"), fn, args)
 
 
 def _join(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:

@@ -19,7 +19,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
@@ -33,6 +32,7 @@ from hpctrain.parallel.compression import (
     register_compression,
     single_bucket_cap_mb,
 )
+from hpctrain.verify.local_group import start_ranks
 
 WORLD = 2
 STEPS = 10
@@ -230,7 +230,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out_dir = tmp_path_factory.mktemp("compression")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")  # two ranks on two cores: no oversubscription by OpenMP
-        mp.spawn(_worker, args=(free_port("127.0.0.1"), str(out_dir)), nprocs=WORLD, join=True)
+        start_ranks(_worker, WORLD, free_port("127.0.0.1"), str(out_dir))
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 from reference_ddp import reference_worker  # bench/, on sys.path by tests/conftest.py
 
 from hpctrain.config.compose import compose, to_typed
 from hpctrain.launch.local import free_port
+from hpctrain.verify.local_group import start_ranks
 from hpctrain.weights.load import read_checkpoint_model
 from tests.support import FAST, hpctrain
 
@@ -38,7 +38,7 @@ def test_ddp_matches_a_hand_written_torch_loop_bitwise(tmp_path: Path):
 
     reference_file = tmp_path / "reference.pt"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(reference_worker, args=(2, free_port("127.0.0.1"), OVERRIDES, str(reference_file), 1), nprocs=2)
+    start_ranks(reference_worker, 2, 2, free_port("127.0.0.1"), OVERRIDES, str(reference_file), 1)
     reference = torch.load(reference_file)["weights"]
 
     ours = read_checkpoint_model(run / "checkpoints" / f"step_{STEPS:08d}")

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.rendezvous.group import init_distributed
 from hpctrain.rundir import RunDir
 from hpctrain.slurm.spec import rendezvous_port
+from hpctrain.verify.local_group import start_ranks
 
 JOB = {"SLURM_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "", "SLURM_RESTART_COUNT": "1"}
 
@@ -50,7 +50,7 @@ def test_a_taken_port_moves_every_rank_to_the_next_candidate(tmp_path: Path) -> 
     RunDir(run_dir).write_rendezvous({"job": "4242::0", "host": "localhost", "port": first})
     try:
         os.environ.pop("MASTER_PORT", None)
-        mp.start_processes(_rank, args=(str(run_dir), str(tmp_path)), nprocs=2, start_method="spawn")
+        start_ranks(_rank, 2, str(run_dir), str(tmp_path))
     finally:
         squatter.close()
     assert [Path(tmp_path, f"rank{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
