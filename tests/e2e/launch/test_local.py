@@ -77,14 +77,11 @@ def test_sigkilled_worker_stops_the_run_and_is_named(run_dir: Path):
         _wait_for_training(run_dir, proc)
         victim = _rank_pid(run_dir, 1)
         os.kill(victim, signal.SIGKILL)
-        killed_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=30)
-        took = time.monotonic() - killed_at
+        _, stderr = proc.communicate(timeout=30)  # the others stop within kill_grace_s, not at max_steps
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
-    assert took < 30
     first = stderr.strip().splitlines()[0]
     assert first.startswith(f"hpctrain: rank 1 (pid {victim}) was killed by SIGKILL"), stderr
     _assert_no_workers_left(run_dir)
@@ -145,10 +142,8 @@ def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
         proc.send_signal(signal.SIGINT)
         time.sleep(1)
         assert proc.poll() is None, "the first Ctrl-C must wait for the step"
-        started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
-        assert time.monotonic() - started < 10
+        proc.communicate(timeout=30)  # at once: the step it is in sleeps 60 s
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

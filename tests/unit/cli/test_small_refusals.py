@@ -5,7 +5,6 @@ starts a worker or a job."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -142,11 +141,10 @@ def test_an_interval_under_the_basic_sweeper_names_optuna(here: Path, capsys, sw
     ],
     ids=["deep", "huge"],
 )
+@pytest.mark.timeout(60)  # a hang guard, not a timing: it answers in about a second
 def test_a_model_that_fits_nowhere_is_refused_before_its_sheet_is_built(here: Path, capsys, argv, words: str):
     """Issue 41: the planner listed every layer's tensors first: no answer within 120 s."""
-    started = time.monotonic()
     refused(capsys, [*argv, *FAST, "dry_run=true"], words)
-    assert time.monotonic() - started < 30
     assert list(here.iterdir()) == []
 
 
