@@ -82,8 +82,11 @@ STOPPED = "stop"  # the generation file's word for "the run stopped: no more res
 SYMPTOM_WAIT_S = 1.5
 EXIT_CRASH_LOOP = 4
 REPEATED = "RepeatedError"  # restarts.jsonl's word for a run stopped on the same error at the same step twice
-# Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked.
-FINAL_ERRORS = ("NonFiniteStop",)
+# Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked. A refused
+# checkpoint (another shape, model or layout than the config's) is refused again by every restart; and once
+# rank 0 has put the run's earlier record back, a restart would train that earlier config instead, under a
+# job that then reads COMPLETED.
+FINAL_ERRORS = ("NonFiniteStop", "CheckpointMismatch")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from hpctrain.rundir.records import read_job, read_sweep
 from hpctrain.slurm.commands import JobState, job_states
 from tests.support import REPO, hpctrain, metrics
 
-from .conftest import Submitted
+from .conftest import TWO_NODE_DDP, Submitted
 
 SMALL = [
     "cluster=slurm_test",
@@ -111,6 +111,42 @@ def test_sweep_is_one_job_array(slurm_sweep: Submitted):
         assert member.job_id in summary.stdout or Path(member.run_dir).name in summary.stdout
     rows = (sweep / "summary.csv").read_text().strip().splitlines()
     assert len(rows) == 5  # header + 4 members
+
+
+def _record(run: Path) -> dict[str, bytes]:
+    """What status, resume and summary read of what trained a run: config.yaml and Hydra's record."""
+    files = [run / "config.yaml", *sorted((run / ".hydra").glob("*"))]
+    return {str(p.relative_to(run)): p.read_bytes() for p in files}
+
+
+def test_a_job_whose_ranks_refuse_puts_the_runs_record_back(two_node_ddp: Submitted, tmp_path: Path):
+    """Issue 41 on Slurm: the command has ended by the time the job's ranks refuse a checkpoint of another
+    shape, so it keeps the run's record beside it (.record-before.json) and the job's rank 0 puts it back:
+    config.yaml and .hydra/ are what trained the run, status says why the job failed, and ``hpctrain
+    resume`` replays the run's own recipe, not the refused one."""
+    assert wait_final([two_node_ddp.job_id])[two_node_ddp.job_id].state == "COMPLETED"
+    run = tmp_path / "run"  # a copy: the session's run stays as test_sbatch.py compares it
+    shutil.copytree(two_node_ddp.run, run, ignore=shutil.ignore_patterns(".lock"))
+    before = _record(run)
+
+    other = hpctrain(*TWO_NODE_DDP, "model.n_layers=3", "trainer.max_steps=20", f"hydra.run.dir={run}")
+    assert other.returncode == 0, other.stderr[-3000:]  # submitted: the job decides
+    kept = json.loads((run / ".record-before.json").read_text())
+    assert kept["config.yaml"] == before["config.yaml"].decode()
+    assert "model.n_layers=3" in (run / ".hydra" / "overrides.yaml").read_text(), "the job's own, meanwhile"
+    record = read_job(run)
+    assert record is not None and record.job_id != two_node_ddp.job_id
+    state = wait_final([record.job_id])[record.job_id]
+    assert state.state == "FAILED", (state, (run / "logs" / "rank0.log").read_text()[-2000:])
+
+    assert _record(run) == before
+    assert not (run / ".record-before.json").exists()
+    status = hpctrain("status", str(run))
+    assert "CheckpointMismatch" in status.stdout + status.stderr, status.stdout + status.stderr
+    replay = hpctrain("resume", str(run), "dry_run=true")
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert "n_layers=3" not in replay.stdout + replay.stderr
+    assert _record(run) == before, "a dry run writes no record"
 
 
 def test_job_runs_the_code_as_submitted(slurm_cluster, tmp_path: Path):
