@@ -16,8 +16,9 @@ CPU-s.)
 from __future__ import annotations
 
 import contextlib
+import importlib
+import json
 import os
-import pickle
 import signal
 import sys
 import tempfile
@@ -94,7 +95,8 @@ class RankFailed(RuntimeError):
 
 def start_ranks(fn: Callable[..., None], world: int, *args: Any) -> None:
     """``fn(rank, *args)`` on ``world`` processes, as ``torch.multiprocessing.spawn`` runs it: forked from
-    the persistent server where one runs, else spawned. Returns when all are done; raises when one failed."""
+    the persistent server where one runs, else spawned. ``args``: plain data (JSON) and module-level
+    functions. Returns when all are done; raises when one failed."""
     if not _forked(fn, world, args):
         import torch.multiprocessing as mp
 
@@ -111,10 +113,9 @@ def _forked(fn: Callable[..., None], world: int, args: tuple[Any, ...]) -> bool:
         return False
     try:
         with tempfile.TemporaryDirectory(prefix="hpctrain-group-") as tmp:
-            # What multiprocessing would send each child (the function by name, the arguments pickled),
-            # in a file of this process's own (0700 directory) that only its children read.
-            call = Path(tmp) / "call.pickle"
-            call.write_bytes(pickle.dumps((fn, args)))
+            # The call as plain data (functions by name; nothing is unpickled), in a 0700 directory.
+            call = Path(tmp) / "call.json"
+            call.write_text(json.dumps(_plain([fn, list(args)])))
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(_import_roots(fn))}
             # Their output goes where this process's stderr goes (file descriptor 2: pytest's capture too).
             ranks = [server.spawn(__name__, [str(call), str(rank)], env, 2) for rank in range(world)]
@@ -157,9 +158,37 @@ def _import_roots(fn: Callable[..., None]) -> list[str]:
     return [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data: a module-level function as ``{"function": "module:qualname"}``, tuples as
+    lists; TypeError for anything else that JSON cannot hold."""
+    if callable(value) and hasattr(value, "__qualname__") and "<locals>" not in value.__qualname__:
+        return {"function": f"{value.__module__}:{value.__qualname__}"}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(f"start_ranks passes plain data and module-level functions, not {type(value).__name__}")
+
+
+def _unplain(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"function"}:
+        module, _, qualname = value["function"].partition(":")
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+        return found
+    if isinstance(value, list):
+        return [_unplain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unplain(v) for k, v in value.items()}
+    return value
+
+
 def _rank_main(argv: list[str]) -> None:
     call, rank = argv
-    fn, args = pickle.loads(Path(call).read_bytes())  # written by our own parent: see _forked
+    fn, args = _unplain(json.loads(Path(call).read_text()))
     fn(int(rank), *args)
 
 
