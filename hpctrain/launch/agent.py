@@ -60,7 +60,7 @@ from hpctrain.launch.jobscript import survives_lost_nodes
 from hpctrain.launch.nodes import Nodes
 from hpctrain.launch.nodeserver import node_server
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
-from hpctrain.resilience import requeue
+from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
@@ -81,22 +81,28 @@ STOPPED = "stop"  # the generation file's word for "the run stopped: no more res
 # to claim the restart with the real cause before claiming it itself.
 SYMPTOM_WAIT_S = 1.5
 EXIT_CRASH_LOOP = 4
-REPEATED = "RepeatedError"  # restarts.jsonl's word for a run stopped on the same error at the same step twice
-# Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked. A refused
-# checkpoint (another shape, model or layout than the config's) is refused again by every restart; and once
-# rank 0 has put the run's earlier record back, a restart would train that earlier config instead, under a
-# job that then reads COMPLETED.
-FINAL_ERRORS = ("NonFiniteStop", "CheckpointMismatch")
+REPEATED = policy.REPEATED  # restarts.jsonl's word for a run stopped on the same error at the same step twice
 
 
 @dataclass
 class Outcome:
-    """How one generation of the workers ended, as its agent (or the local launcher) saw it."""
+    """How one generation of the workers ended, as its agent (or the local launcher) saw it. ``kind``: one
+    of the policy's fault kinds; by default read from :func:`describe_exit`'s words for the exit."""
 
     rank: int | None
     host: str | None
     cause: str
     peer_symptom: bool = False
+    kind: str | None = None
+
+    def fault_kind(self) -> str:
+        if self.kind is not None:
+            return self.kind
+        if self.peer_symptom:
+            return policy.PEER
+        if self.cause.startswith("failed with exit code"):
+            return policy.RAISED
+        return policy.KILLED if self.cause.startswith("was killed by") else policy.EXITED
 
 
 class RestartBook:
@@ -145,15 +151,6 @@ class RestartBook:
             for r in self.rd.read_restarts()
         )
 
-    def no_progress_run(self) -> int:
-        """How many attempts in a row, up to the last recorded one, ended without a new step."""
-        count = 0
-        for record in reversed(self.rd.read_restarts()):
-            if record.get("progress", True):
-                break
-            count += 1
-        return count
-
     def decide(
         self,
         generation: int,
@@ -178,25 +175,19 @@ class RestartBook:
             "attempt_s": round(time.time() - started, 3),
             **(nodes or {}),  # a lost node: which, what took its place (hpctrain.launch.nodes)
         }
+        kind = outcome.fault_kind()
         step = fault_step(self.rd.path, key, outcome.rank)
-        if step is not None and _raised(outcome):
+        if step is not None and kind == policy.RAISED:  # only such an error can be the run's own bug
             record["step"] = step
-        in_a_row = 0 if progress else self.no_progress_run() + 1
-        if in_a_row >= self.max_no_progress:
-            return self._stop(
-                record,
-                "CrashLoop",
-                f"crash loop: {in_a_row} attempt{'s' * (in_a_row > 1)} in a row without a new step "
-                f"(cluster.max_no_progress={self.max_no_progress}); last: {outcome.cause}",
-            )
-        if self.repeated(record):  # a bug of the run's own (code, data, config): a restart meets it again
-            return self._stop(
-                record,
-                REPEATED,
-                f"not restarted: the same error at step {step} twice, so a fault of the run itself (its "
-                f"code, data or config), which a restart would meet again: {where(outcome)} {outcome.cause}",
-            )
-        if generation >= self.max_restarts:
+        fault = policy.Fault(kind, outcome.cause, outcome.rank, outcome.host, record.get("step"), progress)
+        # The requeue that follows used-up restarts is the worker's own answer (it was told none is left).
+        caps = policy.Caps(self.max_restarts, self.max_no_progress, max_requeues=0)
+        action = policy.decide(
+            fault, policy.History(policy.past_from(self.rd.read_restarts()), generation), caps
+        )
+        if isinstance(action, policy.Fail) and action.error in (policy.CRASH_LOOP, policy.REPEATED):
+            return self._stop(record, action.error, action.why)
+        if not isinstance(action, policy.Restart):
             record["action"] = USED_UP
             self.rd.append_restart(record)
             log.error(
@@ -228,22 +219,9 @@ class RestartBook:
         log.error("hpctrain: %s", why)
         return False
 
-    def repeated(self, record: dict[str, Any]) -> bool:
-        """Whether an earlier attempt of this run ended with the same raised error at the same step."""
-        if "step" not in record:
-            return False
-        same = (record["step"], record["cause"])
-        return any((r.get("step"), r.get("cause")) == same for r in self.rd.read_restarts())
-
 
 def where(outcome: Outcome) -> str:
     return f"rank {outcome.rank} on {outcome.host}" if outcome.rank is not None else "a rank"
-
-
-def _raised(outcome: Outcome) -> bool:
-    """Whether the worker ended by an exception of its own (describe_exit's words for it), not by a signal,
-    a hang, a lost node or a lost peer: only such an error can be the run's own deterministic bug."""
-    return outcome.cause.startswith("failed with exit code") and not outcome.peer_symptom
 
 
 def fault_step(run_dir: Path, key: str, rank: int | None) -> int | None:
@@ -282,9 +260,10 @@ def hang_culprit(run_dir: Path, since: float) -> tuple[int | None, str | None, s
 
 
 def is_final(run_dir: Path, rank: int) -> bool:
-    """Whether the worker of ``rank`` ended with an error that asks for no restart (FINAL_ERRORS)."""
+    """Whether the worker of ``rank`` ended with an error that asks for no restart (the policy's final
+    errors)."""
     record = read_error_record(run_dir, rank)
-    return record is not None and record.get("type") in FINAL_ERRORS
+    return record is not None and record.get("type") in policy.FINAL_ERRORS
 
 
 def describe_exit(run_dir: Path, rank: int, code: int) -> tuple[str, bool]:
@@ -393,7 +372,7 @@ def run_task(run_dir: Path, cfg: Config) -> int:
             outcome = Outcome(rank, host, cause, symptom)
             hang = hang_culprit(run_dir, started)
             if hang is not None:
-                outcome = Outcome(*hang)
+                outcome = Outcome(*hang, kind=policy.HUNG)
             if symptom and _wait_for_move(book, generation, SYMPTOM_WAIT_S):
                 generation = book.generation()
                 continue
@@ -413,7 +392,8 @@ def run_task(run_dir: Path, cfg: Config) -> int:
                     nodes.commit(replacement, first_step, requeue.slurm_job_id())
                     lost = {"lost": replacement.lost, "nodes": replacement.members,
                             "spares": replacement.spares, "shrunk": replacement.shrunk}  # fmt: skip
-                    outcome = Outcome(None, replacement.lost[0], f"lost node {', '.join(replacement.lost)}")
+                    why = f"lost node {', '.join(replacement.lost)}"
+                    outcome = Outcome(None, replacement.lost[0], why, kind=policy.LOST_NODE)
             if not book.decide(generation, outcome, started, first_step, key, lost):
                 return _final(book, run_dir, rank, code)
             generation = book.generation()
@@ -449,7 +429,9 @@ def _requeue_without(run_dir: Path, lost: list[str], max_requeues: int, step: in
              "excluded": True}
         )  # fmt: skip
     culprit = Heartbeat(-1, lost[0], 0, step, "startup", now, now)
-    requeue.respond_to_fault(run_dir, requeue.slurm_job_id(), culprit, f"lost node {lost[0]}", max_requeues)
+    requeue.respond_to_fault(
+        run_dir, requeue.slurm_job_id(), culprit, f"lost node {lost[0]}", max_requeues, kind=policy.LOST_NODE
+    )
 
 
 def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:

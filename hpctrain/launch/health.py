@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpctrain.resilience import requeue
+from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
@@ -70,4 +70,5 @@ def exclude(run_dir: Path, rank: int, host: str, why: str, max_requeues: int) ->
     """Record the failed node and requeue the job without it (the first rank of the start to get here)."""
     now = time.time()
     culprit = Heartbeat(rank, host, os.getpid(), 0, "startup", now, now)
-    requeue.respond_to_fault(run_dir, requeue.slurm_job_id(), culprit, why, max_requeues)
+    job = requeue.slurm_job_id()
+    requeue.respond_to_fault(run_dir, job, culprit, why, max_requeues, kind=policy.UNHEALTHY)

@@ -53,6 +53,7 @@ from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.health import problem as health_problem
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.rendezvous.env import RESTART_ENV
+from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import job_key
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.checkpoints import JOB_ID_ENV, FastTierPaths, job_identity, run_key
@@ -180,7 +181,7 @@ class LocalLauncher:
                 )
                 hang = hang_culprit(run_dir, started)
                 if hang is not None:
-                    outcome = Outcome(*hang)
+                    outcome = Outcome(*hang, kind=policy.HUNG)
                 book.claim(generation)
                 key = job_key({"MASTER_ADDR": c.master_addr, "MASTER_PORT": str(port),
                                RESTART_ENV: str(generation)})  # fmt: skip

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
+from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
@@ -66,7 +68,9 @@ def requeue_or_fail(
         log.info("Stopped by %s %s: the job was cancelled, not requeueing", reason, _saved(step))
         return
     done = restart_count()
-    if done >= max_requeues:
+    fault = policy.Fault(policy.PREEMPTED, f"stopped by {reason}", step=step)
+    caps = policy.Caps(0, sys.maxsize, max_requeues)
+    if isinstance(policy.decide(fault, policy.History(requeues_done=done, on_slurm=True), caps), policy.Fail):
         raise RequeueCapReached(
             f"stopped by {reason} {_saved(step)}, but the job was already requeued {done} "
             f"time{'s' * (done != 1)} and cluster.max_requeues={max_requeues}: not requeueing. "
@@ -117,14 +121,17 @@ def respond_to_fault(
     max_requeues: int,
     progress: bool | None = None,
     max_no_progress: int = 0,
+    kind: str = policy.KILLED,
 ) -> None:
-    """After a hang or a dead rank: record the culprit and requeue the job without the culprit's node (when
-    the partition has enough other nodes), within the requeue cap. The first rank to get here acts; the
-    others only log (a slower one would also take the ranks that exited meanwhile for dead).
+    """After a fault that no restart inside the allocation answers (none left, or restarts off): record the
+    culprit, ask the fault policy and act: requeue the job without the culprit's node (when the partition has
+    enough other nodes) within the requeue cap, or end. The first rank to get here acts; the others only log
+    (a slower one would also take the ranks that exited meanwhile for dead).
 
-    ``progress``: whether this job start trained a step (None: unknown). ``cluster.max_no_progress`` job
-    starts and restarts in a row without one end the run instead of requeueing it: a crash loop, recorded in
-    restarts.jsonl (which the restart agents count too)."""
+    ``kind``: the policy's word for the fault (a hang, a killed rank, a lost node, an unhealthy node).
+    ``progress``: whether this job start trained a step (None: unknown, and then no crash loop is counted).
+    ``cluster.max_no_progress`` job starts and restarts in a row without one end the run instead of
+    requeueing it: a crash loop, counted by the policy over restarts.jsonl (the agents' record too)."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
     done = restart_count()
@@ -139,21 +146,37 @@ def respond_to_fault(
         "step": culprit.step if culprit else None,
         "why": why,
     }
-    RunDir(run_dir).append_fault(record)
+    rd = RunDir(run_dir)
+    rd.append_fault(record)
     if job_id is None or commands.was_cancelled(job_id):
         return
-    if progress is not None and max_no_progress > 0 and _crash_loop(run_dir, job_id, culprit, why, progress,
-                                                                    max_no_progress):  # fmt: skip
-        return
-    if done >= max_requeues:
-        log.error(
-            "Not requeueing: the job was already requeued %d time(s) and cluster.max_requeues=%d",
-            done,
-            max_requeues,
-        )
+    counted = progress is not None and max_no_progress > 0
+    fault = policy.Fault(kind, why, record["rank"], record["host"], progress=progress if counted else True)
+    past = policy.past_from(rd.read_restarts()) if counted else ()
+    history = policy.History(past, requeues_done=done, on_slurm=True)
+    # Restarts inside the allocation are used up or off when a worker gets here: the policy's rules 2, 5, 6.
+    caps = policy.Caps(0, max_no_progress if counted else sys.maxsize, max_requeues)
+    action = policy.decide(fault, history, caps)
+    crash_loop = isinstance(action, policy.Fail) and action.error == policy.CRASH_LOOP
+    if counted:  # this job start's end, where the restart agents and the next start count it
+        attempt = {
+            "time": time.time(),
+            "job": f"{job_id}.r{done}",
+            "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+            "cause": why,
+            "rank": record["rank"],
+            "host": record["host"],
+            "progress": progress,
+            "action": "stopped" if crash_loop else "requeue",
+        }
+        if crash_loop and isinstance(action, policy.Fail):
+            attempt["why"] = action.why
+        rd.append_restart(attempt)
+    if not isinstance(action, policy.Requeue):
+        log.error("Not requeueing: %s", action.why if isinstance(action, policy.Fail) else action)
         return
     lost = excluded_nodes(run_dir)
-    exclude = _exclusion(job_id, culprit.host if culprit else None, lost) if culprit or lost else None
+    exclude = _exclusion(job_id, culprit.host if culprit else None, lost) if action.exclude or lost else None
     _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))
     # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
     # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
@@ -163,40 +186,6 @@ def respond_to_fault(
         log.info(
             "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
         )
-
-
-def _crash_loop(
-    run_dir: Path, job_id: str, culprit: Heartbeat | None, why: str, progress: bool, max_no_progress: int
-) -> bool:
-    """Record this job start's end in restarts.jsonl; True (and the run stops) when it is the
-    ``max_no_progress``-th attempt in a row without a new step."""
-    rd = RunDir(run_dir)
-    in_a_row = 0
-    if not progress:
-        for earlier in reversed(rd.read_restarts()):
-            if earlier.get("progress", True):
-                break
-            in_a_row += 1
-        in_a_row += 1
-    record = {
-        "time": time.time(),
-        "job": f"{job_id}.r{restart_count()}",
-        "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
-        "cause": why,
-        "rank": culprit.rank if culprit else None,
-        "host": culprit.host if culprit else None,
-        "progress": progress,
-        "action": "requeue",
-    }
-    if in_a_row >= max_no_progress:
-        record["action"] = "stopped"
-        record["why"] = (
-            f"crash loop: {in_a_row} attempts in a row without a new step "
-            f"(cluster.max_no_progress={max_no_progress}); last: {why}"
-        )
-        log.error("Not requeueing: %s", record["why"])
-    rd.append_restart(record)
-    return record["action"] == "stopped"
 
 
 def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, why: str, action: str) -> None:

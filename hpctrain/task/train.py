@@ -64,7 +64,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.precision import amp
     from hpctrain.rendezvous.env import restarts_left
     from hpctrain.rendezvous.group import init_distributed, record_topology
-    from hpctrain.resilience import requeue
+    from hpctrain.resilience import policy, requeue
     from hpctrain.resilience.stop import USER_STOP, StopCheck
     from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
     from hpctrain.rundir.records import KILLED, is_peer_symptom, read_error_record
@@ -94,8 +94,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         if restart_inside:
             requeue.record_fault(run_dir, job_id, culprit, why, "restart inside the allocation")
             return
-        requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
-                                 watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
+        c, progress = cfg.cluster, watchdog.made_progress()
+        requeue.respond_to_fault(
+            run_dir, job_id, culprit, why, c.max_requeues, progress, c.max_no_progress, policy.HUNG
+        )
 
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
