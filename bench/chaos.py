@@ -89,8 +89,11 @@ def restarts(run: Path) -> list[dict]:
 def submit(run: Path, overrides: list[str], env: dict[str, str]) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "hpctrain", *overrides, f"hydra.run.dir={run}"],
-        cwd=REPO, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"submission failed:\n{done.stderr}")
     return json.loads((run / "job.json").read_text())["job_id"]
@@ -234,17 +237,28 @@ def main() -> None:
     )
     opts = parser.parse_args()
     job = [
-        "cluster=slurm_test", "cluster.time=01:00:00",
+        "cluster=slurm_test",
+        "cluster.time=01:00:00",
         f"trainer.max_steps={opts.steps}",
-        f"trainer.ckpt_every={opts.ckpt_every}", f"cluster.mtbf_h={opts.mtbf_h}", "trainer.keep_last=100000",
+        f"trainer.ckpt_every={opts.ckpt_every}",
+        f"cluster.mtbf_h={opts.mtbf_h}",
+        "trainer.keep_last=100000",
         "trainer.log_every=1",
-        "trainer.eval_every=0", "trainer.eval_batches=1", "data.max_bytes=200000", "logger=jsonl",
-        "cluster.dist_timeout_s=60", f"trainer.async_checkpoint={str(opts.async_save).lower()}",
-    ]  # fmt: skip
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "data.max_bytes=200000",
+        "logger=jsonl",
+        "cluster.dist_timeout_s=60",
+        f"trainer.async_checkpoint={str(opts.async_save).lower()}",
+    ]
     faults = [
-        "cluster.max_restarts=2", f"faults.kill_at=3:{opts.kill}", f"faults.stop_at=1:{opts.stop}@1",
-        f"faults.nan_at=2:{opts.nan}", "trainer.watchdog_factor=10", "trainer.watchdog_min_s=3",
-    ]  # fmt: skip
+        "cluster.max_restarts=2",
+        f"faults.kill_at=3:{opts.kill}",
+        f"faults.stop_at=1:{opts.stop}@1",
+        f"faults.nan_at=2:{opts.nan}",
+        "trainer.watchdog_factor=10",
+        "trainer.watchdog_min_s=3",
+    ]
     two_nodes = [*job, "cluster.exclude=node3"]
     with cluster_for_benchmarks(num_nodes=3) as (cluster, env), contextlib.ExitStack() as stack:
         root = opts.dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hpct-chaos-")))
@@ -270,9 +284,18 @@ def main() -> None:
         nan = first_after(log_lines(chaos, 2), r"A NaN loss at step", 0)
         if nan is not None:
             after = next(r for r in metrics(chaos) if r["step"] == opts.nan + 1 and r["time"] >= nan[0])
-            rows.append({"fault": "NaN loss", "detect": 0.0, "restart": 0.0, "load": 0.0,
-                         "first step": after["time"] - nan[0], "total": after["time"] - nan[0], "lost": 0,
-                         "how": "skipped by the non-finite guard (1 batch without update)"})  # fmt: skip
+            rows.append(
+                {
+                    "fault": "NaN loss",
+                    "detect": 0.0,
+                    "restart": 0.0,
+                    "load": 0.0,
+                    "first step": after["time"] - nan[0],
+                    "total": after["time"] - nan[0],
+                    "lost": 0,
+                    "how": "skipped by the non-finite guard (1 batch without update)",
+                }
+            )
         rank0 = log_lines(chaos, 0)
         saved = first_after(rank0, r"^Stopped by", signalled)
         up = first_after(rank0, r"^rank 0/\d+ on", signalled)
@@ -282,10 +305,18 @@ def main() -> None:
         first = next((r for r in metrics(chaos) if r["time"] >= (loaded[0] if loaded else signalled)), None)
         if first is not None and up and loaded:
             at = saved[0] if saved else signalled
-            rows.append({"fault": "pre-emption (USR2)", "detect": at - signalled, "restart": up[0] - at,
-                         "load": loaded[0] - up[0], "first step": first["time"] - loaded[0],
-                         "total": first["time"] - signalled, "lost": stop_step - first["step"] + 1,
-                         "how": "checkpoint, requeue, new job start"})  # fmt: skip
+            rows.append(
+                {
+                    "fault": "pre-emption (USR2)",
+                    "detect": at - signalled,
+                    "restart": up[0] - at,
+                    "load": loaded[0] - up[0],
+                    "first step": first["time"] - loaded[0],
+                    "total": first["time"] - signalled,
+                    "lost": stop_step - first["step"] + 1,
+                    "how": "checkpoint, requeue, new job start",
+                }
+            )
         ref_step = step_time(reference)
         records_chaos = metrics(chaos)
         wall = records_chaos[-1]["time"] - records_chaos[0]["time"]

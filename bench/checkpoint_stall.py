@@ -201,8 +201,19 @@ def main() -> None:
                 flush=True,
             )
             if round_ > 0:
-                values = (plain, with_save, lost, stall, wait, write, sync, extra_cpu, extra_own,
-                          state_bytes / disk, written / sync)  # fmt: skip
+                values = (
+                    plain,
+                    with_save,
+                    lost,
+                    stall,
+                    wait,
+                    write,
+                    sync,
+                    extra_cpu,
+                    extra_own,
+                    state_bytes / disk,
+                    written / sync,
+                )
                 for key, value in zip(rows, values, strict=True):
                     rows[key].append(value)
         manager.close()
@@ -233,9 +244,15 @@ def main() -> None:
     )
 
 
-def step_by_step(args: argparse.Namespace, manager: CheckpointManager, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, cfg: GPTConfig, train: TrainState,
-                 state: dict) -> None:  # fmt: skip
+def step_by_step(
+    args: argparse.Namespace,
+    manager: CheckpointManager,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: GPTConfig,
+    train: TrainState,
+    state: dict,
+) -> None:
     """``--saves``: the time lost per asynchronous save against its neighbouring steps (module docstring)."""
     times: list[float] = []  # every step's wall time, the save's stall in the step it followed
 

@@ -54,34 +54,61 @@ def hpctrain(args: list[str], cwd: Path) -> None:
 def common(model: str, overrides: list[str], prefix: list[str] | None = None) -> list[str]:
     """The runs' arguments: ``prefix`` (e.g. ``--config-dir conf``), the run, then ``overrides``."""
     return [
-        *(prefix or []), f"model={model}", "parallel=none", "cluster.nproc=1", "parallel.compile=true",
-        "logger=jsonl", "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.log_every=1",
-        "trainer.ckpt_every=0", *overrides,
-    ]  # fmt: skip
+        *(prefix or []),
+        f"model={model}",
+        "parallel=none",
+        "cluster.nproc=1",
+        "parallel.compile=true",
+        "logger=jsonl",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "trainer.log_every=1",
+        "trainer.ckpt_every=0",
+        *overrides,
+    ]
 
 
 def prime(work: Path, model: str, overrides: list[str], steps: int, cache: Path, cwd: Path) -> Path:
     """Train ``steps`` steps filling ``cache``; the checkpoint the measured starts resume from."""
     run = work / "prime"
     hpctrain(
-        [*common(model, overrides), f"trainer.max_steps={steps}", f"parallel.compile_cache={cache}",
-         f"hydra.run.dir={run}"], cwd,
-    )  # fmt: skip
+        [
+            *common(model, overrides),
+            f"trainer.max_steps={steps}",
+            f"parallel.compile_cache={cache}",
+            f"hydra.run.dir={run}",
+        ],
+        cwd,
+    )
     return run / "checkpoints" / f"step_{steps:08d}"
 
 
 def resume(
-    work: Path, name: str, kind: str, model: str, overrides: list[str], ckpt: Path, step: int, cache: Path,
-    cwd: Path, prefix: list[str] | None = None,
-) -> Start:  # fmt: skip
+    work: Path,
+    name: str,
+    kind: str,
+    model: str,
+    overrides: list[str],
+    ckpt: Path,
+    step: int,
+    cache: Path,
+    cwd: Path,
+    prefix: list[str] | None = None,
+) -> Start:
     """One start resuming ``ckpt`` (of step ``step``) for one more step with the cache folder ``cache``; the
     overrides must be the prime run's (a resume refuses another model or data)."""
     run = work / name
     started = time.time()
     hpctrain(
-        [*common(model, overrides, prefix), f"trainer.max_steps={step + 1}", f"trainer.resume={ckpt}",
-         f"parallel.compile_cache={cache}", f"hydra.run.dir={run}"], cwd,
-    )  # fmt: skip
+        [
+            *common(model, overrides, prefix),
+            f"trainer.max_steps={step + 1}",
+            f"trainer.resume={ckpt}",
+            f"parallel.compile_cache={cache}",
+            f"hydra.run.dir={run}",
+        ],
+        cwd,
+    )
     process_s = time.time() - started
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     first = next(r for r in records if r.get("step") == step + 1)

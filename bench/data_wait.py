@@ -106,8 +106,10 @@ def main() -> None:
         want = {r["step"]: r["loss"] for r in records(full) if r["step"] > half}
         got = {r["step"]: r["loss"] for r in rows}
         same = got == want
-        print(f"resume at step {half} with {args.workers} workers: losses of steps {half + 1}-{args.steps} "
-              f"{'bitwise equal' if same else 'DIFFER'} to the uninterrupted run")  # fmt: skip
+        print(
+            f"resume at step {half} with {args.workers} workers: losses of steps {half + 1}-{args.steps} "
+            f"{'bitwise equal' if same else 'DIFFER'} to the uninterrupted run"
+        )
         if not same:
             sys.exit(1)
 

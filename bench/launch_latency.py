@@ -40,9 +40,15 @@ from hpctrain.launch.forked import FORKSERVER_ENV, OFF, SERVER_MODULE, ForkServe
 
 RUNS = {
     "default (2 ranks)": ["trainer.log_every=1"],
-    "3d (8 ranks)": ["parallel=3d", "parallel.microbatches=2", "cluster.nproc=8",
-                     "trainer.micro_batch_size=2", "trainer.max_steps=5", "trainer.log_every=1"],
-}  # fmt: skip
+    "3d (8 ranks)": [
+        "parallel=3d",
+        "parallel.microbatches=2",
+        "cluster.nproc=8",
+        "trainer.micro_batch_size=2",
+        "trainer.max_steps=5",
+        "trainer.log_every=1",
+    ],
+}
 # The CLI with the early start switched off: the launcher starts its server when it starts the workers.
 LATE = (
     "import sys; from hpctrain.launch import forked; forked.prestart = lambda argv: None; "
@@ -100,14 +106,21 @@ def suite(rounds: int) -> None:
             env = {k: v for k, v in os.environ.items() if k != FORKSERVER_ENV}
             env["HPCTRAIN_TEST_FORKSERVER"] = "persistent" if name == "persistent server" else "off"
             started = time.monotonic()
-            subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO,
-                           env=env, check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                cwd=REPO,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             times[name].append(time.monotonic() - started)
             print(f"  suite, {name}: {times[name][-1]:.0f} s", flush=True)
     spawned = statistics.median(times["spawned ranks"])
     persistent = statistics.median(times["persistent server"])
-    print(f"{' + '.join(tests)}: spawned {spawned:.0f} s, persistent server {persistent:.0f} s, "
-          f"ratio {persistent / spawned:.2f}")  # fmt: skip
+    print(
+        f"{' + '.join(tests)}: spawned {spawned:.0f} s, persistent server {persistent:.0f} s, "
+        f"ratio {persistent / spawned:.2f}"
+    )
 
 
 def main() -> None:
@@ -132,8 +145,11 @@ def main() -> None:
                 print(f"{name}: median of {args.rounds}, ratio to spawn in ()")
                 for variant in variants:
                     first, end = (statistics.median(x[k] for x in got[variant]) for k in (0, 1))
-                    print(f"  {variant:17s} first step {first:6.2f} s ({first / base[0]:.2f})   "
-                          f"exit {end:6.2f} s ({end / base[1]:.2f})", flush=True)  # fmt: skip
+                    print(
+                        f"  {variant:17s} first step {first:6.2f} s ({first / base[0]:.2f})   "
+                        f"exit {end:6.2f} s ({end / base[1]:.2f})",
+                        flush=True,
+                    )
         finally:
             server.terminate()
             server.wait()

@@ -131,14 +131,24 @@ def main() -> None:
     threads = max(1, (os.cpu_count() or 1) // opts.nproc)
     os.environ["OMP_NUM_THREADS"] = str(threads)  # hpctrain's launcher keeps a value it finds
     model = {
-        "vocab_size": 512, "seq_len": opts.seq_len, "n_layers": opts.layers, "d_model": opts.d_model,
+        "vocab_size": 512,
+        "seq_len": opts.seq_len,
+        "n_layers": opts.layers,
+        "d_model": opts.d_model,
         "n_heads": opts.heads,
-    }  # fmt: skip
+    }
     race = dataclasses.replace(
-        Race(), steps=opts.steps, window=opts.window, nproc=opts.nproc, threads=threads, model=model,
-        global_batch=opts.micro_batch * opts.accumulate * opts.nproc, micro_batch=opts.micro_batch,
-        precision=dtype, device=device,
-    )  # fmt: skip
+        Race(),
+        steps=opts.steps,
+        window=opts.window,
+        nproc=opts.nproc,
+        threads=threads,
+        model=model,
+        global_batch=opts.micro_batch * opts.accumulate * opts.nproc,
+        micro_batch=opts.micro_batch,
+        precision=dtype,
+        device=device,
+    )
 
     rates = measure_peak(device, dtype, opts.nproc, threads, opts.matmul)
     peak = statistics.mean(rates)

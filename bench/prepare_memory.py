@@ -123,8 +123,11 @@ def main() -> None:
             g.write(f.read(4 * MB))
         subprocess.run(
             [*prepare, str(tmp / "sample.txt"), "--out", str(tmp / "bpe.bin"), "--tokenizer", "train:4096"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True, capture_output=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=True,
+            capture_output=True,
+        )
         bpe = str(tmp / "bpe.tokenizer.json")
         runs: dict[str, list[str]] = {
             "cat (reference)": ["sh", "-c", f"cat {corpus} > /dev/null"],
@@ -134,17 +137,35 @@ def main() -> None:
         runs["prepare bytes"] = [*prepare, str(corpus), *out]  # bytes: no workers (nothing to tokenize)
         for workers in opts.workers:
             runs[f"tokenizers encode_batch, {workers} thr"] = [
-                "env", "TOKENIZERS_PARALLELISM=true", f"RAYON_NUM_THREADS={workers}",
-                sys.executable, "-c", TOKENIZERS_REFERENCE, bpe, str(corpus),
-            ]  # fmt: skip
+                "env",
+                "TOKENIZERS_PARALLELISM=true",
+                f"RAYON_NUM_THREADS={workers}",
+                sys.executable,
+                "-c",
+                TOKENIZERS_REFERENCE,
+                bpe,
+                str(corpus),
+            ]
             runs[f"prepare bpe file, {workers} worker(s)"] = [
-                *prepare, str(corpus), *out, "--tokenizer", bpe, "--workers", str(workers)
-            ]  # fmt: skip
+                *prepare,
+                str(corpus),
+                *out,
+                "--tokenizer",
+                bpe,
+                "--workers",
+                str(workers),
+            ]
         if opts.train:
             runs["prepare train:4096, 2 worker(s)"] = [
-                *prepare, str(corpus), "--out", str(tmp / "out.bin"), "--tokenizer", "train:4096",
-                "--workers", "2",
-            ]  # fmt: skip
+                *prepare,
+                str(corpus),
+                "--out",
+                str(tmp / "out.bin"),
+                "--tokenizer",
+                "train:4096",
+                "--workers",
+                "2",
+            ]
         measure(runs["cat (reference)"])  # warm the page cache for every run alike
         print(f"corpus: {size / MB:.0f} MB of text; {os.cpu_count()} CPU cores\n")
         print(

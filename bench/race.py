@@ -67,15 +67,30 @@ def write_project(root: Path, race: Race) -> Path:
 def hpctrain_overrides(race: Race, model: str = "race_gpt") -> list[str]:
     """The race's numbers as hpctrain's config keys (the optimizer's are its defaults, given anyway)."""
     return [
-        "--config-dir", "conf", f"model={model}", "data=race_markov", "logger=jsonl",
-        f"cluster.nproc={race.nproc}", f"trainer.max_steps={race.steps}", f"trainer.log_every={race.window}",
-        f"trainer.global_batch_size={race.global_batch}", f"trainer.micro_batch_size={race.micro_batch}",
-        f"trainer.seed={race.seed}", f"trainer.precision={race.precision}",
-        "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.ckpt_every=0",
-        f"optim.lr={race.lr}", f"optim.weight_decay={race.weight_decay}", f"optim.beta1={race.beta1}",
-        f"optim.beta2={race.beta2}", f"optim.eps={race.eps}", f"optim.warmup_steps={race.warmup_steps}",
-        f"optim.min_lr_ratio={race.min_lr_ratio}", f"optim.grad_clip={race.grad_clip}",
-    ]  # fmt: skip
+        "--config-dir",
+        "conf",
+        f"model={model}",
+        "data=race_markov",
+        "logger=jsonl",
+        f"cluster.nproc={race.nproc}",
+        f"trainer.max_steps={race.steps}",
+        f"trainer.log_every={race.window}",
+        f"trainer.global_batch_size={race.global_batch}",
+        f"trainer.micro_batch_size={race.micro_batch}",
+        f"trainer.seed={race.seed}",
+        f"trainer.precision={race.precision}",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "trainer.ckpt_every=0",
+        f"optim.lr={race.lr}",
+        f"optim.weight_decay={race.weight_decay}",
+        f"optim.beta1={race.beta1}",
+        f"optim.beta2={race.beta2}",
+        f"optim.eps={race.eps}",
+        f"optim.warmup_steps={race.warmup_steps}",
+        f"optim.min_lr_ratio={race.min_lr_ratio}",
+        f"optim.grad_clip={race.grad_clip}",
+    ]
 
 
 def run_hpctrain(

@@ -166,9 +166,12 @@ def raw_worker(rank: int, race: Race, port: int, out: str) -> None:
         net = torch.compile(net)  # type: ignore[assignment]
     model = nn.parallel.DistributedDataParallel(net, device_ids=[rank] if cuda else None)
     optimizer = torch.optim.AdamW(
-        param_groups(model, race), lr=race.lr, betas=(race.beta1, race.beta2), eps=race.eps,
+        param_groups(model, race),
+        lr=race.lr,
+        betas=(race.beta1, race.beta2),
+        eps=race.eps,
         fused=True if race.fused else None,
-    )  # fmt: skip
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(race, step))
     data = MarkovTokens("train", **race.data_args())
     loader = DataLoader(data, batch_sampler=rank_batches(race, len(data), rank), pin_memory=cuda)
@@ -208,9 +211,12 @@ def fabric_worker(rank: int, race: Race, port: int, out: str) -> None:
     order and can round differently in the last bit, so Fabric's losses may differ from theirs by an ulp
     (seen: 4.8e-7 at loss 5.8, steps 5 and 12 of 16; clipped in the model's order, all bitwise equal)."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NODE_RANK="0", LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        NODE_RANK="0",
+        LOCAL_RANK=str(rank),
         WORLD_SIZE=str(race.nproc),
-    )  # fmt: skip
+    )
     from lightning.fabric import Fabric
     from lightning.fabric.plugins.environments import LightningEnvironment
 

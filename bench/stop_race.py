@@ -46,17 +46,40 @@ def _corpus(folder: Path) -> tuple[Path, Path]:
     small = folder / "small.txt"
     small.write_bytes(text[:300_000])
     subprocess.run(
-        [sys.executable, "-m", "hpctrain", "prepare", str(small), "--out", str(folder / "bpe.bin"),
-         "--tokenizer", "train:512"], check=True, env=ENV, capture_output=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "prepare",
+            str(small),
+            "--out",
+            str(folder / "bpe.bin"),
+            "--tokenizer",
+            "train:512",
+        ],
+        check=True,
+        env=ENV,
+        capture_output=True,
+    )
     return big, folder / "bpe.tokenizer.json"
 
 
 def prepare_round(folder: Path, big: Path, tokenizer: Path, sig: int, delay: float) -> str:
     out = folder / "out"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "hpctrain", "prepare", str(big), "--out", str(out / "x.bin"),
-           "--tokenizer", str(tokenizer), "--workers", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "prepare",
+        str(big),
+        "--out",
+        str(out / "x.bin"),
+        "--tokenizer",
+        str(tokenizer),
+        "--workers",
+        "2",
+    ]
     proc = subprocess.Popen(
         cmd, env=ENV, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -77,8 +100,17 @@ def prepare_round(folder: Path, big: Path, tokenizer: Path, sig: int, delay: flo
 def train_round(folder: Path, delay: float) -> str:
     run = folder / "run"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "hpctrain", "trainer.max_steps=100000", "data.max_bytes=100000",
-           "logger=jsonl", "data.num_workers=1", "trainer.eval_every=0", f"hydra.run.dir={run}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "trainer.max_steps=100000",
+        "data.max_bytes=100000",
+        "logger=jsonl",
+        "data.num_workers=1",
+        "trainer.eval_every=0",
+        f"hydra.run.dir={run}",
+    ]
     proc = subprocess.Popen(
         cmd, env=ENV, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -145,10 +145,14 @@ def main() -> None:
     print(f"submission / sbatch floor = {submit / floor_s:.2f} (hpctrain's share: {submit - floor_s:.3f} s)")
     own_cpu = statistics.median(cpu["submit"]) - statistics.median(cpu["floor"])
     print(f"hpctrain's own CPU per submission (submission's CPU - the floor's): {own_cpu:.3f} s")
-    print(f"sbatch calls per submission: {sorted(set(sbatch_calls['submit']))}, per sweep: "
-          f"{sorted(set(sbatch_calls['sweep']))} (target: 1)")  # fmt: skip
-    print(f"imports of one submission (-X importtime): {imports:.3f} s in all; largest: "
-          + ", ".join(f"{name} {s:.3f}" for s, name in top))  # fmt: skip
+    print(
+        f"sbatch calls per submission: {sorted(set(sbatch_calls['submit']))}, per sweep: "
+        f"{sorted(set(sbatch_calls['sweep']))} (target: 1)"
+    )
+    print(
+        f"imports of one submission (-X importtime): {imports:.3f} s in all; largest: "
+        + ", ".join(f"{name} {s:.3f}" for s, name in top)
+    )
     print(f"heavy libraries imported: {', '.join(heavy) or 'none'}")
     own = submit - floor_s
     verdict = "met" if own <= TARGET_S else "MISSED"

@@ -79,8 +79,12 @@ class MissingPackage(ConfigError):
 
     def __init__(self, key: str, value: Any, package: str) -> None:
         self.package = package
-        super().__init__(key, value, f"needs the package {distribution(package)!r}, not installed here",
-                         valid=pip_line(package))  # fmt: skip
+        super().__init__(
+            key,
+            value,
+            f"needs the package {distribution(package)!r}, not installed here",
+            valid=pip_line(package),
+        )
 
 
 def require_package(key: str, value: Any, package: str) -> None:

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.utils._python_dispatch import TorchDispatchMode
 
+# Everything the package takes from torch's private API, packed (a table, read by name).
 __all__ = [
     "DYNAMO_MODULE", "LAZY_MODULES", "METADATA_PICKLE_NAMES", "EmptyStateDictLoadPlanner",
     "TorchDispatchMode", "all_to_all_autograd", "attention_ops", "checkpoint_wrapper",

@@ -114,8 +114,12 @@ class FastTier:
             probe.write_bytes(b"x")
             probe.unlink()
         except OSError as err:
-            raise ConfigError(key, str(self.paths.base), f"not writable: {err.strerror or err}",
-                              valid="a writable node-local directory, e.g. /dev/shm") from None  # fmt: skip
+            raise ConfigError(
+                key,
+                str(self.paths.base),
+                f"not writable: {err.strerror or err}",
+                valid="a writable node-local directory, e.g. /dev/shm",
+            ) from None
         # Per rank: the copy every rank has and the one being written, the same for the copies it keeps for
         # its peer, and the staging segment (shared memory: /dev/shm too).
         copies = 2 + (2 if self.source_of(self.rank) is not None else 0) + 1
@@ -139,12 +143,18 @@ class FastTier:
         source = self.source_of(self.rank)
         return replica.LocalSave(
             own=str(self.own),
-            info={**info, "tier": "local", "run": self.paths.run, "job": self.paths.job, "rank": self.rank,
-                  "world_size": self.world_size},
+            info={
+                **info,
+                "tier": "local",
+                "run": self.paths.run,
+                "job": self.paths.job,
+                "rank": self.rank,
+                "world_size": self.world_size,
+            },
             send_to=self.peer_of(self.rank),
             receive_from=source,
             held=str(self.held(source)) if source is not None else None,
-        )  # fmt: skip
+        )
 
     def end_of_job(self) -> None:
         """Remove this job's tier on this node (collective: after every rank's last use)."""
@@ -161,8 +171,13 @@ class FastTier:
         found = Candidates(signature)
         if lineage is None:
             return found
-        expect = {"run": self.paths.run, "job": self.paths.job, "world_size": self.world_size,
-                  "lineage": lineage, "tier": "local"}  # fmt: skip
+        expect = {
+            "run": self.paths.run,
+            "job": self.paths.job,
+            "world_size": self.world_size,
+            "lineage": lineage,
+            "tier": "local",
+        }
         for copy in layout.copies(self.own):
             problem = _problem(copy, {**expect, "rank": self.rank, "signature": signature})
             if problem is None:
@@ -193,8 +208,10 @@ class FastTier:
         """Load the newest step newer than ``newer_than`` that every rank can get (collective). ``load(copy)``
         loads one copy into the state (None, or why it failed). Returns (step, this rank's copy, where it came
         from) or None when no step of the fast tier loads."""
-        held = {o: {s: layout.read_manifest(c).get("signature") for s, c in copies.items()}
-                for o, copies in found.held.items()}  # fmt: skip
+        held = {
+            o: {s: layout.read_manifest(c).get("signature") for s, c in copies.items()}
+            for o, copies in found.held.items()
+        }
         every = _all_gather((sorted(found.own), held, found.signature), group)
         steps = sorted(
             {s for own, _, _ in every for s in own}
@@ -254,8 +271,12 @@ class FastTier:
                     started = time.perf_counter()
                     tmp = self.own / f"{layout.TMP_PREFIX}{layout.checkpoint_name(step)}"
                     replica.receive_copy(tmp, holder, group)
-                    log.info("Received the fast-tier copy of step %d from rank %d in %.2f s", step, holder,
-                             time.perf_counter() - started)  # fmt: skip
+                    log.info(
+                        "Received the fast-tier copy of step %d from rank %d in %.2f s",
+                        step,
+                        holder,
+                        time.perf_counter() - started,
+                    )
             except Exception as err:  # a transfer that failed is this try's failure; the next tries another
                 problem = f"{type(err).__name__}: {err}"
         if problem is not None:

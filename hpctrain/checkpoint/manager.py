@@ -234,9 +234,15 @@ class CheckpointManager:
             address = self._store_address
         self._generation += 1
         self._writer = Writer(
-            WriterSetup(self.rank, world_size, address, f"writers{self._generation}/", self.timeout_s,
-                        self.faults.spec if self.faults is not NO_FAULTS else None)
-        )  # fmt: skip
+            WriterSetup(
+                self.rank,
+                world_size,
+                address,
+                f"writers{self._generation}/",
+                self.timeout_s,
+                self.faults.spec if self.faults is not NO_FAULTS else None,
+            )
+        )
         self._writer_has = None
         return self._writer
 
@@ -283,8 +289,9 @@ class CheckpointManager:
             finished, failure = True, pending.failure
             if failure is None:
                 finished, failure = self._writer.outcome(pending.id) if self._writer else (True, "no writer")
-            done, failed = _sum_over_ranks([int(finished and failure is None), int(failure is not None)],
-                                           self._background_group())  # fmt: skip
+            done, failed = _sum_over_ranks(
+                [int(finished and failure is None), int(failure is not None)], self._background_group()
+            )
             if failed:
                 self._pending = None
                 self._writer_failed(pending, failure)

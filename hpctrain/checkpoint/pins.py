@@ -41,8 +41,11 @@ def pinned(checkpoints: Path, steps: list[int]) -> set[int]:
     try:
         states = commands.job_states(list(jobs.values())) if jobs else {}
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as err:
-        log.warning("trainer.eval_job: cannot ask Slurm about evaluation jobs (%s): keeping steps %s", err,
-                    ", ".join(map(str, sorted(pins))))  # fmt: skip
+        log.warning(
+            "trainer.eval_job: cannot ask Slurm about evaluation jobs (%s): keeping steps %s",
+            err,
+            ", ".join(map(str, sorted(pins))),
+        )
         return set(pins)
     for step in sorted(pins):
         job = jobs.get(step)

@@ -25,6 +25,7 @@ class Subcommand(NamedTuple):
 
 
 _PREPARE = "INPUT... --out PATH.bin [--tokenizer T] [--workers N]"
+# Every subcommand: its arguments, its one line of help, its module (a table, one row a line).
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
     "resume": Subcommand("[RUN_DIR] [OVERRIDES...]", "continue a run (default: the latest)", "resume"),

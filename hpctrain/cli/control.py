@@ -18,8 +18,13 @@ def _run(name: str, argv: list[str]) -> int:
     what = "a checkpoint at the next step boundary" if name == "save" else "a checkpoint, then the end"
     parser = Parser(prog=f"hpctrain {name}", description=f"Ask a running run for {what}.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
-    parser.add_argument("--wait", type=float, default=DEFAULT_WAIT_S, metavar="S",
-                        help=f"seconds to wait for the answer (default {DEFAULT_WAIT_S:.0f})")  # fmt: skip
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="S",
+        help=f"seconds to wait for the answer (default {DEFAULT_WAIT_S:.0f})",
+    )
     args = parser.parse_args(argv)
     if not args.wait >= 0:
         raise UsageError(f"--wait must be 0 or more seconds, not {args.wait}")

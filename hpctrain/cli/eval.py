@@ -26,8 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser(prog="hpctrain eval", description=__doc__.split("\n\n")[0].split(": ", 1)[1])
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
     p.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: the latest)")
-    p.add_argument("overrides", nargs="*", metavar="OVERRIDES",
-                   help="e.g. trainer.eval_batches=8, or eval._target_=mynets.metrics.score")  # fmt: skip
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDES",
+        help="e.g. trainer.eval_batches=8, or eval._target_=mynets.metrics.score",
+    )
     return p
 
 

@@ -75,6 +75,8 @@ def run(name: str, argv: list[str]) -> int:
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)
         return 2
-    print(f"Exported {written['source']} (step {written['step']}, {written['parameters']:,} parameters, "
-          f"{args.format}, {args.dtype}) to {args.to}")  # fmt: skip
+    print(
+        f"Exported {written['source']} (step {written['step']}, {written['parameters']:,} parameters, "
+        f"{args.format}, {args.dtype}) to {args.to}"
+    )
     return 0

@@ -82,8 +82,16 @@ def run(name: str, argv: list[str]) -> int:
         _require_tokenizers(Path(args.source))
         from hpctrain.weights.generate import generate
 
-        text = generate(Path(args.source), args.prompt, args.max_new_tokens, args.temperature, args.top_k,
-                        args.seed, args.step, args.trust_code)  # fmt: skip
+        text = generate(
+            Path(args.source),
+            args.prompt,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.seed,
+            args.step,
+            args.trust_code,
+        )
     except ConfigError as err:
         print(f"hpctrain: {err}", file=sys.stderr)
         return 2

@@ -72,8 +72,12 @@ def _with_overrides(raw: DictConfig, overrides: list[str]) -> DictConfig:
     for text in overrides:
         key, sep, value = text.partition("=")
         if not sep or not key or OmegaConf.select(raw, key, default=_ABSENT) is _ABSENT:
-            raise ConfigError(key or text, value if sep else None, "not a key=value of the run's config",
-                              valid="e.g. trainer.eval_batches=8")  # fmt: skip
+            raise ConfigError(
+                key or text,
+                value if sep else None,
+                "not a key=value of the run's config",
+                valid="e.g. trainer.eval_batches=8",
+            )
         try:  # the value as YAML reads it (8 → int), as on the training command line
             OmegaConf.update(raw, key, OmegaConf.create({"v": value})["v"], merge=True)
         except (OmegaConfBaseException, ValueError) as err:

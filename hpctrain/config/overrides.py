@@ -126,9 +126,11 @@ def sweeper_params(overrides: list[str]) -> list[str]:
             raise ConfigError("", None, f"cannot parse override '{text}': {reason}") from None
         if not isinstance(value, dict) or not value:
             raise ConfigError(
-                SWEEPER_PARAMS, value, "not a mapping of keys to search spaces",
+                SWEEPER_PARAMS,
+                value,
+                "not a mapping of keys to search spaces",
                 valid="{optim.lr: 'interval(1e-4,1e-2)', trainer.seed: 'choice(1,2)'}",
-            )  # fmt: skip
+            )
         typed = _mapping_texts(text.split("=", 1)[1])
         # An unquoted space (interval(1e-4,1e-2)) parses to a Sweep object whose str() is Python's repr:
         # the user's own text goes on, so the sweeper reads what they typed and a refusal shows it.

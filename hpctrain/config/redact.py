@@ -28,9 +28,22 @@ REDACTED = "***"
 SECRET_NAME = re.compile(r".*(_KEY|_TOKEN|_SECRET|PASSWORD.*)", re.IGNORECASE)
 # The parts of a name that make it a secret's (a part: between _, -, . or a change of case, any case).
 SECRET_PARTS = frozenset(
-    {"PASSWD", "PASS", "PWD", "PASSWORD", "PASSPHRASE", "SECRET", "SECRETS", "TOKEN", "TOKENS", "KEY", "KEYS",
-     "CREDENTIAL", "CREDENTIALS"}
-)  # fmt: skip
+    {
+        "PASSWD",
+        "PASS",
+        "PWD",
+        "PASSWORD",
+        "PASSPHRASE",
+        "SECRET",
+        "SECRETS",
+        "TOKEN",
+        "TOKENS",
+        "KEY",
+        "KEYS",
+        "CREDENTIAL",
+        "CREDENTIALS",
+    }
+)
 _PART = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 ENV_KEY = "cluster.env."
 
@@ -68,9 +81,11 @@ def secret_overrides(overrides: list[str]) -> list[str]:
             continue
         if _is_sweep(text):
             raise ConfigError(
-                key.lstrip("+~"), REDACTED, "a secret cannot be swept (its value is never recorded)",
+                key.lstrip("+~"),
+                REDACTED,
+                "a secret cannot be swept (its value is never recorded)",
                 valid=f"one value: {key}=VALUE",
-            )  # fmt: skip
+            )
         os.environ[name] = _unquoted(value)
         out.append(f"{key}=${{oc.env:{name}}}")
     return out

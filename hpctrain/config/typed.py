@@ -93,10 +93,12 @@ def _model(node: Any) -> ModelConfig:
             }
         elif target.endswith(".from_config"):
             raise ConfigError(
-                "model.init_from", folder, f"{target} builds a model from a config, and none is given",
+                "model.init_from",
+                folder,
+                f"{target} builds a model from a config, and none is given",
                 valid=f"a save_pretrained folder (holding {HF_CONFIG}), or model.config={{_target_: "
                 "transformers.GPT2Config, ...}",
-            )  # fmt: skip
+            )
     adapters = own.get("adapters", "none")
     if not isinstance(adapters, str):
         raise ConfigError("model.adapters", adapters, "expected a string", valid="none, lora")
@@ -105,8 +107,12 @@ def _model(node: Any) -> ModelConfig:
         raise ConfigError("model.lora", lora, "must be a mapping", valid="rank, alpha, dropout, targets")
     for key in lora:
         if key not in MODEL_KEYS["lora"]:
-            raise ConfigError(f"model.lora.{key}", lora[key], "unknown key of model.lora",
-                              valid="rank, alpha, dropout, targets")  # fmt: skip
+            raise ConfigError(
+                f"model.lora.{key}",
+                lora[key],
+                "unknown key of model.lora",
+                valid="rank, alpha, dropout, targets",
+            )
     targets = lora.get("targets", [])
     if isinstance(targets, str):
         targets = [targets]
@@ -174,8 +180,12 @@ def _nested_values(schema: type, values: dict[str, Any], group: str) -> dict[str
             known = {f.name for f in dataclasses.fields(kind)}
             for name in value:
                 if name not in known:
-                    raise ConfigError(f"{group}.{key}.{name}", value[name], f"unknown key of {group}.{key}",
-                                      valid=", ".join(sorted(known)))  # fmt: skip
+                    raise ConfigError(
+                        f"{group}.{key}.{name}",
+                        value[name],
+                        f"unknown key of {group}.{key}",
+                        valid=", ".join(sorted(known)),
+                    )
             out[key] = typed_from(kind, value, f"{group}.{key}")
     return out
 

@@ -88,9 +88,11 @@ def check_builtin_data(data: DataConfig) -> None:
         # Refused, not honoured: the built-ins other than tokens are fixed corpora (text: Python's own
         # sources), and a user's text becomes a token file with `hpctrain prepare` first.
         raise ConfigError(
-            "data.path", data.path, f"data={data.name} reads no file, so it would be ignored",
+            "data.path",
+            data.path,
+            f"data={data.name} reads no file, so it would be ignored",
             valid="leave it unset, or data=tokens with a .bin written by `hpctrain prepare`",
-        )  # fmt: skip
+        )
     if not 0.0 < data.val_fraction <= 0.5:
         raise ConfigError("data.val_fraction", data.val_fraction, "must be in (0, 0.5]")
     for key, value, low in (("num_samples", data.num_samples, 2), ("max_bytes", data.max_bytes, 1024)):
@@ -100,8 +102,12 @@ def check_builtin_data(data: DataConfig) -> None:
         if data.seq_len < 1:
             raise ConfigError("data.seq_len", data.seq_len, "must be ≥ 1")
         if data.name not in WINDOWED:
-            raise ConfigError("data.seq_len", data.seq_len, f"data={data.name} cuts no token windows",
-                              valid=f"leave it unset, or data={' or data='.join(WINDOWED)}")  # fmt: skip
+            raise ConfigError(
+                "data.seq_len",
+                data.seq_len,
+                f"data={data.name} cuts no token windows",
+                valid=f"leave it unset, or data={' or data='.join(WINDOWED)}",
+            )
 
 
 def dataset_facts(
@@ -143,14 +149,18 @@ def check_feeds(data: DataConfig, model: Any) -> None:
     if data.seq_len is not None and declared is not None and data.seq_len != declared:
         if model.transformer:  # a built-in's positions are its model.seq_len
             raise ConfigError(
-                "data.seq_len", data.seq_len, f"model {model.name} takes windows of model.seq_len={declared}",
+                "data.seq_len",
+                data.seq_len,
+                f"model {model.name} takes windows of model.seq_len={declared}",
                 valid=f"model.seq_len={data.seq_len}, or leave data.seq_len unset",
-            )  # fmt: skip
+            )
         if data.seq_len > declared:
             raise ConfigError(
-                "data.seq_len", data.seq_len, f"is longer than model {model.name}'s {declared} positions",
+                "data.seq_len",
+                data.seq_len,
+                f"is longer than model {model.name}'s {declared} positions",
                 valid=f"1..{declared}",
-            )  # fmt: skip
+            )
 
 
 def spec_of(data: DataConfig) -> Any:

@@ -167,9 +167,11 @@ def _full_dataset(data: Any, spec: Any, seed: int) -> Dataset:
     seq_len = data.seq_len or spec.context_length
     if seq_len is None:
         raise ConfigError(
-            "data", data.name, f"cuts windows of the model's seq_len; model {spec.name} declares none",
+            "data",
+            data.name,
+            f"cuts windows of the model's seq_len; model {spec.name} declares none",
             valid="data.seq_len=N, a model config with n_positions, or a dataset of your own: data._target_",
-        )  # fmt: skip
+        )
     if data.name == "text":
         return TokenWindows(stdlib_text(data.max_bytes), seq_len)
     if data.name == "tokens":

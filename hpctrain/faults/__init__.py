@@ -109,9 +109,11 @@ def check_fault_ranks(faults: FaultsConfig, world: int) -> None:
         rank = value.partition(":")[0] if value is not None else ""
         if rank.isdigit() and int(rank) >= world:
             raise ConfigError(
-                f"faults.{key}", value, f"rank {rank} is not in this run of {world} rank(s)",
+                f"faults.{key}",
+                value,
+                f"rank {rank} is not in this run of {world} rank(s)",
                 valid=f"a rank from 0 to {world - 1}",
-            )  # fmt: skip
+            )
 
 
 class FaultInjector:

@@ -120,10 +120,12 @@ class Server:
         # Interpreter options (-X dev, -O, ...) a fresh ``python -m hpctrain.worker`` would not have.
         options = sys.orig_argv[1 : sys.orig_argv.index("-m")] if "-m" in sys.orig_argv else []
         self.no_fork = (
-            f"the server has {threads} threads" if threads > 1
-            else f"the server runs with interpreter options {' '.join(options)}" if options
+            f"the server has {threads} threads"
+            if threads > 1
+            else f"the server runs with interpreter options {' '.join(options)}"
+            if options
             else None
-        )  # fmt: skip
+        )
         if listener is not None:
             self.selector.register(listener, selectors.EVENT_READ, self._accept)
 
@@ -391,9 +393,11 @@ def main(argv: list[str]) -> NoReturn:
             server.add_client(socket.socket(fileno=args.fd))
         if args.socket:
             took = time.monotonic() - started
-            print(f"hpctrain fork server: pid {os.getpid()} at {args.socket}, ready in {took:.1f} s "
-                  f"(hpctrain {ident['version']} from {ident['package']}; restart it after changing it)",
-                  flush=True)  # fmt: skip
+            print(
+                f"hpctrain fork server: pid {os.getpid()} at {args.socket}, ready in {took:.1f} s "
+                f"(hpctrain {ident['version']} from {ident['package']}; restart it after changing it)",
+                flush=True,
+            )
             if server.no_fork:
                 print(
                     f"hpctrain fork server: {server.no_fork}: every child execs a fresh interpreter",

@@ -47,8 +47,13 @@ def request(run_dir: Path, what: str, wait_s: float) -> str:
             f"(made {age:.0f} s ago): wait for its answer"
         )
     ident = uuid.uuid4().hex[:12]
-    record = {"request": what, "id": ident, "time": time.time(), "user": getpass.getuser(),
-              "host": socket.gethostname()}  # fmt: skip
+    record = {
+        "request": what,
+        "id": ident,
+        "time": time.time(),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+    }
     rd.write_control(record)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:

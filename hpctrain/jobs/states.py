@@ -16,10 +16,12 @@ from pathlib import Path
 from hpctrain.rundir import RunDir, RunLock
 from hpctrain.slurm.commands import JobState
 
+# The five state words, named once (a table: one line, not one word to a line).
 RUNNING, COMPLETED, FAILED, STOPPED, PREEMPTED, PENDING = (
     "RUNNING", "COMPLETED", "FAILED", "STOPPED", "PREEMPTED", "PENDING",
 )  # fmt: skip
 STATES = (RUNNING, COMPLETED, FAILED, STOPPED, PREEMPTED, PENDING)
+# Slurm's job states onto the five words (a table, packed four to a line).
 SLURM_WORDS = {
     "PENDING": PENDING, "CONFIGURING": PENDING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING,
     "REQUEUE_FED": PENDING, "RESV_DEL_HOLD": PENDING, "RUNNING": RUNNING, "COMPLETING": RUNNING,

@@ -390,8 +390,12 @@ def run_task(run_dir: Path, cfg: Config) -> int:
                     return _final(book, run_dir, rank, code)
                 if replacement is not None:
                     nodes.commit(replacement, first_step, requeue.slurm_job_id())
-                    lost = {"lost": replacement.lost, "nodes": replacement.members,
-                            "spares": replacement.spares, "shrunk": replacement.shrunk}  # fmt: skip
+                    lost = {
+                        "lost": replacement.lost,
+                        "nodes": replacement.members,
+                        "spares": replacement.spares,
+                        "shrunk": replacement.shrunk,
+                    }
                     why = f"lost node {', '.join(replacement.lost)}"
                     outcome = Outcome(None, replacement.lost[0], why, kind=policy.LOST_NODE)
             if not book.decide(generation, outcome, started, first_step, key, lost):
@@ -424,10 +428,17 @@ def _requeue_without(run_dir: Path, lost: list[str], max_requeues: int, step: in
     now = time.time()
     for node in lost:
         RunDir(run_dir).append_fault(
-            {"time": now, "job_id": requeue.slurm_job_id(), "rank": None, "host": node, "step": step,
-             "why": "node lost, and fewer than cluster.min_nodes would remain", "action": "requeue",
-             "excluded": True}
-        )  # fmt: skip
+            {
+                "time": now,
+                "job_id": requeue.slurm_job_id(),
+                "rank": None,
+                "host": node,
+                "step": step,
+                "why": "node lost, and fewer than cluster.min_nodes would remain",
+                "action": "requeue",
+                "excluded": True,
+            }
+        )
     culprit = Heartbeat(-1, lost[0], 0, step, "startup", now, now)
     requeue.respond_to_fault(
         run_dir, requeue.slurm_job_id(), culprit, f"lost node {lost[0]}", max_requeues, kind=policy.LOST_NODE

@@ -216,13 +216,22 @@ def _print_submitted(
     if len(arrays) == 1:
         log.info(
             "Submitted job array %s: %d member%s%s, at most %d running at once",
-            arrays[0], count, "s" * (count > 1), packed, cluster.array_parallelism,
-        )  # fmt: skip
+            arrays[0],
+            count,
+            "s" * (count > 1),
+            packed,
+            cluster.array_parallelism,
+        )
     else:
         log.info(
             "Submitted %d job arrays %s (MaxArraySize=%d): %d members%s, at most %d running per array",
-            len(arrays), ", ".join(arrays), limits.max_array_size, count, packed, cluster.array_parallelism,
-        )  # fmt: skip
+            len(arrays),
+            ", ".join(arrays),
+            limits.max_array_size,
+            count,
+            packed,
+            cluster.array_parallelism,
+        )
     log.info("  sweep directory  %s (manifest: %s)", sweep_dir, SWEEP_RECORD)
     for member in record.members[-count:]:
         log.info("  %-10s %s  %s", member.job_id, Path(member.run_dir).name, " ".join(member.overrides))

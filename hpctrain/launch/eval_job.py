@@ -36,9 +36,13 @@ def render_eval_script(profile: ClusterConfig, run_dir: Path, snapshot_root: Pat
     c = profile
     output = str(RunDir(run_dir).slurm).replace("%", "%%") + "/eval-%j.out"
     options = [
-        f"--job-name={c.job_name}-eval", "--nodes=1", "--ntasks=1", f"--cpus-per-task={c.cpus_per_task}",
-        f"--time={c.time.strip()}", f"--output={shlex.quote(output)}",
-    ]  # fmt: skip
+        f"--job-name={c.job_name}-eval",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={c.cpus_per_task}",
+        f"--time={c.time.strip()}",
+        f"--output={shlex.quote(output)}",
+    ]
     if c.gpus_per_node:
         options.append("--gpus-per-node=1")
     for key in ("partition", "account", "qos", "mem", "constraint", "exclude", "reservation"):

@@ -24,6 +24,9 @@ workers), and a child's parent-death signal is bound to the server, whose pid th
 ``HPCTRAIN_LAUNCHER_PID``. A restarting agent (issue 27) keeps one :class:`ForkServer` and calls
 :meth:`ForkServer.spawn` again for each restart. The wire, and what both sides share:
 :mod:`hpctrain.launch.forkwire`.
+
+Over 400 lines: the connection, the process handle and the choice of server (with the CLI's prestart that
+feeds it) are one protocol's launcher side; the wire lives apart.
 """
 
 from __future__ import annotations
@@ -119,13 +122,22 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", SERVER_MODULE, "--fd", str(theirs.fileno()),
-                 "--parent", str(os.getpid()), *(["--share", share] if share else []), *room_args()],
+                [
+                    sys.executable,
+                    "-m",
+                    SERVER_MODULE,
+                    "--fd",
+                    str(theirs.fileno()),
+                    "--parent",
+                    str(os.getpid()),
+                    *(["--share", share] if share else []),
+                    *room_args(),
+                ],
                 env={**(os.environ if env is None else env), **room_env()},
                 stdin=subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,  # a Ctrl-C at the terminal reaches the launcher only, as for workers
-            )  # fmt: skip
+            )
         finally:
             theirs.close()
         where = "started by this launch" if share is None else f"shared at {share}"

@@ -183,8 +183,9 @@ class LocalLauncher:
                 if hang is not None:
                     outcome = Outcome(*hang, kind=policy.HUNG)
                 book.claim(generation)
-                key = job_key({"MASTER_ADDR": c.master_addr, "MASTER_PORT": str(port),
-                               RESTART_ENV: str(generation)})  # fmt: skip
+                key = job_key(
+                    {"MASTER_ADDR": c.master_addr, "MASTER_PORT": str(port), RESTART_ENV: str(generation)}
+                )
                 if not book.decide(generation, outcome, started, first_step, key):
                     if book.generation() is None:  # a crash loop: its cause is the run's error
                         stop = book.rd.read_restarts()[-1]

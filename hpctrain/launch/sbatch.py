@@ -146,9 +146,13 @@ def _extra_options(c: ClusterConfig) -> list[str]:
     from hpctrain.launch.submitit import sbatch_extras
 
     options = {
-        "exclusive": True if c.exclusive else None, "gres": c.gres, "gpus-per-task": c.gpus_per_task,
-        "mail-user": c.mail_user, "mail-type": c.mail_type, "dependency": c.dependency,
-    }  # fmt: skip
+        "exclusive": True if c.exclusive else None,
+        "gres": c.gres,
+        "gpus-per-task": c.gpus_per_task,
+        "mail-user": c.mail_user,
+        "mail-type": c.mail_type,
+        "dependency": c.dependency,
+    }
     extras = {k: v for k, v in sbatch_extras(c).items() if k not in ("requeue", "signal")}
     return [
         f"--{name}" if value is True else f"--{name}={value}"
@@ -176,9 +180,13 @@ def submit_sweep_over_ssh(
     remote = Remote(c.ssh, c.ssh_config)
     secrets = sorted(secret_env(c.env))
     if secrets:  # as for a single run: sbatch's environment over ssh is the login node's
-        raise ConfigError(f"cluster.env.{secrets[0]}", "(secret, not shown)", "a secret reaches the job from "
-                          "the environment sbatch runs in; over cluster.ssh, the login node's",
-                          valid="set it in the login node's environment, not in cluster.env")  # fmt: skip
+        raise ConfigError(
+            f"cluster.env.{secrets[0]}",
+            "(secret, not shown)",
+            "a secret reaches the job from "
+            "the environment sbatch runs in; over cluster.ssh, the login node's",
+            valid="set it in the login node's environment, not in cluster.env",
+        )
     job_sweep = Path(remote_run_dir(sweep_dir, c.remote_dir, project_dir()))
     job_dirs = [job_sweep / d.relative_to(sweep_dir) for d in run_dirs]
     workdir = _remote_workdir(first, job_sweep)
@@ -212,8 +220,15 @@ def submit_sweep_over_ssh(
         remote.write_file(str(RunDir(job_sweep).sweep), json.dumps(asdict(login_record), indent=2) + "\n")
     except RemoteError as err:
         raise SlurmUnavailable(f"submitted as job arrays {', '.join(arrays)}, but {err}") from None
-    return SweepRecord(arrays[0], c.name, members, array_job_ids=arrays, ssh=c.ssh, ssh_config=c.ssh_config,
-                       remote_sweep_dir=str(job_sweep))  # fmt: skip
+    return SweepRecord(
+        arrays[0],
+        c.name,
+        members,
+        array_job_ids=arrays,
+        ssh=c.ssh,
+        ssh_config=c.ssh_config,
+        remote_sweep_dir=str(job_sweep),
+    )
 
 
 class SbatchLauncher:
@@ -225,10 +240,14 @@ class SbatchLauncher:
     def _launch(self, cfg: Config, run_dir: Path, remote: Remote | None) -> int:
         secrets = sorted(secret_env(cfg.cluster.env)) if remote else []
         if secrets:  # they reach a job from sbatch's environment, which over ssh is the login node's
-            err = ConfigError(f"cluster.env.{secrets[0]}", "(secret, not shown)", "a secret reaches the job "
-                              "from the environment sbatch runs in; over cluster.ssh, the login node's",
-                              valid="set it in the login node's environment (e.g. ~/.bashrc) and leave it "
-                              "out of cluster.env")  # fmt: skip
+            err = ConfigError(
+                f"cluster.env.{secrets[0]}",
+                "(secret, not shown)",
+                "a secret reaches the job "
+                "from the environment sbatch runs in; over cluster.ssh, the login node's",
+                valid="set it in the login node's environment (e.g. ~/.bashrc) and leave it "
+                "out of cluster.env",
+            )
             print(f"hpctrain: {err}", file=sys.stderr)
             return EXIT_BAD_CONFIG
         # Where the run directory is where the job runs, and the job's working directory there.

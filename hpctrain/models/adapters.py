@@ -64,9 +64,11 @@ def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Modul
     patterns = list(lora.targets) or list(getattr(type(model), "LORA_TARGETS", ()))
     if not patterns:
         raise ConfigError(
-            "model.lora.targets", "[]", f"model {name} declares no LORA_TARGETS",
+            "model.lora.targets",
+            "[]",
+            f"model {name} declares no LORA_TARGETS",
             valid="module-name patterns of its Linear layers, e.g. ['q_proj', 'v_proj'] or ['attn.q']",
-        )  # fmt: skip
+        )
     found: dict[str, nn.Linear] = {}
     for pattern in patterns:
         hits = [(n, m) for n, m in model.named_modules() if n and module_matches(n, pattern)]
@@ -75,9 +77,11 @@ def lora_targets(model: nn.Module, lora: LoraConfig) -> list[tuple[str, nn.Modul
         for module_name, module in hits:
             if linear_dims(module) is None:
                 raise ConfigError(
-                    "model.lora.targets", pattern, f"names {module_name}, a {type(module).__name__}",
+                    "model.lora.targets",
+                    pattern,
+                    f"names {module_name}, a {type(module).__name__}",
                     valid="nn.Linear (or transformers' Conv1D) modules",
-                )  # fmt: skip
+                )
             found[module_name] = module
     return sorted(found.items())
 

@@ -175,14 +175,18 @@ class GPTMoESpec(GPTSpec):
         at_least("model.moe.top_k", m.top_k, 1)
         if m.top_k > m.experts:
             raise ConfigError(
-                "model.moe.top_k", m.top_k, f"routes each token to more than the {m.experts} experts",
+                "model.moe.top_k",
+                m.top_k,
+                f"routes each token to more than the {m.experts} experts",
                 valid=f"1 … {m.experts}",
-            )  # fmt: skip
+            )
         if not m.capacity >= 0:
             raise ConfigError(
-                "model.moe.capacity", m.capacity, "must be ≥ 0",
+                "model.moe.capacity",
+                m.capacity,
+                "must be ≥ 0",
                 valid="0 (dropless), or a capacity factor such as 1.25",
-            )  # fmt: skip
+            )
         if not m.aux_loss_weight >= 0:
             raise ConfigError(
                 "model.moe.aux_loss_weight", m.aux_loss_weight, "must be ≥ 0", valid="e.g. 0.01"

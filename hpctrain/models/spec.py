@@ -137,9 +137,11 @@ class ModelSpec:
         """``data=synthetic``: random samples shaped as this model takes them; a ConfigError for a model
         that declares no input."""
         raise ConfigError(
-            "data", "synthetic", f"is shaped by the model's declared input; model {self.name} declares none",
+            "data",
+            "synthetic",
+            f"is shaped by the model's declared input; model {self.name} declares none",
             valid="a dataset of your own: data._target_=...",
-        )  # fmt: skip
+        )
 
 
 @dataclass
@@ -208,40 +210,49 @@ class TransformerSpec(ModelSpec):
             return
         if not self.context_parallel:
             raise ConfigError(
-                "parallel.cp", cp, f"model {self.name} declares no attention context parallelism can split "
+                "parallel.cp",
+                cp,
+                f"model {self.name} declares no attention context parallelism can split "
                 "(a causal scaled_dot_product_attention and where its residual stream starts: CONTEXT_PLAN)",
                 valid="1, or a model that declares it (gpt, gpt_moe, a transformers decoder)",
-            )  # fmt: skip
+            )
         chunks = 2 * cp
         if self.tokens_per_sample % chunks:
             # Padding would leave the ranks' shares with different numbers of real tokens, and each rank's
             # loss is the mean over its own: their mean would no longer be the sequence's.
             raise ConfigError(
-                "model.seq_len", self.tokens_per_sample,
+                "model.seq_len",
+                self.tokens_per_sample,
                 f"parallel.cp={cp} splits each sequence into 2·cp = {chunks} equal chunks (causal load "
                 f"balancing; {self.tokens_per_sample} % {chunks} = {self.tokens_per_sample % chunks})",
                 valid=f"a multiple of {chunks}",
-            )  # fmt: skip
+            )
         if self.dropout > 0:
             raise ConfigError(
-                "model.dropout", self.dropout, f"ring attention under parallel.cp={cp} takes no attention "
-                "dropout", valid="0.0 with context parallelism",
-            )  # fmt: skip
+                "model.dropout",
+                self.dropout,
+                f"ring attention under parallel.cp={cp} takes no attention dropout",
+                valid="0.0 with context parallelism",
+            )
 
     def _check_experts(self, ep: int) -> None:
         if ep <= 1:
             return
         if not self.experts:
             raise ConfigError(
-                "parallel.ep", ep, f"model {self.name} has no experts to place on ranks",
+                "parallel.ep",
+                ep,
+                f"model {self.name} has no experts to place on ranks",
                 valid="1, or a mixture-of-experts model (model=gpt_moe)",
-            )  # fmt: skip
+            )
         if self.experts % ep:
             raise ConfigError(
-                "parallel.ep", ep, f"does not divide the model's {self.experts} experts "
+                "parallel.ep",
+                ep,
+                f"does not divide the model's {self.experts} experts "
                 f"({self.experts} % {ep} = {self.experts % ep})",
                 valid=", ".join(str(k) for k in range(1, self.experts + 1) if self.experts % k == 0),
-            )  # fmt: skip
+            )
 
     def mlp_param_specs(self) -> tuple[ParamSpec, ...]:
         """The block's MLP: fc_in split column-wise (with its bias), fc_out row-wise (bias replicated)."""
@@ -341,9 +352,18 @@ class TransformerSpec(ModelSpec):
         ) -> ParamFact:
             whole = spec.vocab_lookup and not same_stage_head
             return ParamFact(
-                name, spec.shape, 4, unit, spec.tp_dim, stages, spec.autocast_copy, whole, copy,
-                spec.ep_dim, spec.active,
-            )  # fmt: skip
+                name,
+                spec.shape,
+                4,
+                unit,
+                spec.tp_dim,
+                stages,
+                spec.autocast_copy,
+                whole,
+                copy,
+                spec.ep_dim,
+                spec.active,
+            )
 
         params = [fact(s, s.name, -1, first) for s in self.input_params()]
         for k in range(self.n_layers):
@@ -393,9 +413,11 @@ class ConfiguredSpec(ModelSpec):
     def check_data(self, name: str, image_shape: tuple[int, ...] | None, vocab: int | None) -> None:
         if self.vocab is not None and vocab is not None and vocab > self.vocab:
             raise ConfigError(
-                "data", name, f"gives token ids up to {vocab - 1} but model {self.name}'s vocabulary has "
-                f"{self.vocab}", valid=f"a tokenizer of at most {self.vocab} ids, or a larger vocab_size",
-            )  # fmt: skip
+                "data",
+                name,
+                f"gives token ids up to {vocab - 1} but model {self.name}'s vocabulary has {self.vocab}",
+                valid=f"a tokenizer of at most {self.vocab} ids, or a larger vocab_size",
+            )
 
 
 CONTEXT_KEYS = ("n_positions", "max_position_embeddings", "n_ctx", "seq_length")  # transformers' names

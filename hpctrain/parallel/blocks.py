@@ -69,8 +69,12 @@ def _by_class(model: nn.Module, block_classes: Sequence[str]) -> list[Block]:
     ]
     if missing:
         # Repeated modules first (the children of module lists and dicts), then the others with parameters.
-        repeated = [type(c).__name__ for m in modules.values() if isinstance(m, nn.ModuleList | nn.ModuleDict)
-                    for c in m.children()]  # fmt: skip
+        repeated = [
+            type(c).__name__
+            for m in modules.values()
+            if isinstance(m, nn.ModuleList | nn.ModuleDict)
+            for c in m.children()
+        ]
         others = [
             type(m).__name__ for name, m in modules.items() if name and any(True for _ in m.parameters())
         ]

@@ -62,30 +62,38 @@ def require_context_plan(model: nn.Module, cp: int, pp: int = 1) -> dict[str, st
     name = type(model).__name__
     if found is None:
         raise ConfigError(
-            "parallel.cp", cp, f"model {name} declares no attention context parallelism can split: give its "
+            "parallel.cp",
+            cp,
+            f"model {name} declares no attention context parallelism can split: give its "
             "class a CONTEXT_PLAN (module-name pattern → role, e.g. {'drop': enter, 'layers.*.attn': "
             "attention}) whose attention is causal F.scaled_dot_product_attention",
             valid="roles " + ", ".join(CONTEXT_ROLES),
-        )  # fmt: skip
+        )
     plan, source = found
     for pattern, role in plan.items():
         if role not in CONTEXT_ROLES:
-            raise ConfigError(f"{source}[{pattern}]", role, "not a context-parallel role",
-                              valid=", ".join(CONTEXT_ROLES))  # fmt: skip
+            raise ConfigError(
+                f"{source}[{pattern}]", role, "not a context-parallel role", valid=", ".join(CONTEXT_ROLES)
+            )
         if not pattern_modules(model, pattern):
             raise ConfigError(f"{source}[{pattern}]", role, f"the pattern names no module of {name}")
     roles = set(plan.values())
     if "attention" not in roles or not roles & {"enter", "enter_input"}:
         raise ConfigError(
-            "parallel.cp", cp, f"{source} must name its attention and where the stream starts",
+            "parallel.cp",
+            cp,
+            f"{source} must name its attention and where the stream starts",
             valid="an attention entry and an enter or enter_input entry",
-        )  # fmt: skip
+        )
     if pp > 1 and "positions" in roles:
         # A later pipeline stage computes its positions from the hidden states it receives: a share.
         raise ConfigError(
-            "parallel.pp", pp, f"{source} splits per-position arguments computed from the whole sequence, "
-            "which a later pipeline stage does not have", valid="1 with parallel.cp, or a built-in model",
-        )  # fmt: skip
+            "parallel.pp",
+            pp,
+            f"{source} splits per-position arguments computed from the whole sequence, "
+            "which a later pipeline stage does not have",
+            valid="1 with parallel.cp, or a built-in model",
+        )
     return plan
 
 

@@ -73,10 +73,12 @@ def require_experts(model: nn.Module, ep: int) -> list[tuple[str, nn.Module]]:
     found = experts_of(model)
     if not found:
         raise ConfigError(
-            "parallel.ep", ep, f"model {name} declares no experts to place on ranks: give its class a "
+            "parallel.ep",
+            ep,
+            f"model {name} declares no experts to place on ranks: give its class a "
             "MOE_PLAN ({'layers.*.moe.experts': experts}) or build it of hpctrain.models.moe.MoE layers",
             valid="1, or a mixture-of-experts model",
-        )  # fmt: skip
+        )
     for path, module in found:
         counts = {p.shape[0] for p in module.parameters(recurse=False)}
         if len(counts) != 1:
@@ -87,9 +89,11 @@ def require_experts(model: nn.Module, ep: int) -> list[tuple[str, nn.Module]]:
         if experts % ep:
             divisors = ", ".join(str(k) for k in range(1, experts + 1) if experts % k == 0)
             raise ConfigError(
-                "parallel.ep", ep, f"does not divide the {experts} experts of {path} ({experts} % {ep} = "
-                f"{experts % ep})", valid=divisors,
-            )  # fmt: skip
+                "parallel.ep",
+                ep,
+                f"does not divide the {experts} experts of {path} ({experts} % {ep} = {experts % ep})",
+                valid=divisors,
+            )
     return found
 
 

@@ -61,9 +61,11 @@ def dropped_modules(model: nn.Module, stage: int, n_stages: int) -> list[str]:
         getattr(model, "layers", None), nn.ModuleDict
     ):  # the pre-submit check refuses this layout; a direct caller gets the same line
         raise ConfigError(
-            "parallel.pp", n_stages, f"model {type(model).__name__} declares no pipeline split "
+            "parallel.pp",
+            n_stages,
+            f"model {type(model).__name__} declares no pipeline split "
             "(PIPELINE_INPUT / PIPELINE_OUTPUT and its blocks in a `layers` ModuleDict)",
-        )  # fmt: skip
+        )
     names = list(model.layers.keys())
     per_stage = len(names) // n_stages
     keep = set(names[stage * per_stage : (stage + 1) * per_stage])

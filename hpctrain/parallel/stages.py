@@ -74,10 +74,12 @@ def require_split(model: nn.Module, configured: dict[str, Any] | None, n_stages:
     name = type(model).__name__
     if found is None:
         raise ConfigError(
-            "parallel.pp", n_stages, f"model {name} has no block list to split into pipeline stages "
+            "parallel.pp",
+            n_stages,
+            f"model {name} has no block list to split into pipeline stages "
             "(an nn.ModuleList of its repeated blocks)",
             valid="parallel.pp_split={input: [...], blocks: NAME, output: [...]}",
-        )  # fmt: skip
+        )
     split, source = found
     for module in split.modules():
         try:
@@ -89,9 +91,11 @@ def require_split(model: nn.Module, configured: dict[str, Any] | None, n_stages:
         raise ConfigError(f"{source}.blocks", split.blocks, "is not an nn.ModuleList or nn.ModuleDict")
     if len(container) < n_stages:
         raise ConfigError(
-            "parallel.pp", n_stages, f"{split.blocks} of {name} holds {len(container)} blocks",
+            "parallel.pp",
+            n_stages,
+            f"{split.blocks} of {name} holds {len(container)} blocks",
             valid=f"at most {len(container)} stages",
-        )  # fmt: skip
+        )
     return split
 
 
@@ -113,10 +117,12 @@ def check_split_runs(model: nn.Module, split: PipelineSplit, example: Any) -> No
 
 def _other_shape(model: nn.Module, split: PipelineSplit, why: str) -> ConfigError:
     return ConfigError(
-        "parallel.pp", "split", f"model {type(model).__name__} is not input {list(split.input)} → blocks "
+        "parallel.pp",
+        "split",
+        f"model {type(model).__name__} is not input {list(split.input)} → blocks "
         f"{split.blocks} → output {list(split.output)}: {why}",
         valid="parallel.pp_split={input: [...], blocks: NAME, output: [...]} naming its pieces",
-    )  # fmt: skip
+    )
 
 
 def sequential_stage(model: nn.Module, split: PipelineSplit, stage: int, n_stages: int) -> nn.Module:

@@ -155,10 +155,12 @@ class _Colwise(ColwiseParallel):
         if not is_transposed_linear(module):
             return super()._apply(module, device_mesh)
         return distribute_module(
-            module, device_mesh, _split({"weight": Shard(1), "bias": Shard(0)}),
+            module,
+            device_mesh,
+            _split({"weight": Shard(1), "bias": Shard(0)}),
             partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )  # fmt: skip
+        )
 
 
 class _Rowwise(RowwiseParallel):
@@ -170,10 +172,12 @@ class _Rowwise(RowwiseParallel):
             return super()._apply(module, device_mesh)
         self.desired_input_layouts: tuple[Placement, ...] = (Shard(-1),)
         return distribute_module(
-            module, device_mesh, _split({"weight": Shard(0), "bias": Replicate()}),
+            module,
+            device_mesh,
+            _split({"weight": Shard(0), "bias": Replicate()}),
             partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )  # fmt: skip
+        )
 
 
 def _split(placements: dict[str, Placement]) -> Any:
@@ -292,9 +296,11 @@ def _attach_adapters(
         role = roles.get(id(module), "replicated")
         if role not in (*placements, "replicated"):
             raise ConfigError(
-                "model.lora.targets", role, "LoRA adapts Linear layers split column- or row-wise, or not",
+                "model.lora.targets",
+                role,
+                "LoRA adapts Linear layers split column- or row-wise, or not",
                 valid="colwise, rowwise or replicated modules of the tensor-parallel plan",
-            )  # fmt: skip
+            )
         if role in placements:
             for adapter, place in zip((a, b), placements[role], strict=True):
                 weight = adapter.weight

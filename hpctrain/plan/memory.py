@@ -158,9 +158,21 @@ def counted_params(facts: ModelFacts, lay: Layout, stages: list[int], shard_rank
     units = tuple(sorted((u for u in by_unit.values() if u), reverse=True))
     trained_units = tuple(sorted((u for u in trained_by_unit.values() if u), reverse=True))
     found = RankParams(
-        len(mine), numel, grad_numel, param_bytes, grad_bytes, root, units, len(by_unit), copies,
-        trained_bytes, trained_tensors, trained_numel, trained_root, trained_units,
-    )  # fmt: skip
+        len(mine),
+        numel,
+        grad_numel,
+        param_bytes,
+        grad_bytes,
+        root,
+        units,
+        len(by_unit),
+        copies,
+        trained_bytes,
+        trained_tensors,
+        trained_numel,
+        trained_root,
+        trained_units,
+    )
     # The search estimates many variants (checkpointing, micro-batch sizes) of each split: count it once.
     if len(_RANK_PARAMS) >= 4096:
         _RANK_PARAMS.clear()

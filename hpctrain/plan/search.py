@@ -190,11 +190,12 @@ def _with_context(cfg: Config, measured: ModelFacts | None) -> Iterator[Config]:
             continue
         sized = [
             dataclasses.replace(
-                cfg, parallel=parallel,
+                cfg,
+                parallel=parallel,
                 trainer=dataclasses.replace(cfg.trainer, micro_batch_size=size, global_batch_size=batch),
             )
             for size in sorted(_divisors(batch // per_pass), reverse=True)
-        ]  # fmt: skip
+        ]
         if estimate(sized[-1], measured).verdict.fits:
             yield from sized
             return

@@ -47,9 +47,12 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
             # torchrun's agent hosts the store and keeps it across its restarts (--max-restarts): a prefix per
             # restart keeps a restarted group off the addresses the one before left there.
             client = dist.TCPStore(
-                env.master_addr, env.master_port, env.world_size, is_master=False,
+                env.master_addr,
+                env.master_port,
+                env.world_size,
+                is_master=False,
                 timeout=timedelta(seconds=timeout_s),
-            )  # fmt: skip
+            )
             restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             where = {"store": dist.PrefixStore(f"hpctrain/restart_{restart}", client)}
         else:

@@ -40,9 +40,11 @@ def latest_run(here: Path) -> Path:
             found.append((max(stamps), run.path))
     if not found:
         raise ConfigError(
-            "RUN_DIR", None, f"no run in {here / RUNS_ROOT} or {here / SWEEPS_ROOT}",
+            "RUN_DIR",
+            None,
+            f"no run in {here / RUNS_ROOT} or {here / SWEEPS_ROOT}",
             valid="a run's directory",
-        )  # fmt: skip
+        )
     return max(found)[1]
 
 

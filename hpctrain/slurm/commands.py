@@ -272,10 +272,17 @@ def site_limits() -> SiteLimits:
         user = (_remote.user if _remote is not None else None) or os.environ.get("USER") or _user_name()
         try:
             out = run(
-                ["sacctmgr", "--noheader", "--parsable2", "show", "assoc", f"where user={user}",
-                 "format=MaxSubmitJobs,GrpSubmitJobs"],
+                [
+                    "sacctmgr",
+                    "--noheader",
+                    "--parsable2",
+                    "show",
+                    "assoc",
+                    f"where user={user}",
+                    "format=MaxSubmitJobs,GrpSubmitJobs",
+                ],
                 timeout=20,
-            )  # fmt: skip
+            )
         except (RuntimeError, OSError, subprocess.TimeoutExpired):
             out = ""  # slurmdbd down or no association: Slurm itself will say so at sbatch
         limits = [int(v) for line in out.splitlines() for v in line.split("|") if v.strip().isdigit()]

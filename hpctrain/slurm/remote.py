@@ -129,8 +129,10 @@ class Remote:
         """Run ``words`` there and wait; RemoteError when ssh itself failed."""
         done = _call(self.argv(words), timeout, input)
         if done.timed_out:
-            raise RemoteError(f"cluster.ssh={self.destination}: {' '.join(words[:2])} on {self.host} did not "
-                              f"answer within {timeout:.0f} s")  # fmt: skip
+            raise RemoteError(
+                f"cluster.ssh={self.destination}: {' '.join(words[:2])} on {self.host} did not "
+                f"answer within {timeout:.0f} s"
+            )
         if done.returncode == SSH_FAILED:
             raise RemoteError(self.failure(done.stderr))
         return done
@@ -172,8 +174,10 @@ class Remote:
         script = 'umask 077 && cat > "$1.tmp.$$" && mv -f "$1.tmp.$$" "$1"'
         done = self.run(["sh", "-c", script, "sh", path], input=text)
         if done.returncode != 0:
-            raise RemoteError(f"cluster.ssh={self.destination}: cannot write {path} on {self.host}: "
-                              f"{_last_line(done.stderr)}")  # fmt: skip
+            raise RemoteError(
+                f"cluster.ssh={self.destination}: cannot write {path} on {self.host}: "
+                f"{_last_line(done.stderr)}"
+            )
 
     def ship(self, local: Path, remote: str, rsync: bool | None = None) -> str:
         """Copy the folder ``local`` into the folder ``remote`` there (made if missing; files already there
@@ -182,14 +186,24 @@ class Remote:
         probe = 'mkdir -p -- "$1" && if command -v rsync >/dev/null 2>&1; then echo rsync; else echo tar; fi'
         done = self.run(["sh", "-c", probe, "sh", remote], timeout=60)
         if done.returncode != 0:
-            raise RemoteError(f"cluster.ssh={self.destination}: cannot make {remote} on {self.host}: "
-                              f"{_last_line(done.stderr)}")  # fmt: skip
+            raise RemoteError(
+                f"cluster.ssh={self.destination}: cannot make {remote} on {self.host}: "
+                f"{_last_line(done.stderr)}"
+            )
         if rsync is None:
             rsync = done.stdout.strip() == "rsync" and shutil.which("rsync") is not None
         if rsync:
             # --protect-args: the remote path travels inside rsync's protocol, not through the remote shell.
-            argv = ["rsync", "--archive", "--protect-args", "-e", shlex.join(self.ssh()), "--",
-                    f"{local}/", f"{self.destination}:{remote}/"]  # fmt: skip
+            argv = [
+                "rsync",
+                "--archive",
+                "--protect-args",
+                "-e",
+                shlex.join(self.ssh()),
+                "--",
+                f"{local}/",
+                f"{self.destination}:{remote}/",
+            ]
             copied = _call(argv, 600, None)
             way = "rsync"
         else:
@@ -199,8 +213,10 @@ class Remote:
             raise RemoteError(self.failure(copied.stderr))
         if copied.returncode != 0:
             why = "timed out" if copied.timed_out else _last_line(copied.stderr)
-            raise RemoteError(f"cluster.ssh={self.destination}: copying {local} to {self.host}:{remote} "
-                              f"failed ({way}): {why}")  # fmt: skip
+            raise RemoteError(
+                f"cluster.ssh={self.destination}: copying {local} to {self.host}:{remote} "
+                f"failed ({way}): {why}"
+            )
         return way
 
     def fetch(self, remote: str, local: Path) -> None:
@@ -212,9 +228,14 @@ class Remote:
             sender = subprocess.Popen(packing, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=err)
             assert sender.stdout is not None
             try:  # --no-same-owner: the files are the user's here, whoever owned them there
-                unpacked = subprocess.run(["tar", "-C", str(local), "--no-same-owner", "-xf", "-"],
-                                          stdin=sender.stdout, capture_output=True, text=True, timeout=600,
-                                          check=False)  # fmt: skip
+                unpacked = subprocess.run(
+                    ["tar", "-C", str(local), "--no-same-owner", "-xf", "-"],
+                    stdin=sender.stdout,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 sender.kill()
                 why = f"cluster.ssh={self.destination}: copying {self.host}:{remote} timed out"
@@ -227,8 +248,10 @@ class Remote:
         if sender.returncode == SSH_FAILED:
             raise RemoteError(self.failure(why))
         if sender.returncode != 0 or unpacked.returncode != 0:
-            raise RemoteError(f"cluster.ssh={self.destination}: copying {self.host}:{remote} to {local} "
-                              f"failed: {_last_line(why or unpacked.stderr)}")  # fmt: skip
+            raise RemoteError(
+                f"cluster.ssh={self.destination}: copying {self.host}:{remote} to {local} "
+                f"failed: {_last_line(why or unpacked.stderr)}"
+            )
 
 
 def remote_run_dir(run_dir: Path, remote_dir: str | None, submit_dir: Path) -> PurePosixPath:
@@ -271,12 +294,14 @@ def _call(argv: list[str], timeout: float, input: str | None) -> Done:
 def _tar_through(local: Path, ssh_argv: list[str]) -> Done:
     """``tar -C local -cf - . | ssh ... tar -xf -``: the receiving side's status, or tar's when it failed."""
     with tempfile.TemporaryFile("w+") as err:
-        packer = subprocess.Popen(["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE,
-                                  stderr=err)  # fmt: skip
+        packer = subprocess.Popen(
+            ["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE, stderr=err
+        )
         assert packer.stdout is not None
         try:
-            receiver = subprocess.run(ssh_argv, stdin=packer.stdout, stdout=subprocess.DEVNULL, stderr=err,
-                                      timeout=600, check=False)  # fmt: skip
+            receiver = subprocess.run(
+                ssh_argv, stdin=packer.stdout, stdout=subprocess.DEVNULL, stderr=err, timeout=600, check=False
+            )
         except subprocess.TimeoutExpired:
             packer.kill()
             return Done(SSH_FAILED, "", "", timed_out=True)

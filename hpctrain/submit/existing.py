@@ -36,9 +36,11 @@ def named_run_overrides(name: str | None, overrides: list[str], multirun: bool) 
         return []
     if not isinstance(name, str) or not RUN_NAME.fullmatch(name) or name in (".", ".."):
         raise ConfigError(
-            "run", name, "not a run name",
+            "run",
+            name,
+            "not a run name",
             valid="1-100 letters, digits, '.', '_' or '-', from a letter or digit, e.g. run=gpt-small",
-        )  # fmt: skip
+        )
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     ours = f"{key}={SWEEPS_ROOT if multirun else RUNS_ROOT}/{name}"
     if ours in overrides:
@@ -46,9 +48,11 @@ def named_run_overrides(name: str | None, overrides: list[str], multirun: bool) 
     given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key]
     if given:
         raise ConfigError(
-            key, given[0].split("=", 1)[1], f"and run={name} both name the run's directory",
+            key,
+            given[0].split("=", 1)[1],
+            f"and run={name} both name the run's directory",
             valid=f"one of them: run={name} is {key}={SWEEPS_ROOT if multirun else RUNS_ROOT}/{name}",
-        )  # fmt: skip
+        )
     return [ours]
 
 
@@ -65,17 +69,21 @@ def check_existing(run_dir: Path, cfg: Config, composed: DictConfig) -> None:
     if not _is_hpctrain_run(run):
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise ConfigError(
-            "hydra.run.dir", str(run_dir), f"holds files that are not an hpctrain run ({shown})",
+            "hydra.run.dir",
+            str(run_dir),
+            f"holds files that are not an hpctrain run ({shown})",
             valid="a new or empty folder, or an hpctrain run directory to continue (run=NAME: outputs/NAME)",
-        )  # fmt: skip
+        )
     checkpoints = layout.committed(run.checkpoints)
     resume = cfg.trainer.resume
     if resume == "never" and (checkpoints or run.metrics.is_file()):
         what = f"checkpoints (newest: step {layout.step_of(checkpoints[0])})" if checkpoints else "metrics"
         raise ConfigError(
-            "trainer.resume", "never", f"{run_dir} holds a run's {what}: a fresh start would write over them",
+            "trainer.resume",
+            "never",
+            f"{run_dir} holds a run's {what}: a fresh start would write over them",
             valid="trainer.resume=auto to continue that run, or a new hydra.run.dir (run=NAME)",
-        )  # fmt: skip
+        )
     if resume == "auto" and checkpoints:
         check_resumable(checkpoints[0], composed)
         check_kept_batch(checkpoints[0], cfg)
@@ -101,9 +109,11 @@ def check_resumable(checkpoint: Path, composed: DictConfig) -> None:
     if refused is not None:
         key, old, new = refused
         raise ConfigError(
-            key, new, f"checkpoint {checkpoint} was trained with {key}={_show(old)}, which a resumed run "
+            key,
+            new,
+            f"checkpoint {checkpoint} was trained with {key}={_show(old)}, which a resumed run "
             f"cannot change; {START_FRESH}",
-        )  # fmt: skip
+        )
 
 
 def check_kept_batch(checkpoint: Path, cfg: Config) -> None:
@@ -122,11 +132,12 @@ def check_kept_batch(checkpoint: Path, cfg: Config) -> None:
         check_batch(kept)
     except ConfigError as err:
         raise ConfigError(
-            "trainer.global_batch_size", None,
+            "trainer.global_batch_size",
+            None,
             f"unset, so the resume keeps {checkpoint.name}'s global batch of {saved}, which {err.reason}",
             valid="a trainer.micro_batch_size that splits it over the data-parallel ranks, or a "
             "trainer.global_batch_size of this run's",
-        ) from None  # fmt: skip
+        ) from None
 
 
 def _is_hpctrain_run(run: RunDir) -> bool:
@@ -155,10 +166,14 @@ def check_not_in_checkpoint(key: str, path: Path) -> None:
     what = "a run's checkpoints folder" if found.name == CHECKPOINTS_DIR else "a checkpoint"
     where = "is" if found == Path(path).absolute() else f"is inside {found}:"
     raise ConfigError(
-        key, str(path), f"{where} {what}, which only the checkpoint manager writes",
+        key,
+        str(path),
+        f"{where} {what}, which only the checkpoint manager writes",
         valid="a folder of its own, e.g. run=NAME (outputs/NAME); to continue from that checkpoint: "
-        f"trainer.resume={found}" if what == "a checkpoint" else "a folder of its own, e.g. run=NAME",
-    )  # fmt: skip
+        f"trainer.resume={found}"
+        if what == "a checkpoint"
+        else "a folder of its own, e.g. run=NAME",
+    )
 
 
 # What a command may change when it continues a sweep (or one of its members) under the same name: where and
@@ -233,11 +248,12 @@ def _sweep_refusal(name: str | None, sweep_dir: Path, what: str, changes: list[s
     again = f"python -m hpctrain -m {shlex.join(command)}" if command else "the sweep's own command"
     shown = "; ".join(changes[:6]) + ("; ..." if len(changes) > 6 else "")
     return ConfigError(
-        "run" if name is not None else "hydra.sweep.dir", name if name is not None else str(sweep_dir),
+        "run" if name is not None else "hydra.sweep.dir",
+        name if name is not None else str(sweep_dir),
         f"sweep {sweep_dir} {what} other values ({shown}): its results belong to what trained them, and "
         "nothing of it was rewritten",
         valid=f"a new run=NAME for these values, or the sweep's own command to continue it: {again}",
-    )  # fmt: skip
+    )
 
 
 def check_sweep_reuse(sweep_dir: Path, overrides: list[str], name: str | None) -> None:
@@ -284,7 +300,9 @@ def own_recipe(overrides: list[str], multirun: bool) -> list[str]:
         if REDACTED in override.partition("=")[2]:  # recorded by an older hpctrain as ***
             key = override.lstrip("+~").partition("=")[0]
             raise ConfigError(
-                key, REDACTED, f"run={name} continues its recipe, and this secret was never recorded: give "
-                "it again", valid=f"run={name} {override.partition('=')[0]}=VALUE (or ${{oc.env:NAME}})",
-            )  # fmt: skip
+                key,
+                REDACTED,
+                f"run={name} continues its recipe, and this secret was never recorded: give it again",
+                valid=f"run={name} {override.partition('=')[0]}=VALUE (or ${{oc.env:NAME}})",
+            )
     return [*kept, f"run={name}"]

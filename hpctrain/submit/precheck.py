@@ -168,15 +168,20 @@ def _check_eval_job(cfg: Config, config_dirs: list[Path]) -> None:
         raise ConfigError("trainer.eval_job", name, "no cluster profile so named", valid=", ".join(profiles))
     if cfg.cluster.kind != "slurm":
         raise ConfigError(
-            "trainer.eval_job", name,
+            "trainer.eval_job",
+            name,
             f"evaluation jobs are submitted by a Slurm job, and cluster={cfg.cluster.name} runs here",
             valid="a Slurm cluster profile for the run, or hpctrain eval RUN_DIR afterwards",
-        )  # fmt: skip
+        )
     from hpctrain.launch.eval_job import eval_profile
 
     if eval_profile(name, config_dirs).kind != "slurm":
-        raise ConfigError("trainer.eval_job", name, "not a Slurm cluster profile (cluster.kind=local)",
-                          valid=", ".join(p for p in profiles if p != "local"))  # fmt: skip
+        raise ConfigError(
+            "trainer.eval_job",
+            name,
+            "not a Slurm cluster profile (cluster.kind=local)",
+            valid=", ".join(p for p in profiles if p != "local"),
+        )
 
 
 def _check_partitions(cfg: Config) -> None:
@@ -189,8 +194,12 @@ def _check_partitions(cfg: Config) -> None:
         return
     wanted = cfg.cluster.partition.split(",")
     if "" in wanted:
-        raise ConfigError("cluster.partition", cfg.cluster.partition, "an empty partition name in the list",
-                          valid="partition names joined by commas, e.g. debug,long")  # fmt: skip
+        raise ConfigError(
+            "cluster.partition",
+            cfg.cluster.partition,
+            "an empty partition name in the list",
+            valid="partition names joined by commas, e.g. debug,long",
+        )
     try:
         known = partitions()
     except (SlurmUnavailable, RuntimeError, OSError):
@@ -220,9 +229,11 @@ def resolved_dir(cfg: DictConfig, key: str) -> Path:
         raise ConfigError(key, given, f"cannot be resolved: {first_line(err)}") from None
     if value is None or not str(value).strip():
         raise ConfigError(
-            key, value, "empty: the run would be written into the current folder",
+            key,
+            value,
+            "empty: the run would be written into the current folder",
             valid="a folder of its own, e.g. outputs/NAME (or run=NAME)",
-        )  # fmt: skip
+        )
     return Path(str(value))
 
 
@@ -248,14 +259,20 @@ def _check_ssh(cfg: Config, multirun: bool, composed: DictConfig) -> None:
     if cfg.cluster.ssh is None or not multirun:
         return
     if cfg.cluster.pack > 1:
-        raise ConfigError("cluster.pack", cfg.cluster.pack, "packs run as submitit's tasks, which submit "
-                          "from this machine, not over cluster.ssh", valid="1 with cluster.ssh, or submit "
-                          "the packed sweep from the login node")  # fmt: skip
+        raise ConfigError(
+            "cluster.pack",
+            cfg.cluster.pack,
+            "packs run as submitit's tasks, which submit from this machine, not over cluster.ssh",
+            valid="1 with cluster.ssh, or submit the packed sweep from the login node",
+        )
     sweeper = str(composed.hydra.sweeper.get("_target_", "BasicSweeper"))
     if "BasicSweeper" not in sweeper:
-        raise ConfigError("hydra.sweeper", sweeper.rsplit(".", 1)[-1], "chooses trials from the members' "
-                          "results, which are on the cluster, not here (cluster.ssh)", valid="the basic "
-                          "sweeper (a grid) over cluster.ssh, or this one on the login node")  # fmt: skip
+        raise ConfigError(
+            "hydra.sweeper",
+            sweeper.rsplit(".", 1)[-1],
+            "chooses trials from the members' results, which are on the cluster, not here (cluster.ssh)",
+            valid="the basic sweeper (a grid) over cluster.ssh, or this one on the login node",
+        )
 
 
 def _check_slurm_here(cfg: Config) -> None:
@@ -277,10 +294,12 @@ def _check_slurm_here(cfg: Config) -> None:
         check_client()
     except SlurmUnavailable as err:
         raise ConfigError(
-            "cluster", cfg.cluster.name, f"cannot submit from here: {err}",
+            "cluster",
+            cfg.cluster.name,
+            f"cannot submit from here: {err}",
             valid="a machine with Slurm's client and configuration, dry_run=true to see the submission, "
             "or cluster=local",
-        ) from None  # fmt: skip
+        ) from None
 
 
 def example_note(cfg: Config) -> str | None:
@@ -302,11 +321,13 @@ def _check_not_example(cfg: Config) -> None:
     note = example_note(cfg)
     if note is not None:
         raise ConfigError(
-            "cluster", cfg.cluster.name, "is an example profile: " + note.split(": ", 1)[1],
+            "cluster",
+            cfg.cluster.name,
+            "is an example profile: " + note.split(": ", 1)[1],
             valid=f"a profile of your own (conf/cluster/{cfg.cluster.name}.yaml copied into your "
             "--config-dir's cluster/ under a new name, your site's values, example: false), or "
             "cluster.example=false",
-        )  # fmt: skip
+        )
 
 
 def _check_unlocked(run_dir: Path) -> None:
@@ -341,8 +362,10 @@ def local_gpu_capabilities(environ: dict[str, str] | None = None) -> list[tuple[
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     if done.returncode != 0:

@@ -67,8 +67,11 @@ def probe(cfg: Config) -> None:
         outputs = objective.outputs(model, batch)
     except Exception as err:
         if _meta_limitation(err):
-            log.info("model %s cannot run on the meta device (%s): checked when training starts",
-                     cfg.model.target, err)  # fmt: skip
+            log.info(
+                "model %s cannot run on the meta device (%s): checked when training starts",
+                cfg.model.target,
+                err,
+            )
             return
         if objective.with_targets:  # loss=model: the model is handed the labels too, which it may not take
             raise ConfigError(
@@ -79,9 +82,10 @@ def probe(cfg: Config) -> None:
                 valid="a loss of outputs and targets, e.g. loss=cross_entropy",
             ) from None
         raise ConfigError(
-            "data", cfg.data.target or cfg.data.name,
+            "data",
+            cfg.data.target or cfg.data.name,
             f"a batch of it cannot go through model {cfg.model.target}: {_first_line(err)}",
-        ) from None  # fmt: skip
+        ) from None
     if cfg.loss.target == DEFAULT_LOSS and not objective.with_targets:
         check_labels(cfg, outputs, scanned, objective.target_key)
     if split is not None:
@@ -92,10 +96,11 @@ def probe(cfg: Config) -> None:
         check_split_runs(model, split, inputs)
         if objective.with_targets:
             raise ConfigError(
-                "loss", "model",
+                "loss",
+                "model",
                 "under pipeline parallelism the last stage computes the loss from the logits",
                 valid="a loss of outputs and targets, e.g. loss=cross_entropy",
-            )  # fmt: skip
+            )
     try:
         loss = objective.loss(outputs, batch)
     except Exception as err:
@@ -107,19 +112,25 @@ def probe(cfg: Config) -> None:
         raise ConfigError("loss._target_", cfg.loss.target, f"returned {shape}, not a scalar tensor")
     if not loss.is_floating_point():  # backward() has nothing to differentiate in an integer tensor
         raise ConfigError(
-            "loss._target_", cfg.loss.target, f"returned a {loss.dtype} tensor, which has no gradient",
+            "loss._target_",
+            cfg.loss.target,
+            f"returned a {loss.dtype} tensor, which has no gradient",
             valid="a floating-point scalar computed from the model's output",
-        )  # fmt: skip
+        )
     if not any(p.requires_grad for p in model.parameters()):  # the optimizer would get an empty list
         raise ConfigError(
-            "model._target_", cfg.model.target, "has no trainable parameters: nothing to train",
+            "model._target_",
+            cfg.model.target,
+            "has no trainable parameters: nothing to train",
             valid="a model with parameters (requires_grad=True)",
-        )  # fmt: skip
+        )
     if not loss.requires_grad:
         raise ConfigError(
-            "loss._target_", cfg.loss.target, "returned a tensor that does not depend on the model's output "
-            "(no gradient reaches the model)", valid="a scalar computed from the model's output",
-        )  # fmt: skip
+            "loss._target_",
+            cfg.loss.target,
+            "returned a tensor that does not depend on the model's output (no gradient reaches the model)",
+            valid="a scalar computed from the model's output",
+        )
 
 
 def check_init_from_fits(cfg: Config) -> None:
@@ -158,12 +169,13 @@ def check_labels(cfg: Config, outputs: Any, batch: Any, target_key: str) -> None
     if low < 0 or high >= width:
         bad = low if low < 0 else high
         raise ConfigError(
-            "data._target_" if cfg.data.target is not None else "data", cfg.data.target or cfg.data.name,
+            "data._target_" if cfg.data.target is not None else "data",
+            cfg.data.target or cfg.data.name,
             f"label {bad} among its first {LABEL_SCAN} items is outside model {cfg.model.target}'s "
             f"{width} outputs (classes 0..{width - 1})",
             valid=f"labels 0..{width - 1} ({IGNORE_INDEX} is ignored), or a model with more outputs "
             "(e.g. its num_classes)",
-        )  # fmt: skip
+        )
 
 
 def build_model(cfg: Config, device: str) -> Any:
@@ -179,13 +191,19 @@ def build_model(cfg: Config, device: str) -> Any:
     check_arguments("model._target_", factory, cfg.model.target, _top_level(cfg.model.args))
     locate("loss._target_", cfg.loss.target)
     if cfg.data.target is not None:
-        check_arguments("data._target_", locate("data._target_", cfg.data.target), cfg.data.target,
-                        _top_level(cfg.data.args), extra=("split",))  # fmt: skip
+        check_arguments(
+            "data._target_",
+            locate("data._target_", cfg.data.target),
+            cfg.data.target,
+            _top_level(cfg.data.args),
+            extra=("split",),
+        )
     with torch.device(device):
         model = user_call(
-            "model._target_", cfg.model.target,
+            "model._target_",
+            cfg.model.target,
             lambda: instantiate({"_target_": cfg.model.target, **cfg.model.args}, _convert_="all"),
-        )  # fmt: skip
+        )
     if not isinstance(model, nn.Module):
         raise ConfigError(
             "model._target_", cfg.model.target, f"returned {type(model).__name__}, not an nn.Module"
@@ -202,9 +220,10 @@ def training_set(cfg: Config) -> Any:
     _quiet_torch_logs()
     if cfg.data.target is not None:
         train_set, _ = user_call(
-            "data._target_", cfg.data.target,
+            "data._target_",
+            cfg.data.target,
             lambda: build_user_datasets(cfg.data.target, cfg.data.args, cfg.data.collate),
-        )  # fmt: skip
+        )
     else:
         train_set, _ = build_datasets(cfg.data, model_spec(cfg.model), cfg.trainer.seed)
     return train_set
@@ -217,10 +236,11 @@ def check_enough_items(cfg: Config, items: int) -> None:
     batch = run_shape(cfg).global_batch_size
     if items < batch:
         raise ConfigError(
-            "data._target_", cfg.data.target,
+            "data._target_",
+            cfg.data.target,
             f"its train split has {items} items, fewer than one global batch of {batch}",
             valid=f"more items, or a global batch of at most {items} (trainer.micro_batch_size, processes)",
-        )  # fmt: skip
+        )
 
 
 def first_batches(cfg: Config, sizes: list[int], train_set: Any = None) -> list[Any]:

@@ -37,9 +37,11 @@ def resume_command(run_dir: Path, extra: list[str]) -> tuple[Path, list[str]]:
     hydra_file = run.hydra_record
     if recorded is None or not run.config.is_file() or not hydra_file.is_file():
         raise ConfigError(
-            "RUN_DIR", str(run_dir), "is not a run hpctrain started (no config.yaml and .hydra/ records)",
+            "RUN_DIR",
+            str(run_dir),
+            "is not a run hpctrain started (no config.yaml and .hydra/ records)",
             valid="a run directory: outputs/NAME or outputs/DATE/TIME",
-        )  # fmt: skip
+        )
     try:
         hydra = OmegaConf.load(hydra_file).hydra
         cwd = Path(str(hydra.runtime.cwd))
@@ -58,10 +60,12 @@ def resume_command(run_dir: Path, extra: list[str]) -> tuple[Path, list[str]]:
         if REDACTED in value or missing:  # a secret: recorded as *** (older runs) or where it was read from
             where = f" (nor is {missing[0]} in this environment)" if missing else ""
             raise ConfigError(
-                key, value if missing else REDACTED, f"a secret the run did not record{where}: give it again",
+                key,
+                value if missing else REDACTED,
+                f"a secret the run did not record{where}: give it again",
                 valid=f"hpctrain resume {run_dir} {override.split('=', 1)[0]}=VALUE, or "
                 f"{missing[0] if missing else 'NAME'} in the environment",
-            )  # fmt: skip
+            )
         overrides.append(override)
     config_dirs = [
         str(s.path) for s in sources if s.get("provider") == "command-line" and s.get("schema") == "file"

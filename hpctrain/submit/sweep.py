@@ -34,9 +34,11 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
                 raise ConfigError(key, text.split("=", 1)[-1], f"not a valid sweep: {reason}") from None
             if not values:
                 raise ConfigError(
-                    key, text.split("=", 1)[-1], "sweeps over no value",
+                    key,
+                    text.split("=", 1)[-1],
+                    "sweeps over no value",
                     valid="e.g. 1,2,3 or range(0,10,2) (from below to above the stop)",
-                )  # fmt: skip
+                )
             axes.append([f"{key}={value}" for value in values])
         else:
             axes.append([override.input_line])
@@ -46,9 +48,11 @@ def sweep_members(overrides: list[str]) -> list[list[str]]:
     if total > MAX_MEMBERS:
         count = total if all(len(a) <= MAX_MEMBERS for a in axes) else f"more than {MAX_MEMBERS}"
         raise ConfigError(
-            "-m", " ".join(overrides), f"would start {count} runs",
+            "-m",
+            " ".join(overrides),
+            f"would start {count} runs",
             valid=f"at most {MAX_MEMBERS} members in one sweep",
-        )  # fmt: skip
+        )
     return [list(combo) for combo in itertools.product(*axes)]
 
 

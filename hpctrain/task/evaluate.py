@@ -96,8 +96,9 @@ def metric_function(target: str) -> Callable[..., Any]:
         raise ConfigError(TARGET_KEY, target, "not a dotted name", valid=TARGET_HELP)
     function = locate(TARGET_KEY, target)
     if not callable(function):
-        raise ConfigError(TARGET_KEY, target, f"is a {type(function).__name__}, not a function",
-                          valid=TARGET_HELP)  # fmt: skip
+        raise ConfigError(
+            TARGET_KEY, target, f"is a {type(function).__name__}, not a function", valid=TARGET_HELP
+        )
     return function
 
 
@@ -105,8 +106,12 @@ def checked_metrics(target: str, returned: Any) -> dict[str, float]:
     """What the user's function returned, as eval.jsonl's metrics; ConfigError when it is no mapping of
     metric names to finite numbers (a name of the record's own fields included)."""
     if not isinstance(returned, Mapping) or not returned:
-        raise ConfigError(TARGET_KEY, target, f"returned {type(returned).__name__}, not a non-empty mapping",
-                          valid=TARGET_HELP)  # fmt: skip
+        raise ConfigError(
+            TARGET_KEY,
+            target,
+            f"returned {type(returned).__name__}, not a non-empty mapping",
+            valid=TARGET_HELP,
+        )
     metrics = {}
     for name, value in returned.items():
         if not isinstance(name, str) or not METRIC_NAME.fullmatch(name) or name in EVAL_RECORD_FIELDS:

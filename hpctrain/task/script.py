@@ -87,8 +87,12 @@ def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSig
     script = script_path(cfg.task.path, run_dir)
     command = [sys.executable, "-u", str(script), *cfg.task.args]
     if env.is_main:
-        log.info("Running %s on %d rank(s); checkpoints in %s", " ".join(command[2:]), env.world_size,
-                 RunDir(run_dir).checkpoints)  # fmt: skip
+        log.info(
+            "Running %s on %d rank(s); checkpoints in %s",
+            " ".join(command[2:]),
+            env.world_size,
+            RunDir(run_dir).checkpoints,
+        )
 
     def ignore_warning() -> None:
         signal.signal(warning, signal.SIG_IGN)
@@ -101,10 +105,13 @@ def run_script(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopSig
     tee = None
     try:
         child = subprocess.Popen(
-            command, env=child_environment(env, run_dir), cwd=os.getcwd(), preexec_fn=ignore_warning,
+            command,
+            env=child_environment(env, run_dir),
+            cwd=os.getcwd(),
+            preexec_fn=ignore_warning,
             stdout=subprocess.PIPE if console else to_log,
             stderr=subprocess.STDOUT if to_log or console else None,
-        )  # fmt: skip
+        )
         if console is not None:
             tee = threading.Thread(target=_tee, args=(child.stdout, int(console)), daemon=True)
             tee.start()

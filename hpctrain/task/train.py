@@ -46,8 +46,13 @@ def on_members(cfg: Config) -> Config:
     log.warning(
         "Shrunk: on %d of cluster.nodes=%d nodes (%s): data-parallel size %d, the global batch of %d kept "
         "by %d passes a step",
-        len(members), cfg.cluster.nodes, ",".join(members), shape.dp, shape.global_batch_size, shape.passes,
-    )  # fmt: skip
+        len(members),
+        cfg.cluster.nodes,
+        ",".join(members),
+        shape.dp,
+        shape.global_batch_size,
+        shape.passes,
+    )
     return fewer
 
 
@@ -134,8 +139,15 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             own_error = read_error_record(run_dir, culprit.rank) if culprit else None
             # (A record its agent wrote for it, KILLED, is no error of its own: it was killed too.)
             if own_error is None or own_error["type"] == KILLED or is_peer_symptom(own_error["message"]):
-                requeue.respond_to_fault(run_dir, job_id, culprit, why, cfg.cluster.max_requeues,
-                                         watchdog.made_progress(), cfg.cluster.max_no_progress)  # fmt: skip
+                requeue.respond_to_fault(
+                    run_dir,
+                    job_id,
+                    culprit,
+                    why,
+                    cfg.cluster.max_requeues,
+                    watchdog.made_progress(),
+                    cfg.cluster.max_no_progress,
+                )
         raise
     finally:
         watchdog.close()
@@ -151,8 +163,12 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     if job_id is None:
         # The rank's log only: under the local launcher, the command's own last line names the way on, after
         # rank 0's one stop line (the trainer's "Stopped by ... after step N; checkpoint saved").
-        log.info("Stopped at step %d; continue with: %s", result.state.step, continue_command(run_dir),
-                 extra=RANK_LOG_ONLY)  # fmt: skip
+        log.info(
+            "Stopped at step %d; continue with: %s",
+            result.state.step,
+            continue_command(run_dir),
+            extra=RANK_LOG_ONLY,
+        )
         return False
     requeue.requeue_or_fail(
         job_id, result.stopped_by, result.state.step, cfg.cluster.max_requeues, env.is_main, run_dir

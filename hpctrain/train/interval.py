@@ -100,10 +100,11 @@ class AutoInterval:
             base = statistics.median(after) if after else min(beside, default=step_s)
             slowdown = sum(t - base for t in beside)
             self._choose(
-                base, save_s + max(slowdown, 0.0),
+                base,
+                save_s + max(slowdown, 0.0),
                 f"asynchronous save: stall and wait {save_s:.3f} s + {slowdown:.3f} s lost over the "
                 f"{len(beside)} step(s) its write ran beside",
-            )  # fmt: skip
+            )
 
     def _choose(self, step_s: float, save_s: float, what: str) -> None:
         both = torch.tensor([step_s, save_s], dtype=torch.float64, device=self.device)
@@ -116,5 +117,11 @@ class AutoInterval:
         log.info(
             "trainer.ckpt_every=auto: a save every %d steps (%s %.3f s, MTBF %.0f s from %s, step %.3f s: "
             "Young/Daly sqrt(2*save*MTBF) - save = %.1f s)",
-            self.every, what, save_s, mtbf_s, source, step_s, tau,
-        )  # fmt: skip
+            self.every,
+            what,
+            save_s,
+            mtbf_s,
+            source,
+            step_s,
+            tau,
+        )

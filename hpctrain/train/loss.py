@@ -59,11 +59,12 @@ def pipeline_pair(batch: Any, target_key: str = "labels") -> tuple[Any, Any]:
         from hpctrain.errors import ConfigError
 
         raise ConfigError(
-            "parallel.pp", "batch",
+            "parallel.pp",
+            "batch",
             f"a pipeline's first stage takes one input tensor; the batch holds {inputs} "
             f"besides data.target_key={target_key}",
             valid="a dataset whose items hold one input and the targets",
-        )  # fmt: skip
+        )
     return batch[inputs[0]], batch[target_key]
 
 

@@ -90,8 +90,12 @@ def continue_schedule(
         log.info(
             "The schedule changed at step %d: the lr goes on from %.4g × optim.lr there, down to %.4g × at "
             "step %d (it would have jumped to %.4g ×)",
-            step, was, schedule.min_ratio, schedule.total_steps, now,
-        )  # fmt: skip
+            step,
+            was,
+            schedule.min_ratio,
+            schedule.total_steps,
+            now,
+        )
     return _anchor(schedule)
 
 
@@ -100,9 +104,11 @@ def _anchor(schedule: Any) -> tuple[int, float] | None:
 
 
 def set_hyperparameters(
-    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: Config,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    cfg: Config,
     checkpoint: Path | None = None,
-) -> tuple[int, float] | None:  # fmt: skip
+) -> tuple[int, float] | None:
     """Overwrite what a loaded optimizer and scheduler state says with this run's config (group 0 decays,
     group 1 does not: ``build_optimizer``), continue the schedule from the loaded step
     (:func:`continue_schedule`, when the ``checkpoint`` is given: its anchor is returned), and recompute

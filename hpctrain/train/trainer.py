@@ -159,9 +159,15 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     sampler = GlobalBatchSampler(len(train_set), shape.global_batch_size, t.seed)
     dp_rank, dp_size = par.data_parallel
     batches = BatchStream(
-        train_set, sampler, dp_rank, dp_size, shape.rank_samples_per_pass, cfg.data.num_workers,
-        pin_memory=device.type == "cuda", seed=t.seed,
-    )  # fmt: skip
+        train_set,
+        sampler,
+        dp_rank,
+        dp_size,
+        shape.rank_samples_per_pass,
+        cfg.data.num_workers,
+        pin_memory=device.type == "cuda",
+        seed=t.seed,
+    )
     # Per-rank streams for dropout and the like, after the shared init.
     seed_everything(t.seed + 1 + env.rank)
 
@@ -180,10 +186,16 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         resumable[f"compression_rank{env.rank}"] = par.compression
     faults = FaultInjector(cfg.faults, env.rank)
     checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints, t.keep_last, env.rank, RunDir(run_dir).config, faults=faults,
-        fast_tier=fast_tier, on_writer_failure=cfg.checkpoint.on_writer_failure, store_host=env.master_addr,
+        RunDir(run_dir).checkpoints,
+        t.keep_last,
+        env.rank,
+        RunDir(run_dir).config,
+        faults=faults,
+        fast_tier=fast_tier,
+        on_writer_failure=cfg.checkpoint.on_writer_failure,
+        store_host=env.master_addr,
         timeout_s=cfg.cluster.dist_timeout_s,
-    )  # fmt: skip
+    )
     checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
     checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
     if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
@@ -194,9 +206,11 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         # first step after a restart from the fast tier from 1.2 to 2.8 s (bench/fast_restart.py, 2026-11-27).
         checkpoints.start_writer()
     resumed = checkpoints.resume(
-        resumable, t.resume, check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config)),
+        resumable,
+        t.resume,
+        check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config)),
         fresh=random_init,
-    )  # fmt: skip
+    )
     if resumed is None and checkpoints.state_touched:
         # The model was built without its random init for a checkpoint that did not load, or part of a
         # checkpoint reached the state before a later file of it failed its checksum, and no other checkpoint
@@ -208,8 +222,13 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
             else "a damaged checkpoint left part of itself",
         )
         checkpoints.close(end_of_job=False)
-        return build_run(dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")), shape,
-                         env, device, run_dir)  # fmt: skip
+        return build_run(
+            dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")),
+            shape,
+            env,
+            device,
+            run_dir,
+        )
     if resumed is not None:
         anchor = set_hyperparameters(optimizer, scheduler, cfg, resumed)
         if anchor is not None:  # the schedule changed on a resume: later resumes go on from the same anchor
@@ -217,9 +236,25 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # The cap is Slurm's own count (it also counts requeues no checkpoint saw); checkpoints record it.
     state.requeues = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
     return Run(
-        cfg, shape, env, device, par, optimizer, scheduler, scaler, train_set, val_set, sampler, batches,
-        objective, state, resumable, checkpoints, faults, trained,
-    )  # fmt: skip
+        cfg,
+        shape,
+        env,
+        device,
+        par,
+        optimizer,
+        scheduler,
+        scaler,
+        train_set,
+        val_set,
+        sampler,
+        batches,
+        objective,
+        state,
+        resumable,
+        checkpoints,
+        faults,
+        trained,
+    )
 
 
 def fit(
@@ -258,8 +293,14 @@ def fit(
         counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained ({which}the rest frozen)"
     log.info(
         "Training from step %d to %d: %s, %d rank(s) on %s, parallel=%s (%s)",
-        state.step, t.max_steps, counted, env.world_size, device, cfg.parallel.name, shape.degrees,
-    )  # fmt: skip
+        state.step,
+        t.max_steps,
+        counted,
+        env.world_size,
+        device,
+        cfg.parallel.name,
+        shape.degrees,
+    )
     run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     stopped_by: str | None = None
@@ -269,9 +310,18 @@ def fit(
         if state.step + 1 in skip_steps:  # a batch that went bad before a rollback: consumed, not trained
             result = StepResult(torch.tensor(float("nan")), torch.tensor(float("nan")), skipped=True)
         else:
-            result = train_step(run.par, run.optimizer, run.scaler, passes, device, t.precision,
-                                cfg.optim.grad_clip, run.objective, judge_grads=t.precision != "fp16",
-                                poison=run.faults.nan_loss(state.step + 1))  # fmt: skip
+            result = train_step(
+                run.par,
+                run.optimizer,
+                run.scaler,
+                passes,
+                device,
+                t.precision,
+                cfg.optim.grad_clip,
+                run.objective,
+                judge_grads=t.precision != "fp16",
+                poison=run.faults.nan_loss(state.step + 1),
+            )
         lr = run.scheduler.get_last_lr()[0]
         if result.skipped and state.step + 1 not in skip_steps:
             try:
@@ -311,8 +361,9 @@ def _monitors(run: Run, facts: RunFacts, watchdog: Watchdog, run_dir: Path) -> S
     """The per-step monitors of this rank's run (hpctrain.train.monitors)."""
     cfg, env = run.cfg, run.env
     local_every = cfg.checkpoint.local_every if run.checkpoints.fast is not None else None
-    return StepMonitors(cfg, run.shape, run.device, env.rank, env.hostname, run_dir, facts, watchdog,
-                        run.faults, local_every)  # fmt: skip
+    return StepMonitors(
+        cfg, run.shape, run.device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults, local_every
+    )
 
 
 def _save(run: Run, watchdog: Watchdog, stopping: bool, shared: bool, local: bool) -> float:
@@ -335,10 +386,12 @@ def build_fast_tier(cfg: Config, env: DistEnv, run_dir: Path) -> FastTier | None
     job = ckpt_layout.job_identity(os.environ)
     if job is None:
         raise ConfigError(
-            "checkpoint.local_every", c.local_every,
+            "checkpoint.local_every",
+            c.local_every,
             "needs a job: an srun task of a Slurm job, or a worker of hpctrain's local launcher (which sets "
-            f"{ckpt_layout.JOB_ID_ENV})", valid="null outside those",
-        )  # fmt: skip
+            f"{ckpt_layout.JOB_ID_ENV})",
+            valid="null outside those",
+        )
     paths = ckpt_layout.FastTierPaths(Path(c.local_path), ckpt_layout.run_key(run_dir), job)
     return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size)
 

@@ -92,9 +92,15 @@ def check_destination(to: Path) -> None:
 
 
 def export(
-    run_dir: Path, to: Path, step: int | None, fmt: str, dtype: str, max_shard_gb: float = 5.0,
-    trust_code: bool = False, adapters: str = "none",
-) -> dict[str, Any]:  # fmt: skip
+    run_dir: Path,
+    to: Path,
+    step: int | None,
+    fmt: str,
+    dtype: str,
+    max_shard_gb: float = 5.0,
+    trust_code: bool = False,
+    adapters: str = "none",
+) -> dict[str, Any]:
     """``adapters``: none, merge (folded into the base weights) or only (a PEFT adapter folder)."""
     import torch
 
@@ -112,9 +118,11 @@ def export(
     trained_adapters = cfg.model.adapters != "none"
     if trained_adapters and adapters == "none":
         raise ConfigError(
-            "RUN_DIR", str(run_dir), f"trained model.adapters={cfg.model.adapters}: export them folded into "
-            "the base weights or alone", valid="--merge or --adapters-only",
-        )  # fmt: skip
+            "RUN_DIR",
+            str(run_dir),
+            f"trained model.adapters={cfg.model.adapters}: export them folded into the base weights or alone",
+            valid="--merge or --adapters-only",
+        )
     if not trained_adapters and adapters != "none":
         flag = "--merge" if adapters == "merge" else "--adapters-only"
         raise ConfigError(flag, True, f"the run {run_dir} trained no adapters (model.adapters=none)")
@@ -138,17 +146,25 @@ def export(
         if adapters == "only":
             fan_in_fan_out = bool(transposed_modules(model) & {n.rsplit(".", 2)[0] for n in found})
             return _export_adapters(
-                {n: weights[n] for n in found}, cfg, checkpoint, to, dtype, peft_config, is_hf,
-                layout.step_of, fan_in_fan_out,
-            )  # fmt: skip
+                {n: weights[n] for n in found},
+                cfg,
+                checkpoint,
+                to,
+                dtype,
+                peft_config,
+                is_hf,
+                layout.step_of,
+                fan_in_fan_out,
+            )
         weights = adapters_folded(weights, found, cfg, model)
     names = wanted_names(model)
     missing = [n for n in names if n not in weights]
     if missing:
         raise ConfigError(
-            "RUN_DIR", str(run_dir), f"the checkpoint lacks {len(missing)} of the model's tensors: "
-            + ", ".join(missing[:3]),
-        )  # fmt: skip
+            "RUN_DIR",
+            str(run_dir),
+            f"the checkpoint lacks {len(missing)} of the model's tensors: " + ", ".join(missing[:3]),
+        )
     own = model.state_dict()
     wrong = [
         f"{n} {tuple(weights[n].shape)} ≠ {tuple(own[n].shape)}"
@@ -157,10 +173,11 @@ def export(
     ]
     if wrong:  # the metadata written beside the weights must describe them
         raise ConfigError(
-            "RUN_DIR", str(run_dir),
+            "RUN_DIR",
+            str(run_dir),
             f"the checkpoint's tensors do not fit the model its config.yaml builds: {len(wrong)} of another "
             f"shape ({', '.join(wrong[:3])})",
-        )  # fmt: skip
+        )
     cast = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     weights = {
         n: (t.to(cast) if t.is_floating_point() else t).contiguous() for n, t in weights.items() if n in names
@@ -186,19 +203,27 @@ def export(
         # Beside the weights: generate and people find it there; an hf folder's, AutoTokenizer loads.
         tokenizer = save_hf_tokenizer(data, partial) if fmt == "hf" else copy_tokenizer(data, partial)
         meta = {
-            "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": layout.step_of(checkpoint),
-            "source": str(checkpoint), "weights": fmt, "dtype": dtype,
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "step": layout.step_of(checkpoint),
+            "source": str(checkpoint),
+            "weights": fmt,
+            "dtype": dtype,
             "model": {"_target_": cfg.model.target, **cfg.model.args},
-            "data": data, "tokenizer": tokenizer,
-        }  # fmt: skip
+            "data": data,
+            "tokenizer": tokenizer,
+        }
         (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
         if to.exists():
             to.rmdir()
         os.replace(partial, to)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return {"source": checkpoint, "step": layout.step_of(checkpoint),
-            "parameters": sum(t.numel() for t in weights.values())}  # fmt: skip
+    return {
+        "source": checkpoint,
+        "step": layout.step_of(checkpoint),
+        "parameters": sum(t.numel() for t in weights.values()),
+    }
 
 
 def _export_adapters(
@@ -235,18 +260,26 @@ def _export_adapters(
         )
         (partial / PEFT_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
         meta = {
-            "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "step": step_of(checkpoint),
-            "source": str(checkpoint), "weights": "peft-adapters", "dtype": dtype,
-            "model": {"_target_": cfg.model.target, **cfg.model.args}, "base": base,
-        }  # fmt: skip
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "step": step_of(checkpoint),
+            "source": str(checkpoint),
+            "weights": "peft-adapters",
+            "dtype": dtype,
+            "model": {"_target_": cfg.model.target, **cfg.model.args},
+            "base": base,
+        }
         (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
         if to.exists():
             to.rmdir()
         os.replace(partial, to)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return {"source": checkpoint, "step": step_of(checkpoint),
-            "parameters": sum(t.numel() for t in weights.values())}  # fmt: skip
+    return {
+        "source": checkpoint,
+        "step": step_of(checkpoint),
+        "parameters": sum(t.numel() for t in weights.values()),
+    }
 
 
 def _save_safetensors(weights: dict[str, Any], folder: Path, max_bytes: int) -> None:

@@ -36,9 +36,11 @@ def read_export(source: Path) -> tuple[Any, dict[str, Any]]:
         or not isinstance(data, dict)
     ):
         raise ConfigError(
-            "SOURCE", str(source), f"{EXPORT_META} is incomplete: no model _target_",
+            "SOURCE",
+            str(source),
+            f"{EXPORT_META} is incomplete: no model _target_",
             valid="a folder written by hpctrain export",
-        )  # fmt: skip
+        )
     args = dict(model)
     return ModelConfig(target=args.pop("_target_"), args=args), data
 
@@ -80,9 +82,15 @@ def load_model(source: Path, step: int | None, trust_code: bool = False) -> tupl
 
 
 def generate(
-    source: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int,
-    step: int | None = None, trust_code: bool = False,
-) -> str:  # fmt: skip
+    source: Path,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+    step: int | None = None,
+    trust_code: bool = False,
+) -> str:
     import torch
 
     from hpctrain.data.codec import tokenizer_for_data

@@ -190,9 +190,11 @@ def _shapes(path: Path, key: str) -> dict[str, tuple[int, ...]]:
         files = _weight_files(path)
         if not files:
             raise ConfigError(
-                key, str(path), "holds no weights",
+                key,
+                str(path),
+                "holds no weights",
                 valid="a checkpoint, a run directory, *.safetensors or a .pt/.bin file",
-            )  # fmt: skip
+            )
         shapes: dict[str, tuple[int, ...]] = {}
         for file in files:
             shapes.update(_shapes(file, key))
@@ -271,9 +273,11 @@ def check_weights_fit(
     problems = fit_problems(wanted, own, given)
     if problems:
         raise ConfigError(
-            key, str(path), "does not fit the model: " + "; ".join(problems),
+            key,
+            str(path),
+            "does not fit the model: " + "; ".join(problems),
             valid="weights of this model, or model.init_strict=false to load what fits",
-        )  # fmt: skip
+        )
 
 
 def match_names(wanted: list[str], given: dict[str, Any]) -> dict[str, Any]:
@@ -312,9 +316,11 @@ def fill(
     problems = fit_problems(wanted, {name: tuple(t.shape) for name, t in own.items()}, shapes)
     if problems and strict:
         raise ConfigError(
-            key, where, "does not fit the model: " + "; ".join(problems),
+            key,
+            where,
+            "does not fit the model: " + "; ".join(problems),
             valid="weights of this model, or model.init_strict=false to load what fits",
-        )  # fmt: skip
+        )
     usable = {n: t for n, t in weights.items() if n in own and t.shape == own[n].shape}
     # Integers (or booleans) where the model holds floating point are no weights of it: a cast would load
     # counts or ids as if they had been trained (a float ↔ float cast, fp32 ↔ bf16, is a precision's).
@@ -333,9 +339,11 @@ def fill(
     for name, tensor in usable.items():  # weights full of NaN would train to the end with a NaN loss
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ConfigError(
-                key, where, f"holds non-finite values (NaN or inf) in {name}",
+                key,
+                where,
+                f"holds non-finite values (NaN or inf) in {name}",
                 valid="weights of a run that did not diverge",
-            )  # fmt: skip
+            )
     with torch.no_grad():
         for name, tensor in usable.items():
             own[name].copy_(tensor.to(own[name].dtype))

@@ -54,10 +54,11 @@ def _check(key: str, target: Any, source: str, top: bool) -> None:
         return
     what = "a class" if inspect.isclass(obj) else f"a {type(obj).__name__}"
     raise ConfigError(
-        key, target,
+        key,
+        target,
         f"in {source} is {what}, not a model class: building it would run code the file chose",
         valid=f"a run or export of an nn.Module class, or {OPT_IN} if you trust where it came from",
-    )  # fmt: skip
+    )
 
 
 def _nested_targets(node: Any, path: str) -> list[tuple[str, Any]]:

@@ -94,10 +94,16 @@ def commands_to_run() -> list[tuple[str, str, list[str]]]:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh copy of the checkout: the files git tracks or would track, nothing a run left."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO, check=True,
-        capture_output=True,
-    ).stdout.decode().split("\0")  # fmt: skip
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path_factory.mktemp("checkout")
     for name in filter(None, listed):
         if (REPO / name).is_file():

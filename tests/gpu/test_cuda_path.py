@@ -160,10 +160,19 @@ def test_float8_layers_train_on_the_gpu_beside_bf16() -> None:
 @pytest.mark.parametrize(("model", "micro_batch"), [("gpt2_124m", 8), ("gpt2_350m", 4)])
 def test_peak_memory_is_within_10_percent_of_the_plan(run_dir: Path, model: str, micro_batch: int) -> None:
     overrides = [
-        f"model={model}", "data=synthetic", "parallel=none", "cluster.nproc=1", "trainer.precision=bf16",
-        f"trainer.micro_batch_size={micro_batch}", "trainer.max_steps=3", "trainer.log_every=1",
-        "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.ckpt_every=0", "logger=jsonl",
-    ]  # fmt: skip
+        f"model={model}",
+        "data=synthetic",
+        "parallel=none",
+        "cluster.nproc=1",
+        "trainer.precision=bf16",
+        f"trainer.micro_batch_size={micro_batch}",
+        "trainer.max_steps=3",
+        "trainer.log_every=1",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "trainer.ckpt_every=0",
+        "logger=jsonl",
+    ]
     done = hpctrain(*overrides, f"hydra.run.dir={run_dir}", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = max(r["peak_mem_gib"] for r in metrics(run_dir) if "peak_mem_gib" in r) * 2**30
@@ -178,8 +187,16 @@ def test_peak_memory_is_within_10_percent_of_the_plan(run_dir: Path, model: str,
 def test_fp16_with_async_checkpoints_resumes_on_the_gpu(tmp_path: Path) -> None:
     """The trainer's whole GPU path: fp16 with its scaler, async checkpoints staged into pinned memory, a
     resume; the resumed run ends where the uninterrupted one does."""
-    common = [*FAST, "parallel=none", "cluster.nproc=1", "trainer.precision=fp16", "trainer.log_every=1",
-              "trainer.async_checkpoint=true", "trainer.ckpt_every=2", "trainer.eval_every=0"]  # fmt: skip
+    common = [
+        *FAST,
+        "parallel=none",
+        "cluster.nproc=1",
+        "trainer.precision=fp16",
+        "trainer.log_every=1",
+        "trainer.async_checkpoint=true",
+        "trainer.ckpt_every=2",
+        "trainer.eval_every=0",
+    ]
     whole, part = tmp_path / "whole", tmp_path / "part"
     for args in (
         [*common, "trainer.max_steps=6", f"hydra.run.dir={whole}"],

@@ -31,9 +31,16 @@ def test_users_project_runs_as_a_two_node_job(slurm_cluster, tmp_path: Path):
     subprocess.run([*git, "commit", "-qm", "my project"], cwd=project, check=True)
     run = tmp_path / "run"
     args = [
-        "--config-dir", "conf", "model=cnn", "data=digits8", "cluster=slurm_test", "trainer.max_steps=10",
-        "trainer.eval_batches=1", "logger=jsonl", f"hydra.run.dir={run}",
-    ]  # fmt: skip
+        "--config-dir",
+        "conf",
+        "model=cnn",
+        "data=digits8",
+        "cluster=slurm_test",
+        "trainer.max_steps=10",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        f"hydra.run.dir={run}",
+    ]
     result = hpctrain(*args, cwd=project)
     assert result.returncode == 0, result.stderr
     # The job must run the snapshot, not the folder: take the user's package away before it starts.

@@ -16,9 +16,15 @@ from .test_submit import wait_final
 def test_vit_3d_as_typed_trains_on_two_nodes(slurm_cluster, tmp_path: Path):
     run = tmp_path / "run"
     result = hpctrain(
-        "model=vit", "parallel=3d", "cluster=slurm_test", "cluster.tasks_per_node=4",
-        "trainer.max_steps=3", "trainer.eval_batches=1", "logger=jsonl", f"hydra.run.dir={run}",
-    )  # fmt: skip
+        "model=vit",
+        "parallel=3d",
+        "cluster=slurm_test",
+        "cluster.tasks_per_node=4",
+        "trainer.max_steps=3",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr
     assert "data=digits (model ViT takes images" in result.stderr + result.stdout
     record = read_job(run)

@@ -40,8 +40,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("nodes") / "reference"
     result = subprocess.run(
         [sys.executable, "-m", "hpctrain", *RUN, "cluster.nproc=4", f"hydra.run.dir={run}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return run
 

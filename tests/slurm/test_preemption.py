@@ -106,9 +106,14 @@ def test_sigterm_preemption_requeues_and_finishes(slurm_cluster, tmp_path: Path)
     # W&B's service process gets the SIGTERM too and exits: training must save, requeue and finish regardless.
     run = tmp_path / "run"
     job_id = submit(
-        run, *STORM, "trainer.max_steps=20", "cluster=slurm_test", "cluster.nodes=1", "logger=wandb",
+        run,
+        *STORM,
+        "trainer.max_steps=20",
+        "cluster=slurm_test",
+        "cluster.nodes=1",
+        "logger=wandb",
         "logger.progress_bar=false",
-    )  # fmt: skip
+    )
     wait_until(lambda: last_step(run) >= 5, "training to start")
     signal_job(job_id, "TERM")
     assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"

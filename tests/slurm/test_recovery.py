@@ -26,10 +26,16 @@ def test_a_script_that_crashes_before_step_1_ends_after_max_no_progress(slurm_cl
     (project / "crash.py").write_text("import a_module_that_is_not_installed  # noqa: F401\n")
     run = tmp_path / "run"
     result = hpctrain(
-        "task=script", "task.path=crash.py", "cluster=slurm_test", "cluster.exclude=node3",
-        "cluster.max_restarts=5", "cluster.max_no_progress=2", f"hydra.run.dir={run}", cwd=project,
+        "task=script",
+        "task.path=crash.py",
+        "cluster=slurm_test",
+        "cluster.exclude=node3",
+        "cluster.max_restarts=5",
+        "cluster.max_no_progress=2",
+        f"hydra.run.dir={run}",
+        cwd=project,
         env={"PYTHONPATH": str(REPO)},  # this checkout's hpctrain, from the project's directory
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert wait_final([job_id], timeout=240)[job_id].state == "FAILED"
@@ -49,9 +55,14 @@ def same(a: dict[str, object], b: dict[str, object]) -> bool:
 def test_nan_skipped_then_save_and_stop_on_a_running_job(slurm_cluster, tmp_path: Path):
     run = tmp_path / "run"
     job_id = submit(
-        run, *TRAIN, "trainer.max_steps=100000", "trainer.ckpt_every=1", "trainer.keep_last=1000",
-        "faults.nan_at=3:3", "cluster.max_restarts=1",
-    )  # fmt: skip
+        run,
+        *TRAIN,
+        "trainer.max_steps=100000",
+        "trainer.ckpt_every=1",
+        "trainer.keep_last=1000",
+        "faults.nan_at=3:3",
+        "cluster.max_restarts=1",
+    )
     wait_until(lambda: last_step(run) >= 6, "training past the NaN step", timeout=240)
     assert same(checkpoint_values(run, 2), checkpoint_values(run, 3)) and not same(
         checkpoint_values(run, 3), checkpoint_values(run, 4)
@@ -74,9 +85,14 @@ def test_nan_skipped_then_save_and_stop_on_a_running_job(slurm_cluster, tmp_path
 def test_nan_rolled_back_through_the_sbatch_template(slurm_cluster, tmp_path: Path):
     run = tmp_path / "run"
     job_id = submit(
-        run, *TRAIN, "launcher=sbatch", "trainer.max_steps=6", "trainer.ckpt_every=2",
-        "trainer.nonfinite=rollback", "faults.nan_at=2:3",
-    )  # fmt: skip
+        run,
+        *TRAIN,
+        "launcher=sbatch",
+        "trainer.max_steps=6",
+        "trainer.ckpt_every=2",
+        "trainer.nonfinite=rollback",
+        "faults.nan_at=2:3",
+    )
     assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
     log = (run / "logs" / "rank0.log").read_text()
     assert "rolling back to the newest checkpoint" in log and log.count("Resumed from") == 1, log[-3000:]
@@ -108,10 +124,15 @@ def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster,
     run = tmp_path / "run"
     # Rank 3 is killed at step 1 of every job start: no start ever trains a step.
     job_id = submit(
-        run, *TRAIN, "trainer.max_steps=10", "faults.kill_at=3:1", "cluster.max_requeues=5",
-        "cluster.max_no_progress=2", "cluster.dist_timeout_s=60",
+        run,
+        *TRAIN,
+        "trainer.max_steps=10",
+        "faults.kill_at=3:1",
+        "cluster.max_requeues=5",
+        "cluster.max_no_progress=2",
+        "cluster.dist_timeout_s=60",
         "cluster.max_restarts=0",  # the requeue path (a restart inside the job, Slurm's default, heals it)
-    )  # fmt: skip
+    )
     assert wait_final([job_id], timeout=300)[job_id].state == "FAILED"
     records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
     assert [r["action"] for r in records] == ["requeue", "stopped"], records

@@ -21,9 +21,13 @@ def test_users_script_is_preempted_requeued_and_resumes(slurm_cluster, tmp_path:
     shutil.copy(REPO / "examples" / "script" / "train_ddp.py", project / "train_ddp.py")
     run = tmp_path / "run"
     result = hpctrain(
-        "task=script", "task.path=train_ddp.py", "task.args=[--steps,40,--sleep,0.2]", "cluster=slurm_test",
-        f"hydra.run.dir={run}", cwd=project,
-    )  # fmt: skip
+        "task=script",
+        "task.path=train_ddp.py",
+        "task.args=[--steps,40,--sleep,0.2]",
+        "cluster=slurm_test",
+        f"hydra.run.dir={run}",
+        cwd=project,
+    )
     assert result.returncode == 0, result.stderr
     record = read_job(run)
     assert record is not None and record.nodes == 2

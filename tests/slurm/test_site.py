@@ -98,10 +98,22 @@ def test_the_queue_in_view(slurm_cluster, tmp_path: Path) -> None:
     ]
     with slurm_cluster.reconfigured(lines=partitions):
         blocker = subprocess.run(
-            ["sbatch", "--parsable", "-p", "busy", "-N2", "--exclusive", "--time=3", "--output=/dev/null",
-             "--wrap", "sleep 170"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            [
+                "sbatch",
+                "--parsable",
+                "-p",
+                "busy",
+                "-N2",
+                "--exclusive",
+                "--time=3",
+                "--output=/dev/null",
+                "--wrap",
+                "sleep 170",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         waiting = tmp_path / "waiting"
         try:
             wait_for("the blocker to hold busy", lambda: squeue_state(blocker) == "RUNNING", timeout=30)
@@ -160,10 +172,18 @@ def test_a_preempted_pack_resumes_every_unfinished_member_exactly(slurm_cluster,
     # keep_last changes nothing a step computes: pack 1's members are pack 0's, uninterrupted (dropout on:
     # exactness needs every RNG restored too).
     result = hpctrain(
-        "-m", *TINY, "cluster.pack=3", "trainer.max_steps=30", "trainer.log_every=1", "trainer.ckpt_every=0",
-        "trainer.eval_every=0", "model.dropout=0.1", "trainer.keep_last=2,3", "trainer.seed=1,2,3",
+        "-m",
+        *TINY,
+        "cluster.pack=3",
+        "trainer.max_steps=30",
+        "trainer.log_every=1",
+        "trainer.ckpt_every=0",
+        "trainer.eval_every=0",
+        "model.dropout=0.1",
+        "trainer.keep_last=2,3",
+        "trainer.seed=1,2,3",
         f"hydra.sweep.dir={sweep}",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     record = read_sweep(sweep)
     assert record is not None and len(record.members) == 6
@@ -201,9 +221,15 @@ def test_eval_jobs_one_per_checkpoint_after_the_training_job(slurm_cluster, tmp_
     checkpoint, eval.jsonl has every line, and status names no missing evaluation."""
     run = tmp_path / "run"
     result = hpctrain(
-        *TINY, "trainer.eval_job=slurm_test", "trainer.max_steps=30", "trainer.ckpt_every=10",
-        "trainer.keep_last=1", "trainer.eval_every=10", "trainer.log_every=10", f"hydra.run.dir={run}",
-    )  # fmt: skip
+        *TINY,
+        "trainer.eval_job=slurm_test",
+        "trainer.max_steps=30",
+        "trainer.ckpt_every=10",
+        "trainer.keep_last=1",
+        "trainer.eval_every=10",
+        "trainer.log_every=10",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr
     job = read_job(run)
     assert job is not None and (run / "eval.sbatch").is_file()

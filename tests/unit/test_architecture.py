@@ -108,3 +108,52 @@ def test_the_promises_name_tests_that_exist() -> None:
         if name:
             pattern = rf"^def {name}\w*\(" if star else rf"^def {name}\("
             assert re.search(pattern, source, re.M), f"{path}::{name} does not exist"
+
+
+def _skipped_statements(tree: ast.Module, lines: list[str]) -> list[tuple[int, ast.stmt | None]]:
+    """Each ``# fmt: skip`` line and the innermost statement of ``tree`` it ends (None: none ends there)."""
+    statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)]
+    found = []
+    for number, line in enumerate(lines, 1):
+        if line.rstrip().endswith("# fmt: skip"):
+            ending = [n for n in statements if n.end_lineno == number]
+            found.append((number, min(ending, key=lambda n: n.end_lineno - n.lineno) if ending else None))
+    return found
+
+
+def _is_table(node: ast.stmt | None, top: set[int]) -> bool:
+    """A module- or class-level constant whose value is a collection literal of six entries or more."""
+    if node is None or id(node) not in top or not isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return False
+    value = node.value
+    if isinstance(value, ast.Dict):
+        return len(value.keys) >= 6
+    return isinstance(value, (ast.List, ast.Tuple, ast.Set)) and len(value.elts) >= 6
+
+
+def test_the_formatter_is_skipped_only_for_tables_that_say_why() -> None:
+    """``# fmt: skip`` keeps a table packed (a module's constant of six entries or more, one line per row
+    instead of one per entry), each under a comment that says what it holds; 40 at most in all. Anywhere
+    else the formatter decides."""
+    bad, count = [], 0
+    for path in [
+        *_sources(),
+        *sorted((ROOT / "tests").rglob("*.py")),
+        *sorted((ROOT / "bench").rglob("*.py")),
+    ]:
+        text = path.read_text()
+        if "# fmt: skip" not in text:
+            continue
+        tree, lines = ast.parse(text), text.splitlines()
+        top = {id(n) for n in tree.body} | {
+            id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in c.body
+        }
+        for number, node in _skipped_statements(tree, lines):
+            count += 1
+            where = f"{path.relative_to(ROOT)}:{number}"
+            if not _is_table(node, top):
+                bad.append(f"{where}: not a table")
+            elif node is not None and not lines[node.lineno - 2].lstrip().startswith("#"):
+                bad.append(f"{where}: no comment above the table")
+    assert not bad, bad
+    assert count <= 40, count

@@ -134,8 +134,10 @@ def gaps(root: Path) -> list[str]:
             continue
         kinds = set().union(*(decl.get(d, set()) for d in dists))
         if not kinds:
-            problems.append(f"{where}: imports {module!r}, whose distribution ({', '.join(dists)}) "
-                            "pyproject.toml does not declare")  # fmt: skip
+            problems.append(
+                f"{where}: imports {module!r}, whose distribution ({', '.join(dists)}) "
+                "pyproject.toml does not declare"
+            )
         elif "required" not in kinds:
             if eager:
                 problems.append(f"{where}: imports {module!r} (extra {sorted(kinds)}) at import of hpctrain")

@@ -276,9 +276,13 @@ def test_the_cli_refuses_an_unsupported_torch_before_anything(tmp_path: Path, ar
     work = tmp_path / "work"
     work.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *argv], cwd=work, env=_fake_torch(tmp_path, "2.5.1"),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "hpctrain", *argv],
+        cwd=work,
+        env=_fake_torch(tmp_path, "2.5.1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
     assert result.stderr.splitlines() == [torch_problem("2.5.1")], result.stderr
     assert "Traceback" not in result.stderr and not result.stdout
@@ -289,9 +293,13 @@ def test_the_worker_refuses_an_unsupported_torch_before_anything(tmp_path: Path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.worker", str(run_dir)], cwd=tmp_path,
-        env=_fake_torch(tmp_path, "2.16.0.dev20261201"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
+        cwd=tmp_path,
+        env=_fake_torch(tmp_path, "2.16.0.dev20261201"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
     assert result.stderr.splitlines() == [torch_problem("2.16.0.dev20261201")], result.stderr
     assert list(run_dir.iterdir()) == []
@@ -301,9 +309,13 @@ def test_the_fork_server_refuses_an_unsupported_torch_before_importing_it(tmp_pa
     """A Slurm node whose environment differs starts its fork server there: one line, no traceback."""
     socket_path = tmp_path / "fs.sock"
     result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.forkserver", "--socket", str(socket_path)], cwd=tmp_path,
-        env=_fake_torch(tmp_path, "2.5.1"), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "hpctrain.forkserver", "--socket", str(socket_path)],
+        cwd=tmp_path,
+        env=_fake_torch(tmp_path, "2.5.1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
     assert result.stderr.splitlines() == [torch_problem("2.5.1")], result.stderr
     assert not socket_path.exists()

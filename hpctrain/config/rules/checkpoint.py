@@ -22,15 +22,18 @@ def check_checkpoint(cfg: Config) -> None:
     one_of("checkpoint.on_writer_failure", c.on_writer_failure, WRITER_FAILURE)
     given = os.environ.get(checkpoint_layout.JOB_ID_ENV)
     if given is not None and not checkpoint_layout.valid_job_id(given):
-        raise ConfigError(checkpoint_layout.JOB_ID_ENV, given, "not a job id",
-                          valid="1-64 characters of A-Z a-z 0-9 . _ -")  # fmt: skip
+        raise ConfigError(
+            checkpoint_layout.JOB_ID_ENV, given, "not a job id", valid="1-64 characters of A-Z a-z 0-9 . _ -"
+        )
     if c.local_every is None:
         return
     if c.local_every < 1:
         raise ConfigError(
-            "checkpoint.local_every", c.local_every, "must be ≥ 1 (steps between fast-tier copies)",
+            "checkpoint.local_every",
+            c.local_every,
+            "must be ≥ 1 (steps between fast-tier copies)",
             valid="e.g. 10, or null to keep no fast tier",
-        )  # fmt: skip
+        )
     if cfg.task.name != "train":
         raise ConfigError(
             "checkpoint.local_every",
@@ -41,9 +44,11 @@ def check_checkpoint(cfg: Config) -> None:
     path = Path(c.local_path)
     if not c.local_path or not path.is_absolute():
         raise ConfigError(
-            "checkpoint.local_path", c.local_path, "must be an absolute path (a node-local directory)",
+            "checkpoint.local_path",
+            c.local_path,
+            "must be an absolute path (a node-local directory)",
             valid="e.g. /dev/shm",
-        )  # fmt: skip
+        )
     if cfg.cluster.kind == "local":
         valid = "an existing writable node-local directory, e.g. /dev/shm"
         if not path.is_dir():

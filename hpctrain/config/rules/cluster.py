@@ -68,14 +68,19 @@ def check_lost_nodes(cfg: Config) -> None:
     )
     if c.max_restarts < 1:
         raise ConfigError(
-            key, value, "a lost node is replaced (or left out) by a restart inside the allocation, and "
-            "cluster.max_restarts=0", valid="cluster.max_restarts ≥ 1 with it",
-        )  # fmt: skip
+            key,
+            value,
+            "a lost node is replaced (or left out) by a restart inside the allocation, and "
+            "cluster.max_restarts=0",
+            valid="cluster.max_restarts ≥ 1 with it",
+        )
     if cfg.launcher == "sbatch" and c.sbatch_template == "torchrun":
         raise ConfigError(
-            key, value, "the torchrun template's agent keeps its nodes (no spares, no shrinking)",
+            key,
+            value,
+            "the torchrun template's agent keeps its nodes (no spares, no shrinking)",
             valid="cluster.sbatch_template=srun or launcher=submitit with it",
-        )  # fmt: skip
+        )
     for nodes in range(c.min_nodes or c.nodes, c.nodes):
         on_nodes(cfg, nodes)
 
@@ -98,10 +103,11 @@ def check_num_workers(cfg: Config) -> None:
             else "the CPUs a rank has (cluster.cpus_per_task or this machine's)"
         )
         raise ConfigError(
-            "data.num_workers", cfg.data.num_workers,
+            "data.num_workers",
+            cfg.data.num_workers,
             f"more loader processes per rank than {WORKERS_PER_CPU} × {where} {cpus} CPUs",
             valid=f"0 to {most}",
-        )  # fmt: skip
+        )
 
 
 def check_cluster(cfg: Config) -> None:
@@ -128,8 +134,12 @@ def check_cluster(cfg: Config) -> None:
                 if c.spare_nodes
                 else ("cluster.min_nodes", c.min_nodes)
             )
-            raise ConfigError(key, value, "spare nodes and shrinking are for a Slurm job's nodes",
-                              valid="0 and null for cluster.kind=local")  # fmt: skip
+            raise ConfigError(
+                key,
+                value,
+                "spare nodes and shrinking are for a Slurm job's nodes",
+                valid="0 and null for cluster.kind=local",
+            )
         at_least("cluster.nproc", c.nproc, 1)
         check_local_cluster(c.nproc, c.master_addr)
         return
@@ -209,8 +219,12 @@ def check_sbatch_options(c: Any) -> None:
     for key in ("gres", "reservation"):
         value = getattr(c, key)
         if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
-            raise ConfigError(f"cluster.{key}", value, "contains characters a shell or sbatch would act on",
-                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+            raise ConfigError(
+                f"cluster.{key}",
+                value,
+                "contains characters a shell or sbatch would act on",
+                valid="letters, digits and _ . , : @ % + = [ ] -",
+            )
     if c.gpus_per_task is not None:
         at_least("cluster.gpus_per_task", c.gpus_per_task, 1)
     if c.mail_user is not None and not MAIL_USER.fullmatch(c.mail_user):
@@ -219,8 +233,12 @@ def check_sbatch_options(c: Any) -> None:
         for kind in c.mail_type.split(","):
             one_of("cluster.mail_type", kind, MAIL_TYPES)
     if c.dependency is not None and not DEPENDENCY.fullmatch(c.dependency):
-        raise ConfigError("cluster.dependency", c.dependency, "not a Slurm dependency",
-                          valid="e.g. afterok:1234, afterany:12:13, singleton")  # fmt: skip
+        raise ConfigError(
+            "cluster.dependency",
+            c.dependency,
+            "not a Slurm dependency",
+            valid="e.g. afterok:1234, afterany:12:13, singleton",
+        )
     for name, value in c.additional.items():
         key = f"cluster.additional.{name}"
         if not SBATCH_OPTION.fullmatch(str(name)):
@@ -228,13 +246,21 @@ def check_sbatch_options(c: Any) -> None:
                 key, value, "not an sbatch long option name", valid="e.g. comment, nice, licenses"
             )
         if str(name).replace("_", "-") in RESERVED_SBATCH:
-            raise ConfigError(key, value, "hpctrain sets this option itself",
-                              valid="its own key, e.g. cluster.exclusive, cluster.mail_type")  # fmt: skip
+            raise ConfigError(
+                key,
+                value,
+                "hpctrain sets this option itself",
+                valid="its own key, e.g. cluster.exclusive, cluster.mail_type",
+            )
         if isinstance(value, bool) or value is None:
             continue  # a flag (true), or left out
         if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
-            raise ConfigError(key, value, "contains characters a shell or sbatch would act on",
-                              valid="letters, digits and _ . , : @ % + = [ ] -")  # fmt: skip
+            raise ConfigError(
+                key,
+                value,
+                "contains characters a shell or sbatch would act on",
+                valid="letters, digits and _ . , : @ % + = [ ] -",
+            )
 
 
 def check_ssh(cfg: Config) -> None:
@@ -245,21 +271,37 @@ def check_ssh(cfg: Config) -> None:
     if c.ssh is None:
         for key in ("ssh_config", "remote_dir"):
             if getattr(c, key) is not None:
-                raise ConfigError(f"cluster.{key}", getattr(c, key), "is for cluster.ssh, which is not set",
-                                  valid="set cluster.ssh=USER@HOST too, or leave it out")  # fmt: skip
+                raise ConfigError(
+                    f"cluster.{key}",
+                    getattr(c, key),
+                    "is for cluster.ssh, which is not set",
+                    valid="set cluster.ssh=USER@HOST too, or leave it out",
+                )
         return
     problem = destination_problem(c.ssh)
     if problem is not None:
         raise ConfigError("cluster.ssh", c.ssh, problem, valid=DESTINATION_HELP)
     if c.kind != "slurm":
-        raise ConfigError("cluster.ssh", c.ssh, "submits to a Slurm cluster, and cluster.kind=local",
-                          valid="a Slurm profile (cluster=NAME), or no cluster.ssh")  # fmt: skip
+        raise ConfigError(
+            "cluster.ssh",
+            c.ssh,
+            "submits to a Slurm cluster, and cluster.kind=local",
+            valid="a Slurm profile (cluster=NAME), or no cluster.ssh",
+        )
     if cfg.launcher == "submitit":
-        raise ConfigError("launcher", cfg.launcher, "submitit runs sbatch on this machine, and "
-                          "cluster.ssh submits on the login node", valid="sbatch or auto")  # fmt: skip
+        raise ConfigError(
+            "launcher",
+            cfg.launcher,
+            "submitit runs sbatch on this machine, and cluster.ssh submits on the login node",
+            valid="sbatch or auto",
+        )
     if cfg.trainer.eval_job is not None:
-        raise ConfigError("trainer.eval_job", cfg.trainer.eval_job, "is not submitted over cluster.ssh yet",
-                          valid="null, or submit from the login node")  # fmt: skip
+        raise ConfigError(
+            "trainer.eval_job",
+            cfg.trainer.eval_job,
+            "is not submitted over cluster.ssh yet",
+            valid="null, or submit from the login node",
+        )
     for key, path in (("ssh_config", c.ssh_config), ("remote_dir", c.remote_dir)):
         if path is None:
             continue
@@ -269,5 +311,9 @@ def check_ssh(cfg: Config) -> None:
             where = "here" if key == "ssh_config" else "on the cluster"
             raise ConfigError(f"cluster.{key}", path, "not an absolute path", valid=f"a full path {where}")
     if c.ssh_config is not None and not Path(c.ssh_config).is_file():
-        raise ConfigError("cluster.ssh_config", c.ssh_config, "no such file",
-                          valid="an ssh config file (ssh -F), or null for ~/.ssh/config")  # fmt: skip
+        raise ConfigError(
+            "cluster.ssh_config",
+            c.ssh_config,
+            "no such file",
+            valid="an ssh config file (ssh -F), or null for ~/.ssh/config",
+        )

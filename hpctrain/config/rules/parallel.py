@@ -70,9 +70,11 @@ def check_parallel(cfg: Config) -> None:
         # torchao's float8 layers need their own tensor-parallel styles (Float8ColwiseParallel, ...), which
         # hpctrain's plans do not apply.
         raise ConfigError(
-            "trainer.precision", "fp8", f"float8 layers do not split under parallel.tp={d.tp}",
+            "trainer.precision",
+            "fp8",
+            f"float8 layers do not split under parallel.tp={d.tp}",
             valid="bf16 with tensor parallelism, or fp8 with ddp, fsdp, hsdp, pp or none",
-        )  # fmt: skip
+        )
     _check_pp_split(p.pp_split)
     if d.pp > 1:
         _check_pipeline(cfg, d.pp)
@@ -90,17 +92,21 @@ def _check_context_and_experts(cfg: Config, cp: int, ep: int) -> None:
         # transformers' own loss shifts the labels by one inside the model: on a rank's share of the
         # sequence, the position before each chunk boundary would lose its target.
         raise ConfigError(
-            "loss", "model", f"under parallel.cp={cp} each rank holds a share of the sequence, and a model's "
+            "loss",
+            "model",
+            f"under parallel.cp={cp} each rank holds a share of the sequence, and a model's "
             "own loss shifts its labels across the shares' boundaries",
             valid="loss=cross_entropy with targets already shifted (the built-in data give them so)",
-        )  # fmt: skip
+        )
     for key, degree in (("cp", cp), ("ep", ep)):
         if degree > 1 and p.compile:
             raise ConfigError(
-                "parallel.compile", True, f"torch.compile does not trace the collectives parallel.{key}="
+                "parallel.compile",
+                True,
+                f"torch.compile does not trace the collectives parallel.{key}="
                 f"{degree} runs inside the blocks (ring attention, all-to-all)",
                 valid=f"parallel.compile=false with parallel.{key}",
-            )  # fmt: skip
+            )
 
 
 def _check_pp_split(split: dict[str, Any]) -> None:
@@ -114,9 +120,11 @@ def _check_pp_split(split: dict[str, Any]) -> None:
             )
     if not isinstance(split.get("blocks"), str) or not split["blocks"]:
         raise ConfigError(
-            "parallel.pp_split.blocks", split.get("blocks"), "missing or not a module name",
+            "parallel.pp_split.blocks",
+            split.get("blocks"),
+            "missing or not a module name",
             valid="the name of the model's nn.ModuleList of blocks, e.g. blocks or model.layers",
-        )  # fmt: skip
+        )
     for key in ("input", "blocks", "output"):
         value = split.get(key) or []
         for name in [value] if isinstance(value, str) else value:
@@ -169,6 +177,7 @@ def _check_compile_cache(value: str) -> None:
         raise ConfigError("parallel.compile_cache", value, "empty", valid=COMPILE_CACHE_VALID)
     path = Path(value)
     if not path.is_absolute() or ".." in path.parts:
-        raise ConfigError("parallel.compile_cache", value, "not an absolute path without ..",
-                          valid=COMPILE_CACHE_VALID)  # fmt: skip
+        raise ConfigError(
+            "parallel.compile_cache", value, "not an absolute path without ..", valid=COMPILE_CACHE_VALID
+        )
     check_writable_dir("parallel.compile_cache", path)

@@ -33,12 +33,20 @@ def check_task(cfg: Config) -> None:
     if not path.is_file():
         raise ConfigError("task.path", t.path, "no such file", valid="a path relative to this folder")
     if path.is_absolute() or ".." in path.parts:
-        raise ConfigError("task.path", t.path, "not inside this folder (the job runs a snapshot of it)",
-                          valid="a relative path without ..")  # fmt: skip
+        raise ConfigError(
+            "task.path",
+            t.path,
+            "not inside this folder (the job runs a snapshot of it)",
+            valid="a relative path without ..",
+        )
     one_of("task.signal", t.signal, SCRIPT_SIGNALS)
     if cfg.cluster.kind == "slurm" and t.signal == cfg.cluster.signal:
-        raise ConfigError("task.signal", t.signal, "is cluster.signal itself: the script would get it twice",
-                          valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal))  # fmt: skip
+        raise ConfigError(
+            "task.signal",
+            t.signal,
+            "is cluster.signal itself: the script would get it twice",
+            valid=", ".join(s for s in SCRIPT_SIGNALS if s != cfg.cluster.signal),
+        )
 
 
 def check_init_from_exists(path: str | None) -> None:
@@ -49,9 +57,11 @@ def check_init_from_exists(path: str | None) -> None:
         raise ConfigError("model.init_from", path, "empty", valid="a weights file or directory, or null")
     if not Path(path).expanduser().exists():
         raise ConfigError(
-            "model.init_from", path, "no such file or directory",
+            "model.init_from",
+            path,
+            "no such file or directory",
             valid="a safetensors or .pt file, a save_pretrained folder, a checkpoint or run directory",
-        )  # fmt: skip
+        )
 
 
 def check_adapters(model: ModelConfig) -> None:
@@ -70,9 +80,11 @@ def check_adapters(model: ModelConfig) -> None:
         atoms = pattern.split(".")
         if not pattern.strip() or not all(a == "*" or a.isidentifier() or a.isdigit() for a in atoms):
             raise ConfigError(
-                f"model.lora.targets[{i}]", pattern, "not a module-name pattern",
+                f"model.lora.targets[{i}]",
+                pattern,
+                "not a module-name pattern",
                 valid="dotted names, * for one level, e.g. attn.q or layers.*.mlp.fc_in",
-            )  # fmt: skip
+            )
 
 
 def check_data_common(data: DataConfig) -> None:
@@ -105,10 +117,11 @@ def check_optim(cfg: Config) -> None:
     # default's few steps are left alone: a smoke run of 2-5 steps tries a setup, not a learning rate.
     if optim.warmup_steps > max(steps, DEFAULT_WARMUP_STEPS):
         raise ConfigError(
-            "optim.warmup_steps", optim.warmup_steps,
+            "optim.warmup_steps",
+            optim.warmup_steps,
             f"longer than the run (trainer.max_steps={steps}): it would never reach optim.lr",
             valid=f"0 to {steps} (trainer.max_steps), or a larger trainer.max_steps",
-        )  # fmt: skip
+        )
     at_least("optim.grad_clip", optim.grad_clip, 0.0)
     if not 0.0 <= optim.min_lr_ratio <= 1.0:
         raise ConfigError("optim.min_lr_ratio", optim.min_lr_ratio, "must be in [0, 1]")
@@ -128,9 +141,11 @@ def check_optim(cfg: Config) -> None:
             )
     if optim.fused and optim.name != "adamw":
         raise ConfigError(
-            "optim.fused", optim.fused, f"the fused kernel is AdamW's; optim={optim.name} has none",
+            "optim.fused",
+            optim.fused,
+            f"the fused kernel is AdamW's; optim={optim.name} has none",
             valid="false, or optim=adamw",
-        )  # fmt: skip
+        )
 
 
 def check_trainer(cfg: Config) -> None:

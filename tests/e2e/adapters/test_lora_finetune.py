@@ -61,8 +61,15 @@ def pretrained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_init_from_then_lora_resumes_exactly_and_exports(pretrained: Path, tmp_path: Path, cli: CLI) -> None:
     pre, ref, run = pretrained, tmp_path / "ref", tmp_path / "run"
-    tune = [*TINY, *LORA, f"model.init_from={pre}", "cluster.nproc=2", "parallel=fsdp", "trainer.max_steps=8",
-            "trainer.ckpt_every=4"]  # fmt: skip
+    tune = [
+        *TINY,
+        *LORA,
+        f"model.init_from={pre}",
+        "cluster.nproc=2",
+        "parallel=fsdp",
+        "trainer.max_steps=8",
+        "trainer.ckpt_every=4",
+    ]
     whole = hpctrain(*tune, f"hydra.run.dir={ref}")
     assert whole.returncode == 0, whole.stderr
     first = hpctrain(*tune, "faults.fail_at=0:5", f"hydra.run.dir={run}")
@@ -133,10 +140,23 @@ def test_a_transformers_llama_takes_adapters_by_its_own_names(
     from transformers import AutoModelForCausalLM
 
     run, merged, adapters = tmp_path / "run", tmp_path / "merged", tmp_path / "adapters"
-    done = user(project, "model=llama_tiny", "data=bytes", "data.max_bytes=60000", "trainer.max_steps=3",
-                "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.eval_every=0",
-                "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=2", "parallel=ddp", *LORA,
-                "model.lora.targets=[q_proj,v_proj]", f"hydra.run.dir={run}")  # fmt: skip
+    done = user(
+        project,
+        "model=llama_tiny",
+        "data=bytes",
+        "data.max_bytes=60000",
+        "trainer.max_steps=3",
+        "trainer.global_batch_size=4",
+        "trainer.micro_batch_size=2",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        "cluster.nproc=2",
+        "parallel=ddp",
+        *LORA,
+        "model.lora.targets=[q_proj,v_proj]",
+        f"hydra.run.dir={run}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for args, out in ((["--merge", "--format", "hf"], merged), (["--adapters-only"], adapters)):
         exported = cli("export", str(run), "--to", str(out), *args, cwd=project)
@@ -172,10 +192,22 @@ def test_a_peft_model_as_target_trains_its_adapters_only(project: Path, tmp_path
     (project / "mynets" / "peft_llama.py").write_text(PEFT_MODEL)
     (project / "conf" / "model" / "peft_llama.yaml").write_text("_target_: mynets.peft_llama.llama_lora\n")
     run = tmp_path / "run"
-    done = user(project, "model=peft_llama", "data=bytes", "data.max_bytes=60000", "trainer.max_steps=2",
-                "trainer.global_batch_size=4", "trainer.micro_batch_size=2", "trainer.eval_every=0",
-                "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=2", "parallel=fsdp", "optim.lr=1e-2",
-                f"hydra.run.dir={run}")  # fmt: skip
+    done = user(
+        project,
+        "model=peft_llama",
+        "data=bytes",
+        "data.max_bytes=60000",
+        "trainer.max_steps=2",
+        "trainer.global_batch_size=4",
+        "trainer.micro_batch_size=2",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        "cluster.nproc=2",
+        "parallel=fsdp",
+        "optim.lr=1e-2",
+        f"hydra.run.dir={run}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     saved = read_checkpoint_model(run / "checkpoints" / "step_00000002")
     sys.path.insert(0, str(project))
@@ -195,6 +227,7 @@ def test_a_peft_model_as_target_trains_its_adapters_only(project: Path, tmp_path
 GPT2_DATA = ["model=gpt2_tiny", "data=bytes", "data.max_bytes=20000", "trainer.global_batch_size=8",
              "trainer.micro_batch_size=4", "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl",
              "trainer.log_every=1"]  # fmt: skip
+# Its adapters, packed as a command line reads (a table of overrides).
 GPT2_LORA = ["model.adapters=lora", "model.lora.rank=4", "model.lora.alpha=8",
              "model.lora.targets=[c_attn,c_fc]", "optim.lr=3e-2", "optim.warmup_steps=0",
              "trainer.max_steps=6"]  # fmt: skip
@@ -212,8 +245,9 @@ def test_gpt2_from_its_export_fine_tunes_under_fsdp_and_tp_and_exports_for_trans
     from hpctrain.models.adapters import add_lora
 
     pre, base = tmp_path / "pre", tmp_path / "base"
-    done = user(project, *GPT2_DATA, "cluster.nproc=1", "parallel=none", "trainer.max_steps=1",
-                f"hydra.run.dir={pre}")  # fmt: skip
+    done = user(
+        project, *GPT2_DATA, "cluster.nproc=1", "parallel=none", "trainer.max_steps=1", f"hydra.run.dir={pre}"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert cli("export", str(pre), "--to", str(base), "--format", "hf", cwd=project).returncode == 0
     base_weights = load_file(str(base / "model.safetensors"))
@@ -222,8 +256,15 @@ def test_gpt2_from_its_export_fine_tunes_under_fsdp_and_tp_and_exports_for_trans
     runs: dict[str, Path] = {}
     for name, layout in layouts.items():
         run = runs[name] = tmp_path / name
-        done = user(project, *GPT2_DATA, *GPT2_LORA, *layout, f"model.init_from={base}",
-                    "cluster.nproc=2", f"hydra.run.dir={run}")  # fmt: skip
+        done = user(
+            project,
+            *GPT2_DATA,
+            *GPT2_LORA,
+            *layout,
+            f"model.init_from={base}",
+            "cluster.nproc=2",
+            f"hydra.run.dir={run}",
+        )
         assert done.returncode == 0, (name, done.stderr[-3000:])
         # 4 adapted Conv1D of 64 → 192 (c_attn) and 64 → 256 (c_fc): A is 4 × 64, B out × 4.
         adapters_numel = 2 * (4 * 64 + 192 * 4) + 2 * (4 * 64 + 256 * 4)

@@ -21,9 +21,13 @@ def test_a_fast_tier_too_small_for_the_state_is_refused_naming_the_sizes(tmp_pat
     try:
         run = tmp_path / "run"
         result = hpctrain(
-            *FAST, "cluster.nproc=2", "trainer.max_steps=4", "checkpoint.local_every=2",
-            f"checkpoint.local_path={small}", f"hydra.run.dir={run}",
-        )  # fmt: skip
+            *FAST,
+            "cluster.nproc=2",
+            "trainer.max_steps=4",
+            "checkpoint.local_every=2",
+            f"checkpoint.local_path={small}",
+            f"hydra.run.dir={run}",
+        )
     finally:
         subprocess.run(["umount", str(small)], check=True)
     assert result.returncode != 0

@@ -100,8 +100,15 @@ def _group(fn: Any, world: int, *args: Any) -> None:
 
 
 def _join(rank: int, world: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE="1",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK="0",
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
     import torch.distributed as dist
 
     from hpctrain.rendezvous.env import DistEnv

@@ -131,8 +131,11 @@ def _layouts(env: Any, device: torch.device, work: str, configs: dict[tuple[str,
     model_optim = [k for k in whole if k.startswith("model_optim.")]
     assert model_optim and all(k in resharded for k in model_optim)
     for key in model_optim:
-        assert torch.equal(whole[key], resharded[key]) if isinstance(whole[key], torch.Tensor) else (
-            whole[key] == resharded[key]), f"3d → 2d: {key}"  # fmt: skip
+        assert (
+            torch.equal(whole[key], resharded[key])
+            if isinstance(whole[key], torch.Tensor)
+            else (whole[key] == resharded[key])
+        ), f"3d → 2d: {key}"
     run.checkpoints.close()
     run.batches.close()
 

@@ -37,10 +37,17 @@ def test_a_given_tokenizer_file_and_two_workers_give_the_same_file(
 def test_data_tokens_trains_on_it(cli: CLI, bpe_corpus: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = hpctrain(
-        "data=tokens", f"data.path={bpe_corpus}", "model.vocab_size=512", "model.seq_len=32",
-        "trainer.max_steps=3", "trainer.eval_batches=1", "cluster.nproc=1", "parallel=none",
-        "logger=jsonl", f"hydra.run.dir={run}",
-    )  # fmt: skip
+        "data=tokens",
+        f"data.path={bpe_corpus}",
+        "model.vocab_size=512",
+        "model.seq_len=32",
+        "trainer.max_steps=3",
+        "trainer.eval_batches=1",
+        "cluster.nproc=1",
+        "parallel=none",
+        "logger=jsonl",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert max(m.get("step", 0) for m in metrics(run)) == 3
     # The tokenizer travels: an export carries a copy, and generate speaks the run's BPE from either (export
@@ -79,8 +86,19 @@ def test_a_stopped_prepare_with_workers_leaves_nothing(bpe_corpus: Path, tmp_pat
     big = tmp_path / "big.txt"
     big.write_bytes(text * max(1, 8_000_000 // len(text)))  # seconds of BPE encoding
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "hpctrain", "prepare", str(big), "--out", str(out / "x.bin"),
-           "--tokenizer", str(bpe_corpus.with_suffix(".tokenizer.json")), "--workers", "2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "hpctrain",
+        "prepare",
+        str(big),
+        "--out",
+        str(out / "x.bin"),
+        "--tokenizer",
+        str(bpe_corpus.with_suffix(".tokenizer.json")),
+        "--workers",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -42,8 +42,11 @@ def test_save_then_stop_a_live_local_run(tmp_path: Path) -> None:
     one_line(hpctrain("save", str(tmp_path / "missing")), "no such run directory")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain", *RUN, f"hydra.run.dir={run}"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while last_step(run) < 3:

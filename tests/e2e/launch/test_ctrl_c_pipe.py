@@ -98,8 +98,12 @@ def _stopped_at_a_saved_step(run: Path, cwd: Path, shown: str) -> None:
 
     rank0 = (run / "logs" / "rank0.log").read_text()
     command_log = (run / "hpctrain.log").read_text()
-    for where, text in (("terminal", shown), ("tee", (cwd / "LOG").read_text()), ("rank 0", rank0),
-                        ("hpctrain.log", command_log)):  # fmt: skip
+    for where, text in (
+        ("terminal", shown),
+        ("tee", (cwd / "LOG").read_text()),
+        ("rank 0", rank0),
+        ("hpctrain.log", command_log),
+    ):
         assert "Traceback" not in text and "BrokenPipe" not in text, f"{where}: {text[-3000:]}"
     stops = STOP_LINE.findall(rank0)
     assert len(stops) == 1, rank0[-3000:]
@@ -117,8 +121,13 @@ def _stopped_at_a_saved_step(run: Path, cwd: Path, shown: str) -> None:
 
 
 def _status_text(cwd: Path, target: Path) -> str:
-    return subprocess.run([sys.executable, "-m", "hpctrain", "status", str(target)], cwd=cwd,
-                          capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "status", str(target)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
 
 def _status(cwd: Path, target: Path) -> dict[str, str]:
@@ -150,8 +159,14 @@ def test_a_command_whose_stdout_reader_is_gone_exits_as_it_would_have() -> None:
     read, write = os.pipe()
     os.close(read)
     try:
-        result = subprocess.run([sys.executable, "-m", "hpctrain", "--help"], cwd=REPO, stdout=write,
-                                stderr=subprocess.PIPE, text=True, timeout=60)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-m", "hpctrain", "--help"],
+            cwd=REPO,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
     finally:
         os.close(write)
     assert result.returncode == 0 and not result.stderr, result.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
+# A tiny run, packed as a command line reads (a table of overrides).
 TINY = [
     "data.max_bytes=60000", "logger=jsonl", "parallel=none", "cluster.nproc=1", "model.n_layers=1",
     "trainer.eval_every=0", "trainer.eval_batches=1", "trainer.log_every=1", "trainer.ckpt_every=2",
@@ -29,9 +30,13 @@ TINY = [
 def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=env,
-    )  # fmt: skip
+    )
 
 
 def steps(run: Path) -> list[int]:
@@ -68,9 +73,14 @@ def stopped(
     command = ["run=first", *TINY, "trainer.max_steps=8", "faults.slow_rank=0:0.4"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", *command], cwd=here, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "hpctrain", *command],
+        cwd=here,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     metrics = here / "outputs" / "first" / "metrics.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") >= 3):
@@ -229,16 +239,21 @@ def test_a_stop_only_the_workers_got_is_not_exit_0_and_a_skipped_checkpoint_is_n
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     args = [*TINY, "trainer.max_steps=40", "faults.slow_rank=0:0.3", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", *args], cwd=tmp_path, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and max(steps(run), default=0) < 6:
         time.sleep(0.2)
     worker = next(
-        int(p.name) for p in Path("/proc").iterdir()
+        int(p.name)
+        for p in Path("/proc").iterdir()
         if p.name.isdigit() and b"hpctrain.worker" in _cmdline(p) and str(run).encode() in _cmdline(p)
-    )  # fmt: skip
+    )
     os.kill(worker, signal.SIGTERM)  # the worker alone: the launcher never saw a signal
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 3, out + err

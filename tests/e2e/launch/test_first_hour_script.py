@@ -25,8 +25,14 @@ print("script args", sys.argv[1:], flush=True)
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def test_a_script_shows_rank_0_on_the_console_and_logs_metrics_status_and_report_read(tmp_path: Path):

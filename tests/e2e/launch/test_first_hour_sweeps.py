@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
 REPO = Path(__file__).resolve().parents[3]
+# A short run, packed as a command line reads (a table of overrides).
 SHORT = ["trainer.max_steps=2", "data.max_bytes=60000", "logger=jsonl", "parallel=none", "cluster.nproc=1",
          "model.n_layers=1", "trainer.eval_batches=1"]  # fmt: skip
 EXPERIMENT = """# @package _global_
@@ -31,13 +32,25 @@ hydra:
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def test_the_params_mapping_on_the_command_line_runs_its_trials(tmp_path: Path):
-    result = cli("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=1",
-                 'hydra.sweeper.params={optim.lr:"interval(1e-4,1e-2)"}', *SHORT, cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=1",
+        'hydra.sweeper.params={optim.lr:"interval(1e-4,1e-2)"}',
+        *SHORT,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Best parameters: {'optim.lr':" in result.stdout + result.stderr
     (member,) = [p for p in next((tmp_path / "multirun").glob("*/*")).iterdir() if p.name.isdigit()]

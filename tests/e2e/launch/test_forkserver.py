@@ -129,9 +129,15 @@ def _probe(tmp_path: Path, env: dict[str, str], console: int, server: ForkServer
     with open(log, "ab") as out:
         if server is None:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "fsprobe"], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(console,),
-            )  # fmt: skip
+                [sys.executable, "-m", "fsprobe"],
+                cwd=tmp_path,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(console,),
+            )
         else:
             proc = server.spawn("fsprobe", [], env, out.fileno(), console, cwd=str(tmp_path))  # type: ignore[assignment]
     assert proc.wait(timeout=120) == 0, log.read_text()
@@ -218,8 +224,13 @@ def _launch(run: Path, env: dict[str, str], *extra: str) -> subprocess.Popen[str
     args = [*FAST, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.ckpt_every=0", *extra]
     return subprocess.Popen(
         [sys.executable, "-m", "hpctrain", *args, f"hydra.run.dir={run}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _wait_for_training(run: Path, proc: subprocess.Popen[str], timeout: float = 120) -> None:
@@ -389,10 +400,17 @@ def test_a_users_project_imports_in_a_forked_child(tmp_path: Path, server_path: 
     shutil.copytree(REPO / "examples" / "user_project", project)
     run = tmp_path / "run"
     result = hpctrain(
-        "--config-dir", "conf", "model=cnn", "data=digits8", "trainer.max_steps=2", "trainer.log_every=1",
-        "logger=jsonl", f"hydra.run.dir={run}", cwd=project,
+        "--config-dir",
+        "conf",
+        "model=cnn",
+        "data=digits8",
+        "trainer.max_steps=2",
+        "trainer.log_every=1",
+        "logger=jsonl",
+        f"hydra.run.dir={run}",
+        cwd=project,
         env={FORKSERVER_ENV: server_path, "PYTHONPATH": str(REPO)},  # this checkout's hpctrain, as served
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     assert "forked from fork server" in (run / "hpctrain.log").read_text()
     assert "fresh interpreter" not in (run / "hpctrain.log").read_text()
@@ -435,9 +453,13 @@ def test_a_server_stopped_while_it_starts_exits_quietly(tmp_path: Path):
             f"serve.main(['--socket', {str(sock)!r}, '--room', 'x'])\n"
         )
         server = subprocess.run(
-            [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
             env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+        )
         assert server.returncode == 0 and "Traceback" not in server.stderr, (phase, server.stderr)
         assert not sock.exists(), phase
 
@@ -457,8 +479,10 @@ def test_a_bad_import_is_one_line_and_leaves_no_socket(tmp_path: Path, args: lis
     path = tmp_path / "s.sock"
     result = subprocess.run(
         [sys.executable, "-m", SERVER_MODULE, "--socket", str(path), *args],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in result.stderr.splitlines() if line.startswith("python -m hpctrain.forkserver")]
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.stderr
     assert "Traceback" not in result.stderr, result.stderr

@@ -59,9 +59,13 @@ def _task(tmp: Path, local: int, seconds: float, cpus: set[int] | None = None) -
     out = tmp / f"task{local}"
     return subprocess.Popen(
         [sys.executable, "-c", TASK, str(out), str(seconds), str(tmp)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-    )  # fmt: skip
+    )
 
 
 def _lines(proc: subprocess.Popen[str]) -> dict:

@@ -144,8 +144,13 @@ def test_bad_health_check_scripts_are_refused_in_one_line(tmp_path: Path, value:
 def test_ckpt_every_auto_chooses_and_logs_the_interval(tmp_path: Path, background: bool) -> None:
     run = tmp_path / "auto"
     # An MTBF of 3.6 s: Young/Daly's interval is a few steps of this tiny model.
-    result = hpctrain(*RUN, "trainer.ckpt_every=auto", "cluster.mtbf_h=0.001", f"hydra.run.dir={run}",
-                      f"trainer.async_checkpoint={str(background).lower()}")  # fmt: skip
+    result = hpctrain(
+        *RUN,
+        "trainer.ckpt_every=auto",
+        "cluster.mtbf_h=0.001",
+        f"hydra.run.dir={run}",
+        f"trainer.async_checkpoint={str(background).lower()}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     log = (run / "logs" / "rank0.log").read_text()
     assert "trainer.ckpt_every=auto: a save every" in log and "Young/Daly" in log, log[-2000:]

@@ -72,8 +72,13 @@ def test_ep_2_logs_router_stats_and_resumes_on_one_process(tmp_path: Path) -> No
 
 
 def test_the_headline_plans_its_degrees_and_a_4d_run_on_8_processes_completes(tmp_path: Path) -> None:
-    plan = hpctrain("model=gpt_moe", "parallel=4d", "cluster=h100x64", "dry_run=true",
-                    f"hydra.run.dir={tmp_path / 'plan'}")  # fmt: skip
+    plan = hpctrain(
+        "model=gpt_moe",
+        "parallel=4d",
+        "cluster=h100x64",
+        "dry_run=true",
+        f"hydra.run.dir={tmp_path / 'plan'}",
+    )
     assert plan.returncode == 0, plan.stderr
     assert "parallel=4d (pp=2 × dp_shard=8 × cp=2 × tp=2)" in plan.stdout
     table = hpctrain("plan", "model=gpt_moe", "parallel=4d", "cluster=h100x64", "--top", "0")
@@ -81,10 +86,21 @@ def test_the_headline_plans_its_degrees_and_a_4d_run_on_8_processes_completes(tm
     assert "active per token of" in table.stdout  # the planner counts a mixture's active parameters
     assert "CP ring" in table.stdout and "TP collectives" in table.stdout
     run = tmp_path / "run"
-    done = hpctrain(*MOE[:7], "data=synthetic", "data.num_samples=128", "trainer.max_steps=2",
-                    "trainer.global_batch_size=8", "trainer.micro_batch_size=2", "trainer.log_every=1",
-                    "trainer.eval_every=0", "trainer.eval_batches=1", "logger=jsonl", "cluster.nproc=8",
-                    "parallel=4d", f"hydra.run.dir={run}")  # fmt: skip
+    done = hpctrain(
+        *MOE[:7],
+        "data=synthetic",
+        "data.num_samples=128",
+        "trainer.max_steps=2",
+        "trainer.global_batch_size=8",
+        "trainer.micro_batch_size=2",
+        "trainer.log_every=1",
+        "trainer.eval_every=0",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        "cluster.nproc=8",
+        "parallel=4d",
+        f"hydra.run.dir={run}",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     records = metrics(run)
     assert [r["step"] for r in records] == [1, 2] and all(len(r["moe_load"]) == 4 for r in records)

@@ -18,9 +18,15 @@ def test_a_profiler_window_writes_a_trace_per_rank_beside_tensorboards_scalars(r
     from hpctrain.observe.loggers import tensorboard_tag
 
     result = hpctrain(
-        *FAST, "cluster.nproc=2", "trainer.max_steps=4", "trainer.profile=2:3", "trainer.log_every=1",
-        "trainer.eval_every=2", "logger=[console,tensorboard,jsonl]", f"hydra.run.dir={run_dir}",
-    )  # fmt: skip
+        *FAST,
+        "cluster.nproc=2",
+        "trainer.max_steps=4",
+        "trainer.profile=2:3",
+        "trainer.log_every=1",
+        "trainer.eval_every=2",
+        "logger=[console,tensorboard,jsonl]",
+        f"hydra.run.dir={run_dir}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()

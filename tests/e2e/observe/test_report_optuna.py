@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tests.support import hpctrain
 
+# The sweep as typed, packed as a command line reads (a table of overrides).
 TRIALS = [
     "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=interval(0.0001,0.01)",
     "trainer.max_steps=2", "data.max_bytes=50000", "trainer.eval_batches=1", "logger=jsonl", "parallel=none",

@@ -43,8 +43,14 @@ print(json.dumps({"path": str(cache.path), "counts": cache.counts()}))
 
 def _start(run_dir: Path, override: str) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "not-this-one")}  # overridden by the run
-    done = subprocess.run([sys.executable, "-c", RANK, str(run_dir), override], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", RANK, str(run_dir), override],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -92,9 +92,17 @@ def test_a_refusal_from_the_servers_child_is_the_one_of_this_process(
 def test_a_users_model_checked_by_the_servers_child_trains(project: Path, tmp_path: Path) -> None:
     run = tmp_path / "r"
     result = _listing_imports(
-        project, "--config-dir", "conf", "model=gpt2_tiny", "data=bytes", "data.max_bytes=60000",
-        "trainer.max_steps=1", "trainer.eval_batches=1", "logger=jsonl", f"hydra.run.dir={run}",
-    )  # fmt: skip
+        project,
+        "--config-dir",
+        "conf",
+        "model=gpt2_tiny",
+        "data=bytes",
+        "data.max_bytes=60000",
+        "trainer.max_steps=1",
+        "trainer.eval_batches=1",
+        "logger=jsonl",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not IMPORTS_TORCH.search(result.stderr), "the command imported torch itself"
     assert (run / "checkpoints").is_dir()

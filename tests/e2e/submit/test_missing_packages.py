@@ -79,8 +79,11 @@ SWEEP, HF, TB, WANDB, FLOAT8 = (
         ("tensorboard", ["logger=tensorboard", *SMALL], ["logger=tensorboard", "'tensorboard'", TB]),
         ("transformers", HF_LM, ["model._target_=transformers.", "'transformers'", HF]),
         ("transformers", ["model._target_=transformers.GPT2LMHeadModel", *SMALL], ["'transformers'", HF]),
-        ("tokenizers", ["prepare", "{src}", "--out", "c.bin", "--tokenizer", "train:300"],
-         ["--tokenizer=train:300", "'tokenizers'", HF]),
+        (
+            "tokenizers",
+            ["prepare", "{src}", "--out", "c.bin", "--tokenizer", "train:300"],
+            ["--tokenizer=train:300", "'tokenizers'", HF],
+        ),
         ("datasets", ["prepare", "{dataset}", "--out", "c.bin"], ["INPUT=", "'datasets'", HF]),
         ("transformers", EXPORT_HF, ["--format=hf", "'transformers'", HF]),
         ("tokenizers", EXPORT_HF, ["--format=hf", "'tokenizers'", HF]),
@@ -88,9 +91,22 @@ SWEEP, HF, TB, WANDB, FLOAT8 = (
         ("tokenizers", ["generate", "{export}", "--prompt", "hi"], ["SOURCE={export}", "'tokenizers'", HF]),
         ("tokenizers", ["generate", "{run}", "--prompt", "hi"], ["SOURCE={run}", "'tokenizers'", HF]),
     ],
-    ids=["optuna-plugin", "optuna", "wandb", "tensorboard", "hf-lm", "transformers-target", "tokenizer",
-         "saved-dataset", "export-hf", "export-hf-tokenizer", "fp8", "generate-export", "generate-run"],
-)  # fmt: skip
+    ids=[
+        "optuna-plugin",
+        "optuna",
+        "wandb",
+        "tensorboard",
+        "hf-lm",
+        "transformers-target",
+        "tokenizer",
+        "saved-dataset",
+        "export-hf",
+        "export-hf-tokenizer",
+        "fp8",
+        "generate-export",
+        "generate-run",
+    ],
+)
 def test_a_missing_package_is_its_pip_line_before_anything_is_written(
     tmp_path: Path, absent: str, argv: list[str], words: list[str]
 ) -> None:

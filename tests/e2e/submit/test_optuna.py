@@ -14,10 +14,17 @@ def test_optuna_sweeper_runs_locally(tmp_path: Path) -> None:
 
     sweep = tmp_path / "optuna"
     result = hpctrain(
-        "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "optim.lr=interval(0.0001,0.01)",
-        "trainer.max_steps=2", "data.max_bytes=50000", "logger=jsonl", "parallel=none", "cluster.nproc=1",
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "optim.lr=interval(0.0001,0.01)",
+        "trainer.max_steps=2",
+        "data.max_bytes=50000",
+        "logger=jsonl",
+        "parallel=none",
+        "cluster.nproc=1",
         f"hydra.sweep.dir={sweep}",
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     finals = []
     for member in sorted(p for p in sweep.iterdir() if p.name.isdigit()):

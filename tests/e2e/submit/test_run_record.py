@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tests.support import hpctrain
 
+# A tiny run, packed as a command line reads (a table of overrides).
 TINY = [
     "trainer.max_steps=2", "data.max_bytes=50000", "trainer.eval_batches=1", "logger=jsonl", "parallel=none",
     "cluster.nproc=1",

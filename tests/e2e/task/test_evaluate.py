@@ -15,9 +15,15 @@ from tests.support import FAST, hpctrain, metrics
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("eval") / "run"
     done = hpctrain(
-        *FAST, "cluster.nproc=2", "trainer.max_steps=20", "trainer.ckpt_every=10", "trainer.eval_every=10",
-        "trainer.log_every=10", "trainer.eval_batches=2", f"hydra.run.dir={run}",
-    )  # fmt: skip
+        *FAST,
+        "cluster.nproc=2",
+        "trainer.max_steps=20",
+        "trainer.ckpt_every=10",
+        "trainer.eval_every=10",
+        "trainer.log_every=10",
+        "trainer.eval_batches=2",
+        f"hydra.run.dir={run}",
+    )
     assert done.returncode == 0, done.stderr
     return run
 
@@ -93,8 +99,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_eval_target_is_the_users_function_on_the_checkpoints_weights(trained: Path, project: Path) -> None:
     found = {}
     for step in (10, 20):
-        done = hpctrain("eval", str(trained), "--step", str(step), "eval._target_=mymetrics.first_weight",
-                        cwd=project)  # fmt: skip
+        done = hpctrain(
+            "eval", str(trained), "--step", str(step), "eval._target_=mymetrics.first_weight", cwd=project
+        )
         assert done.returncode == 0, done.stderr
         record = json.loads((trained / "eval.jsonl").read_text().splitlines()[-1])
         assert record["step"] == step and record["eval_target"] == "mymetrics.first_weight"

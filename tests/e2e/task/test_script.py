@@ -26,14 +26,24 @@ def project(tmp_path: Path) -> Path:
 def test_script_gets_torchrun_environment_and_checkpoint_dir(project: Path, tmp_path: Path):
     run = tmp_path / "run"
     result = hpctrain(
-        "task=script", "task.path=train_ddp.py", "task.args=[--steps,6]", "cluster.nproc=2",
-        f"hydra.run.dir={run}", cwd=project,
-    )  # fmt: skip
+        "task=script",
+        "task.path=train_ddp.py",
+        "task.args=[--steps,6]",
+        "cluster.nproc=2",
+        f"hydra.run.dir={run}",
+        cwd=project,
+    )
     assert result.returncode == 0, result.stderr
     assert "finished at step 6" in (run / "logs" / "rank0.log").read_text()
     assert (run / "checkpoints" / "state.pt").is_file()
-    again = hpctrain("task=script", "task.path=train_ddp.py", "task.args=[--steps,8]", "cluster.nproc=2",
-                     f"hydra.run.dir={run}", cwd=project)  # fmt: skip
+    again = hpctrain(
+        "task=script",
+        "task.path=train_ddp.py",
+        "task.args=[--steps,8]",
+        "cluster.nproc=2",
+        f"hydra.run.dir={run}",
+        cwd=project,
+    )
     assert again.returncode == 0, again.stderr
     assert "resumed at step 6 (requeue 0)" in (run / "logs" / "rank0.log").read_text()
 

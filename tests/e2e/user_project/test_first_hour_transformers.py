@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parents[3]
+# A short run, packed as a command line reads (a table of overrides).
 SHORT = ["data.max_bytes=60000", "logger=jsonl", "parallel=none", "cluster.nproc=1", "trainer.max_steps=2",
          "trainer.eval_batches=1", "trainer.micro_batch_size=4"]  # fmt: skip
 GPT2 = (
@@ -25,8 +26,14 @@ GPT2 = (
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=env)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 @pytest.fixture(scope="module")

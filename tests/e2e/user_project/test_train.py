@@ -35,9 +35,16 @@ def test_users_model_and_data_train_from_their_folder(project: Path, tmp_path: P
 
 def test_resume_of_a_users_model_and_data_with_workers_is_exact(project: Path, tmp_path: Path):
     args = [
-        "model=cnn", "data=digits8", "data.num_workers=2", *SHORT, "trainer.max_steps=20",
-        "trainer.ckpt_every=10", "cluster.nproc=2", "optim.lr=1e-2", "optim.warmup_steps=2",
-    ]  # fmt: skip
+        "model=cnn",
+        "data=digits8",
+        "data.num_workers=2",
+        *SHORT,
+        "trainer.max_steps=20",
+        "trainer.ckpt_every=10",
+        "cluster.nproc=2",
+        "optim.lr=1e-2",
+        "optim.warmup_steps=2",
+    ]
     a, b = tmp_path / "a", tmp_path / "b"
     assert user(project, *args, f"hydra.run.dir={a}").returncode == 0
     # The second half again from the first's step-10 checkpoint, with new workers (a crash before the resume,
@@ -69,9 +76,14 @@ def test_resume_of_a_users_model_and_data_with_workers_is_exact(project: Path, t
 def test_transformers_gpt2_under_ddp_and_fsdp_matches_one_process(project: Path, tmp_path: Path):
     """5 steps of the same global batch of 16: 1 process vs DDP and FSDP + activation checkpointing on 2."""
     common = [
-        "model=gpt2_tiny", "data=bytes", "data.max_bytes=100000", *SHORT, "trainer.max_steps=5",
-        "trainer.global_batch_size=16", "trainer.micro_batch_size=8",
-    ]  # fmt: skip
+        "model=gpt2_tiny",
+        "data=bytes",
+        "data.max_bytes=100000",
+        *SHORT,
+        "trainer.max_steps=5",
+        "trainer.global_batch_size=16",
+        "trainer.micro_batch_size=8",
+    ]
     layouts = {
         "one": ["parallel=none", "cluster.nproc=1", "trainer.micro_batch_size=16"],
         "ddp": ["parallel=ddp", "cluster.nproc=2"],

@@ -25,8 +25,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The built-in gpt, 20 steps under fsdp on 2 processes, and its safetensors export."""
     root = tmp_path_factory.mktemp("weights")
     run = root / "run"
-    result = hpctrain(*GPT, "parallel=fsdp", "cluster.nproc=2", "trainer.max_steps=20",
-                      "trainer.ckpt_every=10", f"hydra.run.dir={run}")  # fmt: skip
+    result = hpctrain(
+        *GPT,
+        "parallel=fsdp",
+        "cluster.nproc=2",
+        "trainer.max_steps=20",
+        "trainer.ckpt_every=10",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # in-process: no process boundary is under test here
@@ -95,8 +101,16 @@ def test_transformers_model_exports_a_folder_from_pretrained_loads(
 
     project = in_project  # its package importable here too: load_model builds the user's model
     run, folder = tmp_path / "run", tmp_path / "hf"
-    result = user(project, "model=gpt2_tiny", "data=bytes", "data.max_bytes=60000", *SHORT,
-                  "trainer.max_steps=3", "cluster.nproc=2", f"hydra.run.dir={run}")  # fmt: skip
+    result = user(
+        project,
+        "model=gpt2_tiny",
+        "data=bytes",
+        "data.max_bytes=60000",
+        *SHORT,
+        "trainer.max_steps=3",
+        "cluster.nproc=2",
+        f"hydra.run.dir={run}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     exported = cli("export", str(run), "--to", str(folder), "--format", "hf", cwd=project)  # in-process
     assert exported.returncode == 0, exported.stderr

@@ -85,8 +85,15 @@ def test_only_copies_of_this_run_job_rank_lineage_and_layout_are_candidates(
     tier.paths.make(tier.held(1))
     state = _state(0)
     signature = state_signature(state)
-    good = {"lineage": "L1", "run": tier.paths.run, "job": tier.paths.job, "rank": 0, "world_size": 2,
-            "signature": signature, "tier": "local"}  # fmt: skip
+    good = {
+        "lineage": "L1",
+        "run": tier.paths.run,
+        "job": tier.paths.job,
+        "rank": 0,
+        "world_size": 2,
+        "signature": signature,
+        "tier": "local",
+    }
     _copy(tier.own, 4, state, **good)
     _copy(tier.own, 6, state, **{**good, "lineage": "L0"})  # another run history's (planted, or older)
     _copy(tier.own, 8, state, **{**good, "signature": "0" * 16})  # another layout
@@ -115,8 +122,15 @@ def test_a_restart_loads_the_newest_whole_copy_newer_than_the_shared_tier(
 ) -> None:
     tier = _tier(tmp_path)
     tier.prepare(1000, "checkpoint.local_path")
-    info = {"lineage": "L1", "run": tier.paths.run, "job": tier.paths.job, "rank": 0, "world_size": 1,
-            "signature": state_signature(_state(0)), "tier": "local"}  # fmt: skip
+    info = {
+        "lineage": "L1",
+        "run": tier.paths.run,
+        "job": tier.paths.job,
+        "rank": 0,
+        "world_size": 1,
+        "signature": state_signature(_state(0)),
+        "tier": "local",
+    }
     for step in (4, 6):  # a writer keeps the newest only; two here, so that one can fall back to the other
         (tier.own / f"keep{step}").mkdir()
         _copy(tier.own / f"keep{step}", step, _state(step), **info).rename(

@@ -47,10 +47,13 @@ def _state() -> dict[str, Any]:
 
 def _blank(state: dict[str, Any]) -> dict[str, Any]:
     return {
-        k: (torch.zeros_like(v, memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else
-            {"step": 0, "name": "", "floats": [0.0, 0.0]})
+        k: (
+            torch.zeros_like(v, memory_format=torch.contiguous_format)
+            if isinstance(v, torch.Tensor)
+            else {"step": 0, "name": "", "floats": [0.0, 0.0]}
+        )
         for k, v in state.items()
-    }  # fmt: skip
+    }
 
 
 def _save(directory: Path, state: dict[str, Any], writer: Any = None) -> Path:

@@ -30,8 +30,10 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (tmp_path / "keyproj" / "__init__.py").write_text("")
     (tmp_path / "keyproj" / "nets.py").write_text(NET)
     (tmp_path / "keyproj" / "data.py").write_text(DATA)
-    for group, text in (("model", "_target_: keyproj.nets.wide_net\nwidth: 8\n"),
-                        ("data", "_target_: keyproj.data.Pairs\n")):  # fmt: skip
+    for group, text in (
+        ("model", "_target_: keyproj.nets.wide_net\nwidth: 8\n"),
+        ("data", "_target_: keyproj.data.Pairs\n"),
+    ):
         (tmp_path / "conf" / group).mkdir(parents=True)
         (tmp_path / "conf" / group / "mine.yaml").write_text(text)
     monkeypatch.chdir(tmp_path)

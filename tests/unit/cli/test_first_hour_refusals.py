@@ -127,8 +127,10 @@ def project(here: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixture
             chr(ord("a") + int(c, 16)) for c in digest
         )  # letters: Hydra reads 4e7 as a number
         _project(here, name, getitem, extra)
-        for group, text in (("model", f"_target_: {name}.net.mlp\nwidth: 8\nnum_classes: 10\n"),
-                            ("data", f"_target_: {name}.data.Blobs\n")):  # fmt: skip
+        for group, text in (
+            ("model", f"_target_: {name}.net.mlp\nwidth: 8\nnum_classes: 10\n"),
+            ("data", f"_target_: {name}.data.Blobs\n"),
+        ):
             (here / "conf" / group).mkdir(parents=True, exist_ok=True)
             (here / "conf" / group / f"{'mlp' if group == 'model' else 'blobs'}.yaml").write_text(text)
         make.package = name  # type: ignore[attr-defined]
@@ -189,8 +191,14 @@ def test_init_from_of_another_shape_is_found_before_start(here, capsys):
 
     from hpctrain.models.gpt import GPT
 
-    save_file({k: v.contiguous() for k, v in GPT(n_layers=1, d_model=32, n_heads=2).state_dict().items()
-               if k != "head.weight"}, str(here.parent / "w.safetensors"))  # fmt: skip
+    save_file(
+        {
+            k: v.contiguous()
+            for k, v in GPT(n_layers=1, d_model=32, n_heads=2).state_dict().items()
+            if k != "head.weight"
+        },
+        str(here.parent / "w.safetensors"),
+    )
     del torch
     line = _refused(
         capsys, [f"model.init_from={here.parent / 'w.safetensors'}", *FAST], "does not fit the model"

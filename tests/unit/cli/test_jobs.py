@@ -28,9 +28,13 @@ def test_status_of_a_local_run_and_of_one_that_failed(cli: CLI, tmp_path: Path) 
     shown = cli("status", str(run))
     assert shown.returncode == 0, shown.stderr
     assert fields(shown.stdout) == {
-        "run": str(run), "state": "STOPPED", "step": "4/5", "loss": "0.5000", "val_loss": "1.2500 (step 4)",
+        "run": str(run),
+        "state": "STOPPED",
+        "step": "4/5",
+        "loss": "0.5000",
+        "val_loss": "1.2500 (step 4)",
         "continue": f"hpctrain resume {run}",
-    }  # fmt: skip
+    }
     write_error_record(run, 1, "ValueError", "bad batch", trace="Traceback ...\nValueError: bad batch\n")
     shown = cli("status", str(run))
     assert shown.returncode == 1  # a failed run
@@ -68,10 +72,14 @@ def test_bad_arguments_are_one_line(cli: CLI, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     for args, code, message in [
         (["status", "--no-such-flag"], 2, None),
-        (["status", str(tmp_path / "empty")], 1, f"hpctrain status: {tmp_path / 'empty'}: not a run or sweep "
-         "directory (no job.json, sweep.json or metrics.jsonl)\n"),
+        (
+            ["status", str(tmp_path / "empty")],
+            1,
+            f"hpctrain status: {tmp_path / 'empty'}: not a run or sweep "
+            "directory (no job.json, sweep.json or metrics.jsonl)\n",
+        ),
         (["summary", str(tmp_path / "empty")], 1, None),
-    ]:  # fmt: skip
+    ]:
         result = cli(*args)
         assert result.returncode == code, (args, result.stderr)
         assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr

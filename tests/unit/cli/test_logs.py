@@ -37,11 +37,13 @@ def test_a_sweep_member_and_bad_arguments(cli: CLI, tmp_path: Path) -> None:
     assert member.returncode == 0 and member.stdout.count("\n") == 1, member.stderr
     for args, message in [
         ([str(tmp_path)], f"{tmp_path} is a sweep: choose a member with --member I (0..1)"),
-        ([str(tmp_path / "0"), "--member", "0"], f"--member is for a sweep directory; {tmp_path / '0'} is a "
-         "single run"),
+        (
+            [str(tmp_path / "0"), "--member", "0"],
+            f"--member is for a sweep directory; {tmp_path / '0'} is a single run",
+        ),
         ([str(tmp_path / "0"), "-n", "-3"], "-n must be 0 or more, not -3"),
         ([str(tmp_path / "0"), "--rank", "-1"], "--rank must be 0 or more, not -1"),
-    ]:  # fmt: skip
+    ]:
         result = cli("logs", *args)
         assert result.returncode == 2 and result.stderr == f"hpctrain logs: {message}\n", result.stderr
     nowhere = cli("logs", str(tmp_path / "nowhere"))

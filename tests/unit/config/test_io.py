@@ -27,9 +27,15 @@ def test_the_text_is_omegaconfs() -> None:
     """Written without building a config again, the text is OmegaConf.to_yaml's of the resolved run keys: a
     string that reads as another type stays quoted, an interpolation is resolved, a secret is ***."""
     composed = compose(
-        ["cluster=slurm_test", "run=x", "+cluster.env.WANDB_API_KEY=k3y", "cluster.job_name='1e-3'",
-         "trainer.max_steps=${trainer.eval_batches}", "cluster.account='null'"]
-    )  # fmt: skip
+        [
+            "cluster=slurm_test",
+            "run=x",
+            "+cluster.env.WANDB_API_KEY=k3y",
+            "cluster.job_name='1e-3'",
+            "trainer.max_steps=${trainer.eval_batches}",
+            "cluster.account='null'",
+        ]
+    )
     keys = [k for k in composed if k != "hydra"]
     expected = OmegaConf.to_container(OmegaConf.masked_copy(composed, keys), resolve=True)
     expected["cluster"]["env"]["WANDB_API_KEY"] = "***"

@@ -14,10 +14,14 @@ from hpctrain.config.redact import secret_env
 
 def test_a_value_from_the_environment_and_a_listed_one_are_never_written(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HPCT_TEST_DB_PASSWD", "hunter2-by-source")
-    cfg = compose([
-        "++cluster.env.DB_PASSWD=${oc.env:HPCT_TEST_DB_PASSWD}", "++cluster.env.OTHER_CRED=literal-listed",
-        "++cluster.env.PLAIN=visible", "cluster.secret_env=[OTHER_CRED]",
-    ])  # fmt: skip
+    cfg = compose(
+        [
+            "++cluster.env.DB_PASSWD=${oc.env:HPCT_TEST_DB_PASSWD}",
+            "++cluster.env.OTHER_CRED=literal-listed",
+            "++cluster.env.PLAIN=visible",
+            "cluster.secret_env=[OTHER_CRED]",
+        ]
+    )
     typed = to_typed(cfg)
     assert typed.cluster.env["DB_PASSWD"] == "hunter2-by-source"  # the workers get the real value
     text = run_config_text(cfg)

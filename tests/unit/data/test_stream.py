@@ -20,8 +20,15 @@ from hpctrain.data.user import build_user_datasets
 PER_PASS, GLOBAL, STEPS = 2, 8, 7
 
 
-def _steps(dataset: Any, steps: int, *, workers: int = 0, rank: int = 0, size: int = 1,
-           state: dict[str, Any] | None = None) -> tuple[list[list[Any]], dict[str, Any]]:  # fmt: skip
+def _steps(
+    dataset: Any,
+    steps: int,
+    *,
+    workers: int = 0,
+    rank: int = 0,
+    size: int = 1,
+    state: dict[str, Any] | None = None,
+) -> tuple[list[list[Any]], dict[str, Any]]:
     sampler = GlobalBatchSampler(len(dataset), GLOBAL, seed=3)
     stream = BatchStream(dataset, sampler, rank, size, PER_PASS, num_workers=workers, seed=3)
     if state is not None:

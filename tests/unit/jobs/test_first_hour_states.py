@@ -24,12 +24,19 @@ def _run(root: Path, step: int, max_steps: int = 4) -> Path:
 @pytest.mark.parametrize(
     ("slurm", "step", "word"),
     [
-        ("PENDING", 0, "PENDING"), ("REQUEUED", 2, "PENDING"), ("RUNNING", 2, "RUNNING"),
-        ("COMPLETED", 4, "COMPLETED"), ("COMPLETED", 2, "STOPPED"), ("FAILED", 2, "FAILED"),
-        ("NODE_FAIL", 2, "FAILED"), ("OUT_OF_MEMORY", 2, "FAILED"), ("CANCELLED", 2, "STOPPED"),
-        ("TIMEOUT", 2, "STOPPED"), ("PREEMPTED", 2, "PREEMPTED"),
+        ("PENDING", 0, "PENDING"),
+        ("REQUEUED", 2, "PENDING"),
+        ("RUNNING", 2, "RUNNING"),
+        ("COMPLETED", 4, "COMPLETED"),
+        ("COMPLETED", 2, "STOPPED"),
+        ("FAILED", 2, "FAILED"),
+        ("NODE_FAIL", 2, "FAILED"),
+        ("OUT_OF_MEMORY", 2, "FAILED"),
+        ("CANCELLED", 2, "STOPPED"),
+        ("TIMEOUT", 2, "STOPPED"),
+        ("PREEMPTED", 2, "PREEMPTED"),
     ],
-)  # fmt: skip
+)
 def test_slurm_states_map_onto_the_same_words(tmp_path: Path, slurm: str, step: int, word: str):
     state = run_state(_run(tmp_path / "run", step), JobState("1", slurm, "", "", ""))
     assert state.word == word

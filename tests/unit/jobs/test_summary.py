@@ -20,9 +20,17 @@ def test_rows_of_a_sweep_run_here(tmp_path: Path) -> None:
     assert sweep is not None
     columns, rows = summary_rows(sweep, sweep_states(sweep))
     assert columns == [
-        "index", "overrides", "job_id", "state", "step", "loss", "best_val_loss", "last_val_loss",
-        "tokens_per_s", "run_dir",
-    ]  # fmt: skip
+        "index",
+        "overrides",
+        "job_id",
+        "state",
+        "step",
+        "loss",
+        "best_val_loss",
+        "last_val_loss",
+        "tokens_per_s",
+        "run_dir",
+    ]
     assert rows[0]["state"] == "COMPLETED" and rows[1]["state"] == "STOPPED"
     assert (rows[0]["step"], rows[0]["loss"]) == (4, 0.5) and rows[0]["tokens_per_s"] == 100.0
     assert (rows[0]["best_val_loss"], rows[0]["last_val_loss"]) == (3.0, 3.5)

@@ -68,10 +68,15 @@ def test_a_members_worker_gets_the_ranks_of_its_place(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     env = {
-        "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_NTASKS": "6", "SLURM_PROCID": "5",
-        "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURMD_NODENAME": "node3",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_NTASKS": "6",
+        "SLURM_PROCID": "5",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "2",
+        "SLURMD_NODENAME": "node3",
         "SLURM_TASKS_PER_NODE": "2(x3)",
-    }  # fmt: skip
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     place = Nodes(tmp_path, "42.r0", wanted=2, min_nodes=None).place(["node1", "node3"])

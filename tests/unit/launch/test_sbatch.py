@@ -84,8 +84,11 @@ def test_an_array_script_runs_the_member_of_its_task(tmp_path: Path) -> None:
     sweep = tmp_path / "it's a sweep"
     members = [sweep / "0", sweep / "1 $(touch pwned)"]
     for template in ("srun", "torchrun"):
-        cfg = to_typed(compose(["cluster=slurm_test", "cluster.array_parallelism=3",
-                                f"cluster.sbatch_template={template}"]))  # fmt: skip
+        cfg = to_typed(
+            compose(
+                ["cluster=slurm_test", "cluster.array_parallelism=3", f"cluster.sbatch_template={template}"]
+            )
+        )
         script = render_script(cfg, sweep, tmp_path, members)
         assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
         assert "#SBATCH --array=0-1%3" in script and "/slurm/%A_%a.out" in script
@@ -96,6 +99,9 @@ def test_an_array_script_runs_the_member_of_its_task(tmp_path: Path) -> None:
         selecting = [line for line in script.splitlines() if line.startswith("RUN_DIR")]
         chosen = subprocess.run(
             ["bash", "-c", "\n".join([*selecting, 'printf %s "$RUN_DIR"']), "x"],
-            env={"SLURM_ARRAY_TASK_ID": "1"}, capture_output=True, text=True, cwd=tmp_path,
-        )  # fmt: skip
+            env={"SLURM_ARRAY_TASK_ID": "1"},
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
         assert chosen.stdout == str(members[1]) and not (tmp_path / "pwned").exists()

@@ -30,5 +30,9 @@ def test_the_progress_bar_keeps_the_latest_loss(tmp_path: Path):
 
 def test_tensorboard_tags_are_grouped():
     assert [tensorboard_tag(k) for k in ("loss", "val_loss", "lr", "tokens_per_s", "straggler_rank")] == [
-        "loss/train", "loss/val", "optim/lr", "throughput/tokens_per_s", "stragglers/rank",
-    ]  # fmt: skip
+        "loss/train",
+        "loss/val",
+        "optim/lr",
+        "throughput/tokens_per_s",
+        "stragglers/rank",
+    ]

@@ -22,9 +22,14 @@ def test_what_leaves_the_graphs_alone_keeps_the_key() -> None:
     key = _key()
     assert key.startswith("torch2.13.0-cpu-") and _key() == key
     for same in (
-        "optim.lr=3e-4", "trainer.max_steps=7", "trainer.seed=5", "logger=jsonl",
-        "parallel.compile_cache=/shared/cache", "trainer.ckpt_every=3", "data.max_bytes=1000",
-    ):  # fmt: skip
+        "optim.lr=3e-4",
+        "trainer.max_steps=7",
+        "trainer.seed=5",
+        "logger=jsonl",
+        "parallel.compile_cache=/shared/cache",
+        "trainer.ckpt_every=3",
+        "data.max_bytes=1000",
+    ):
         assert _key(same) == key, same
 
 

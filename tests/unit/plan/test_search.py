@@ -23,9 +23,11 @@ def test_alternatives_fit_are_ranked_and_are_valid_overrides(monkeypatch):
         assert world_size(again) == 32
 
 
+# Two runs as typed, packed as a command line reads (tables of overrides).
 LONG = ["model=gpt", "model.n_layers=24", "model.d_model=2048", "model.n_heads=16", "model.seq_len=65536",
         "cluster=a100x32", "cluster.nodes=1", "parallel=fsdp", "trainer.global_batch_size=8",
         "trainer.micro_batch_size=1"]  # fmt: skip
+# The mixture of experts, the same way.
 MOE = ["model=gpt_moe", "model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.moe.experts=8",
        "model.moe.top_k=2", "cluster=a100x32", "cluster.nodes=1", "parallel=fsdp",
        "trainer.global_batch_size=16", "trainer.micro_batch_size=2"]  # fmt: skip

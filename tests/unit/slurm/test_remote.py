@@ -53,8 +53,12 @@ def test_each_word_reaches_the_remote_shell_as_one_word(tmp_path: Path) -> None:
     argvs = [Remote("alice@login1", c).argv(["true"]) for c in (None, "/a/config", "/b/config")]
     assert len({w for argv in argvs for w in argv if w.startswith("ControlPath=")}) == 3
     # A real POSIX shell splits it back into the same words.
-    echoed = subprocess.run(["sh", "-c", f"printf '%s\\n' {argv[-1].split(' ', 1)[1]}"], capture_output=True,
-                            text=True, check=True)  # fmt: skip
+    echoed = subprocess.run(
+        ["sh", "-c", f"printf '%s\\n' {argv[-1].split(' ', 1)[1]}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert echoed.stdout.splitlines() == words[1:]
 
 
@@ -137,8 +141,14 @@ def test_bad_ssh_keys_are_one_line(cli, tmp_path: Path, overrides: list[str], wo
 
 def test_a_packed_sweep_over_ssh_is_refused(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # A sweep goes over ssh as sbatch arrays; packs are submitit's tasks, which submit from the laptop.
-    result = cli("-m", "cluster=slurm_test", "cluster.ssh=root@127.0.0.1", "cluster.pack=2",
-                 "trainer.seed=1,2", f"hydra.sweep.dir={tmp_path / 'sweep'}")  # fmt: skip
+    result = cli(
+        "-m",
+        "cluster=slurm_test",
+        "cluster.ssh=root@127.0.0.1",
+        "cluster.pack=2",
+        "trainer.seed=1,2",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert "cluster.pack=2" in lines[0] and "cluster.ssh" in lines[0] and not (tmp_path / "sweep").exists()

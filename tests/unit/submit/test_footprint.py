@@ -58,9 +58,14 @@ def test_plan_reads_the_user_models_parameters_and_measures_activations(
 
 def test_dry_run_plans_a_user_model_before_a_gpu_submission(cli: CLI, in_project: Path, tmp_path: Path):
     result = cli(
-        "--config-dir", "conf", *CNN, "cluster=a100x32", "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}",
+        "--config-dir",
+        "conf",
+        *CNN,
+        "cluster=a100x32",
+        "dry_run=true",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=in_project,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
     plan = [line for line in result.stdout.splitlines() if line.startswith("plan: fits:")]
     assert len(plan) == 1, result.stdout
@@ -182,8 +187,15 @@ def test_a_users_gpt2_with_lora_under_tp_is_planned_as_it_trains(in_project: Pat
     adapters trained; its Conv1D projections ([in, out] weights) split on their own dimensions by the
     tensor-parallel plan, the adapters as hpctrain.parallel.tp splits them."""
     plan = "parallel.tp_plan={transformer.h.*.mlp.c_fc: colwise, transformer.h.*.mlp.c_proj: rowwise}"
-    cfg = user_cfg(*GPT2, "model.adapters=lora", "model.lora.rank=4", "model.lora.targets=[c_attn,c_fc]",
-                   "parallel=tp", "cluster.nproc=2", plan)  # fmt: skip
+    cfg = user_cfg(
+        *GPT2,
+        "model.adapters=lora",
+        "model.lora.rank=4",
+        "model.lora.targets=[c_attn,c_fc]",
+        "parallel=tp",
+        "cluster.nproc=2",
+        plan,
+    )
     facts = measure_model(cfg)
     by_name = {q.name: q for q in facts.params}
     adapters = [q for q in facts.params if ".lora_" in q.name]

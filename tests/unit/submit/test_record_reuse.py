@@ -54,8 +54,14 @@ def test_an_optuna_sweep_rerun_with_another_search_space_is_refused(cli: CLI, tm
     """An Optuna sweep (no multirun.yaml: sweep.json records its command): another interval is refused
     before a trial runs; sweep.json and the sweeper's results are untouched."""
     sweep = tmp_path / "multirun" / "opt"
-    command = ["hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=1",
-               "optim.lr=interval(0.0001,0.01)", "trainer.max_steps=2", "run=opt"]  # fmt: skip
+    command = [
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.sampler.seed=1",
+        "optim.lr=interval(0.0001,0.01)",
+        "trainer.max_steps=2",
+        "run=opt",
+    ]
     local_run(sweep / "0", ["optim.lr=0.0021", "trainer.max_steps=2", "run=opt"], steps(2))
     member = {"index": 0, "overrides": ["optim.lr=0.0021"], "run_dir": str(sweep / "0"), "job_id": "local:0"}
     sweep_json = {"array_job_id": "local", "cluster": "local", "members": [member], "command": command}
@@ -111,8 +117,16 @@ def test_a_run_directory_inside_a_checkpoint_is_refused_before_anything_is_writt
 def test_a_secret_is_the_name_of_its_key_and_never_reaches_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
     from hpctrain.config.redact import is_secret, secret_overrides
 
-    secret = ["DB_PASSWD", "WANDB_API_KEY", "my_pass", "PWD", "ghToken", "AWS_SECRET_ACCESS_KEY",
-              "GOOGLE_APPLICATION_CREDENTIALS", "DB_PASSWORD_FILE"]  # fmt: skip
+    secret = [
+        "DB_PASSWD",
+        "WANDB_API_KEY",
+        "my_pass",
+        "PWD",
+        "ghToken",
+        "AWS_SECRET_ACCESS_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "DB_PASSWORD_FILE",
+    ]
     plain = ["MONKEY", "TOKENIZERS_PARALLELISM", "PASSAGE", "KEYBOARD", "HOME", "NCCL_IB_HCA"]
     assert [n for n in secret if not is_secret(n)] == [] and [n for n in plain if is_secret(n)] == []
     monkeypatch.delenv("DB_PASSWD", raising=False)

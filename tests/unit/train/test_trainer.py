@@ -22,6 +22,7 @@ from hpctrain.train.trainer import build_run, evaluate, loss_of, train_step
 from tests.support import FAST
 
 CPU = torch.device("cpu")
+# One process's run, packed as a command line reads (a table of overrides).
 RUN = [*FAST, "parallel=none", "cluster.nproc=1", "trainer.global_batch_size=8", "trainer.micro_batch_size=4",
        "trainer.eval_batches=2", "optim.grad_clip=0.5", "model.n_layers=2"]  # fmt: skip
 

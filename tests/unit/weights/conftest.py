@@ -26,8 +26,10 @@ def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     model = build_model(to_typed(composed).model)
     optimizer = torch.optim.AdamW(model.parameters())
-    state = {"model_optim": ModelOptimizerState(model, optimizer, {"head.weight": "tok_emb.weight"}),
-             "train": TrainState(step=2)}  # fmt: skip
+    state = {
+        "model_optim": ModelOptimizerState(model, optimizer, {"head.weight": "tok_emb.weight"}),
+        "train": TrainState(step=2),
+    }
     CheckpointManager(RunDir(run).checkpoints, keep_last=2, rank=0).save(2, state)
     torch.save(model.state_dict(), run / "weights.pt")  # what the checkpoint holds, to compare with
     return run
