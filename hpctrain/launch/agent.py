@@ -59,6 +59,7 @@ from hpctrain.launch import health
 from hpctrain.launch.jobscript import survives_lost_nodes
 from hpctrain.launch.nodes import Nodes
 from hpctrain.launch.nodeserver import node_server
+from hpctrain.launch.spawn import become_worker
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
 from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats
@@ -73,7 +74,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AGENT_PID_ENV = "HPCTRAIN_AGENT_PID"
-WORKER_MODULE = "hpctrain.worker"
 POLL_S = 0.05
 USED_UP = "none: restarts used up"  # restarts.jsonl's action when a fault finds no restart left
 STOPPED = "stop"  # the generation file's word for "the run stopped: no more restarts" (a crash loop)
@@ -461,17 +461,9 @@ def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
 
 def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
     """The worker, forked from ``server`` (stdout: this task's, i.e. Slurm's output file) or spawned."""
-    import subprocess
+    from hpctrain.launch.spawn import start_worker
 
-    from hpctrain.launch.forked import ServerGone
-
-    sys.stdout.flush()
-    if server is not None:
-        with contextlib.suppress(ServerGone):  # died since it was checked: this start spawns instead
-            return server.spawn(WORKER_MODULE, [str(run_dir)], env, sys.stdout.fileno())
-    return subprocess.Popen(
-        [sys.executable, "-u", "-m", WORKER_MODULE, str(run_dir)], env=env, start_new_session=True
-    )
+    return start_worker(run_dir, env, server)
 
 
 def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None, bool]:
@@ -532,7 +524,7 @@ def main(argv: list[str]) -> None:
 
     cfg = load_run_config(RunDir(argv[0]).config)
     if not task_is_agent(cfg.cluster):
-        os.execv(sys.executable, [sys.executable, "-u", "-m", WORKER_MODULE, argv[0]])
+        become_worker(argv[0])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
     code = run_task(Path(argv[0]), cfg)
     logging.shutdown()

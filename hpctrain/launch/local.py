@@ -29,7 +29,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -52,6 +51,7 @@ from hpctrain.launch.agent import (
 from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.health import problem as health_problem
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
+from hpctrain.launch.spawn import start_worker
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import job_key
@@ -283,28 +283,16 @@ class LocalLauncher:
         )
         # Ranks ≥ cores oversubscribe the CPU and every intra-op pool fights for it: split the cores.
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-        pass_fds: tuple[int, ...] = ()
-        if rank == 0 and console_fd is not None:
-            env["HPCTRAIN_CONSOLE_FD"] = str(console_fd)
-            pass_fds = (console_fd,)
+        console = console_fd if rank == 0 else None
+        if console is not None:
+            env["HPCTRAIN_CONSOLE_FD"] = str(console)
         log_path = RunDir(run_dir).log(rank)
         with open(log_path, "ab") as out:
-            if server is not None:
-                console = console_fd if pass_fds else None
-                forked = server.spawn("hpctrain.worker", [str(run_dir)], env, out.fileno(), console)
-                if forked.mode != "fork":
-                    log.info("Rank %d: a fresh interpreter, not a fork: %s", rank, forked.mode)
-                return _Worker(rank, forked, log_path)
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                pass_fds=pass_fds,
-            )
-        return _Worker(rank, proc, log_path)
+            worker = start_worker(run_dir, env, server, out.fileno(), console)
+        mode = getattr(worker, "mode", "fork")
+        if mode != "fork":
+            log.info("Rank %d: a fresh interpreter, not a fork: %s", rank, mode)
+        return _Worker(rank, worker, log_path)
 
     def _supervise(self, workers: list[_Worker], grace_s: float, run_dir: Path) -> list[_Failure]:
         """Wait for the workers; on the first failure, stop the rest. Failures come back cause first."""

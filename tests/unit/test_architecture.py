@@ -157,3 +157,45 @@ def test_the_formatter_is_skipped_only_for_tables_that_say_why() -> None:
                 bad.append(f"{where}: no comment above the table")
     assert not bad, bad
     assert count <= 40, count
+
+
+def worker_starts(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, how) where ``tree`` names the worker's module to start it: in a command line or a spawn
+    request (a list, tuple or call argument), or bound to a name. A logger of that name is no start."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if (func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")) == "getLogger":
+                continue
+            values = node.args
+        elif isinstance(node, (ast.List, ast.Tuple)):
+            values = node.elts
+        elif isinstance(node, ast.Assign):
+            values = [node.value]
+        else:
+            continue
+        found += [
+            (node.lineno, "names hpctrain.worker")
+            for v in values
+            if isinstance(v, ast.Constant) and v.value == "hpctrain.worker"
+        ]
+    return found
+
+
+def test_one_module_starts_the_worker() -> None:
+    """``hpctrain.launch.spawn`` is the one place that starts ``hpctrain.worker`` (forked, fresh, exec'd or
+    in process); every supervisor calls it. (The fork server imports the worker side once, by import.)"""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {how}"
+        for path in _sources()
+        if path.relative_to(PACKAGE).as_posix() != "launch/spawn.py"
+        for line, how in worker_starts(ast.parse(path.read_text()))
+    ]
+    assert not offenders, offenders
+    spawn = ast.parse((PACKAGE / "launch" / "spawn.py").read_text())
+    assert len(worker_starts(spawn)) == 1  # WORKER_MODULE, named once
+    broken = ast.parse(
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-m', 'hpctrain.worker', d])\n"
+    )
+    assert len(worker_starts(broken)) == 1

@@ -1,0 +1,72 @@
+"""The one place that starts ``hpctrain.worker``: forked from a fork server, or a fresh interpreter.
+
+Every supervisor starts its workers here: the local launcher (its ``nproc`` ranks), a Slurm task's agent
+(its rank, again for each restart), a pack's task (each member in turn), the srun template's task that is
+its own worker (an exec), and submitit's task that is (the worker in this process). The worker is named,
+never imported by the launch layer: ``python -m hpctrain.worker RUN_DIR`` is what a spawned worker runs and
+what a forked one becomes (:mod:`hpctrain.forkserver`). The sbatch templates' ``srun`` lines name the
+same module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+from hpctrain.launch.forkwire import ServerGone
+
+if TYPE_CHECKING:
+    from hpctrain.config.schema import Config
+    from hpctrain.launch.forked import ForkedProcess, ForkServer
+
+WORKER_MODULE = "hpctrain.worker"
+
+
+def start_worker(
+    run_dir: Path | str,
+    env: Mapping[str, str] | None = None,
+    server: ForkServer | None = None,
+    out: int | None = None,
+    console_fd: int | None = None,
+    session: bool = True,
+) -> subprocess.Popen[bytes] | ForkedProcess:
+    """Start the worker of ``run_dir``: forked from ``server`` when one is given and still there, else a
+    fresh interpreter. ``env``: its whole environment (None: this process's); ``out``: the descriptor its
+    stdout and stderr go to (None: this process's stdout); ``console_fd``: passed on, under the number
+    ``env["HPCTRAIN_CONSOLE_FD"]`` names; ``session``: a fresh interpreter leads a session of its own (a
+    forked one always does), so that its supervisor can kill its process group."""
+    sys.stdout.flush()
+    environ = dict(os.environ if env is None else env)
+    environ.setdefault("PYTHONUNBUFFERED", "1")  # its lines reach its log (or Slurm's output file) as written
+    if server is not None:
+        with contextlib.suppress(ServerGone):  # died since it was checked: this start spawns instead
+            fd = sys.stdout.fileno() if out is None else out
+            return server.spawn(WORKER_MODULE, [str(run_dir)], environ, fd, console_fd)
+    return subprocess.Popen(
+        [sys.executable, "-m", WORKER_MODULE, str(run_dir)],
+        env=environ,
+        stdin=subprocess.DEVNULL if out is not None else None,
+        stdout=out,
+        stderr=subprocess.STDOUT if out is not None else None,
+        start_new_session=session,
+        pass_fds=(console_fd,) if console_fd is not None else (),
+    )
+
+
+def become_worker(run_dir: Path | str) -> NoReturn:
+    """Replace this process by the worker (same pid, signals and exit status: a task that is its worker)."""
+    sys.stdout.flush()
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    os.execv(sys.executable, [sys.executable, "-m", WORKER_MODULE, str(run_dir)])
+
+
+def run_worker_here(run_dir: Path | str, cfg: Config) -> bool:
+    """Run the worker in this process (submitit's task, which has already read the config once)."""
+    run: object = importlib.import_module(WORKER_MODULE).run
+    return bool(run(Path(run_dir), cfg))  # type: ignore[operator]
