@@ -91,6 +91,7 @@ class SafeFileSystemReader(FileSystemReader):
 
 class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Each value read weights-only (tensors and plain data), where DCP's planner would unpickle it."""
         loaded = weights_only(read_item, value)
         if self.flatten_state_dict:
             torchapi.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
@@ -102,12 +103,7 @@ class SafeEmptyStatePlanner(EmptyStateDictLoadPlanner):
     """DCP's planner that builds the whole state from the metadata (for reading a checkpoint into one
     process), reading values weights-only."""
 
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        loaded = weights_only(read_item, value)
-        if self.flatten_state_dict:
-            torchapi.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
+    load_bytes = SafeLoadPlanner.load_bytes  # both are DefaultLoadPlanners: the same state, the same read
 
 
 _PLAIN = (bool, int, float, str, type(None))

@@ -11,6 +11,7 @@ from hpctrain.config.redact import declare_secret, env_references, redact_config
 from hpctrain.config.schema import GROUP_SCHEMAS, Config
 from hpctrain.config.typed import to_config
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.files import load_yaml
 
 
 def run_config_text(cfg: DictConfig) -> str:
@@ -44,7 +45,7 @@ def load_run_config(path: Path, overrides: list[str] | None = None) -> Config:
     """Read a config written by :func:`write_run_config` back into typed dataclasses, with ``overrides``
     (``key=value``, e.g. ``trainer.eval_batches=8``: ``hpctrain eval``'s) merged in; ConfigError for one that
     names no key or has the wrong type."""
-    raw = OmegaConf.load(path)
+    raw = load_yaml(path)
     if overrides:
         raw = _with_overrides(raw, overrides)
     typed_raw = {key: raw[key] for key in raw}

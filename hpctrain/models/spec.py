@@ -74,6 +74,11 @@ class ModelSpec:
     def name(self) -> str:
         return self.target.rsplit(".", 1)[-1]
 
+    def declared_shapes(self) -> TransformerSpec | None:
+        """This spec as the planner reads it (layers, widths, heads: a fact sheet), or None for a model that
+        declares no shapes (a user's ``_target_``, whose facts are measured instead)."""
+        return None
+
     @property
     def tokens_per_sample(self) -> int:
         """Positions per sample the blocks see; 1 when unknown (throughput is then in samples)."""
@@ -162,6 +167,9 @@ class TransformerSpec(ModelSpec):
     def experts(self) -> int:
         """Experts of each mixture-of-experts layer (0: dense)."""
         return 0
+
+    def declared_shapes(self) -> TransformerSpec:
+        return self
 
     def check(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "mlp_ratio"):

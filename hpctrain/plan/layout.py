@@ -43,14 +43,15 @@ def planned_model(cfg: Config) -> TransformerSpec:
     """The model's declared spec, which its fact sheet is made of; a ConfigError for a model that declares
     none (a user's ``_target_``: its facts are measured, :func:`hpctrain.submit.measure.measured_for`)."""
     spec = model_spec(cfg.model)
-    if not isinstance(spec, TransformerSpec):
+    shapes = spec.declared_shapes()
+    if shapes is None:
         raise ConfigError(
             "model._target_",
             spec.target,
             "declares no shapes the planner can read: it is planned from the facts measured of it "
             "(hpctrain.submit.measure.measured_for)",
         )
-    return spec
+    return shapes
 
 
 def declared_facts(cfg: Config) -> ModelFacts:

@@ -515,10 +515,10 @@ class RunDir:
 
     def max_steps(self) -> int | None:
         """``trainer.max_steps`` of the run's config.yaml; None when missing, partly written or unreadable."""
-        from omegaconf import OmegaConf  # a plain YAML read, no resolution
+        from hpctrain.rundir.files import load_yaml  # a plain YAML read, no resolution
 
         try:
-            return int(OmegaConf.load(self.config).trainer.max_steps)
+            return int(load_yaml(self.config).trainer.max_steps)
         except Exception:  # missing, partly written or from another version: progress shows the step only
             return None
 

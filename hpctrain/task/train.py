@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.observe.logs import setup_logging
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.files import load_yaml
 from hpctrain.rundir.runs import continue_command
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     end_time = commands.end_time(job_id) if job_id and env.is_main else None
     observer = None
     if env.is_main:
-        plain = OmegaConf.to_container(OmegaConf.load(RunDir(run_dir).config))
+        plain = OmegaConf.to_container(load_yaml(RunDir(run_dir).config))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
 
     # A restart agent above this worker answers a fault inside the allocation while restarts are left: then

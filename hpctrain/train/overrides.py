@@ -30,6 +30,7 @@ from hpctrain.config.schema import Config
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
+from hpctrain.rundir.files import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any
     saved_file = layout.config_copy(checkpoint)
     if not saved_file.is_file():
         return {}
-    return changes_between(OmegaConf.load(saved_file), OmegaConf.load(cfg_file))
+    return changes_between(OmegaConf.load(saved_file), load_yaml(cfg_file))
 
 
 def check_changes(checkpoint: Path, changes: dict[str, tuple[Any, Any]]) -> None:

@@ -202,21 +202,7 @@ def export(
         data = {"name": cfg.data.name, "path": getattr(cfg.data, "path", None)}
         # Beside the weights: generate and people find it there; an hf folder's, AutoTokenizer loads.
         tokenizer = save_hf_tokenizer(data, partial) if fmt == "hf" else copy_tokenizer(data, partial)
-        meta = {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "step": layout.step_of(checkpoint),
-            "source": str(checkpoint),
-            "weights": fmt,
-            "dtype": dtype,
-            "model": {"_target_": cfg.model.target, **cfg.model.args},
-            "data": data,
-            "tokenizer": tokenizer,
-        }
-        (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
-        if to.exists():
-            to.rmdir()
-        os.replace(partial, to)
+        _publish(partial, to, _meta(checkpoint, fmt, dtype, cfg, data=data, tokenizer=tokenizer))
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return {
@@ -259,20 +245,7 @@ def _export_adapters(
             fan_in_fan_out=fan_in_fan_out,
         )
         (partial / PEFT_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
-        meta = {
-            "format": EXPORT_FORMAT,
-            "version": EXPORT_VERSION,
-            "step": step_of(checkpoint),
-            "source": str(checkpoint),
-            "weights": "peft-adapters",
-            "dtype": dtype,
-            "model": {"_target_": cfg.model.target, **cfg.model.args},
-            "base": base,
-        }
-        (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
-        if to.exists():
-            to.rmdir()
-        os.replace(partial, to)
+        _publish(partial, to, _meta(checkpoint, "peft-adapters", dtype, cfg, base=base))
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return {
@@ -280,6 +253,31 @@ def _export_adapters(
         "step": step_of(checkpoint),
         "parameters": sum(t.numel() for t in weights.values()),
     }
+
+
+def _meta(checkpoint: Path, weights: str, dtype: str, cfg: Any, **more: Any) -> dict[str, Any]:
+    """export.json: what was exported, from which checkpoint of which model."""
+    from hpctrain.rundir.checkpoints import step_of
+
+    return {
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "step": step_of(checkpoint),
+        "source": str(checkpoint),
+        "weights": weights,
+        "dtype": dtype,
+        "model": {"_target_": cfg.model.target, **cfg.model.args},
+        **more,
+    }
+
+
+def _publish(partial: Path, to: Path, meta: dict[str, Any]) -> None:
+    """The export's metadata written last, then its folder put in place of ``to`` in one rename (``to``: none,
+    or the empty folder check_destination allowed)."""
+    (partial / EXPORT_META).write_text(json.dumps(meta, indent=1, default=str) + "\n")
+    if to.exists():
+        to.rmdir()
+    os.replace(partial, to)
 
 
 def _save_safetensors(weights: dict[str, Any], folder: Path, max_bytes: int) -> None:

@@ -193,6 +193,13 @@ def model_branches(tree: ast.Module, room: str) -> list[tuple[int, str]]:
                         found.append((node.lineno, f"compares {item.value!r}"))
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in MODEL_NAMES:
             found.append((node.lineno, f"names model {node.value!r}"))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            kinds = node.args[1:] and node.args[1]
+            names = kinds.elts if isinstance(kinds, ast.Tuple) else [kinds] if kinds else []
+            for name in names:
+                spelled = name.id if isinstance(name, ast.Name) else getattr(name, "attr", "")
+                if spelled.endswith("Spec"):  # a model's kind, asked of its spec's class
+                    found.append((node.lineno, f"asks isinstance of {spelled}"))
     return found
 
 
@@ -237,6 +244,11 @@ BROKEN = {
     "model": (
         "hpctrain/jobs/summary.py",
         "tokens_in = spec.input_kind == 'tokens'\n",
+        lambda tree: model_branches(tree, "plan"),
+    ),
+    "model class": (
+        "hpctrain/plan/layout.py",
+        "transformer = isinstance(spec, TransformerSpec)\n",
         lambda tree: model_branches(tree, "plan"),
     ),
 }

@@ -170,13 +170,8 @@ def check_cluster(cfg: Config) -> None:
     one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
     for key in ("partition", "account", "qos", "exclude", "job_name", "mem"):
         value = getattr(c, key)
-        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
-            raise ConfigError(
-                f"cluster.{key}",
-                value,
-                "contains characters a shell or sbatch would act on",
-                valid="letters, digits and _ . , : @ % + = [ ] -",
-            )
+        if value is not None:
+            safe_token(f"cluster.{key}", value)
     check_sbatch_options(c)
     if c.constraint is not None and not SAFE_CONSTRAINT.fullmatch(c.constraint):
         raise ConfigError(
@@ -214,17 +209,23 @@ def check_cluster(cfg: Config) -> None:
             )
 
 
+def safe_token(key: str, value: Any) -> None:
+    """Refuse (one line) a value that a shell or sbatch would act on: it goes into the job script as is."""
+    if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
+        raise ConfigError(
+            key,
+            value,
+            "contains characters a shell or sbatch would act on",
+            valid="letters, digits and _ . , : @ % + = [ ] -",
+        )
+
+
 def check_sbatch_options(c: Any) -> None:
     """The sbatch options of their own keys and ``cluster.additional`` (any other one, by its long name)."""
     for key in ("gres", "reservation"):
         value = getattr(c, key)
-        if value is not None and not SAFE_SLURM_TOKEN.fullmatch(value):
-            raise ConfigError(
-                f"cluster.{key}",
-                value,
-                "contains characters a shell or sbatch would act on",
-                valid="letters, digits and _ . , : @ % + = [ ] -",
-            )
+        if value is not None:
+            safe_token(f"cluster.{key}", value)
     if c.gpus_per_task is not None:
         at_least("cluster.gpus_per_task", c.gpus_per_task, 1)
     if c.mail_user is not None and not MAIL_USER.fullmatch(c.mail_user):
@@ -254,13 +255,7 @@ def check_sbatch_options(c: Any) -> None:
             )
         if isinstance(value, bool) or value is None:
             continue  # a flag (true), or left out
-        if not SAFE_SLURM_TOKEN.fullmatch(str(value)):
-            raise ConfigError(
-                key,
-                value,
-                "contains characters a shell or sbatch would act on",
-                valid="letters, digits and _ . , : @ % + = [ ] -",
-            )
+        safe_token(key, value)
 
 
 def check_ssh(cfg: Config) -> None:

@@ -5,10 +5,10 @@ the trainer's max_steps) and ``report`` read the run, and ``task.args`` reach th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
+
+from tests.support import hpctrain
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = """
@@ -24,15 +24,7 @@ print("script args", sys.argv[1:], flush=True)
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return hpctrain(*args, cwd=cwd, timeout=600)
 
 
 def test_a_script_shows_rank_0_on_the_console_and_logs_metrics_status_and_report_read(tmp_path: Path):

@@ -5,12 +5,12 @@ leaves nothing."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import hpctrain
 
 pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
 
@@ -31,15 +31,7 @@ hydra:
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return hpctrain(*args, cwd=cwd, timeout=600)
 
 
 def test_the_params_mapping_on_the_command_line_runs_its_trials(tmp_path: Path):

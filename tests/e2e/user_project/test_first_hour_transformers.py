@@ -5,12 +5,12 @@ a tokenizer transformers loads."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import hpctrain
 
 pytest.importorskip("transformers")
 
@@ -25,15 +25,7 @@ GPT2 = (
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run(
-        [sys.executable, "-m", "hpctrain", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return hpctrain(*args, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")

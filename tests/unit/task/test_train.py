@@ -5,8 +5,10 @@ tests/e2e/checkpoint/test_resume.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +92,46 @@ def test_one_rank_trains_and_resumes_a_failed_run_bitwise(tmp_path: Path) -> Non
     b = model_and_optimizer(failed / "checkpoints" / "step_00000004")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert "Resumed from" in (failed / "logs" / "rank0.log").read_text()
+
+
+OPENED: list[str] = []
+WATCHED: list[str] = []  # the path whose opens are counted (none: the hook only returns)
+
+
+def _count_opens(event: str, args: tuple[object, ...]) -> None:
+    if event == "open" and WATCHED and str(args[0]) == WATCHED[0]:
+        frame = sys._getframe(1)
+        while frame is not None and not frame.f_code.co_filename.endswith("shutil.py"):
+            frame = frame.f_back  # type: ignore[assignment]
+        # A commit copies the file's bytes into its checkpoint (shutil): a copy, not a read of the config.
+        OPENED.append("copied" if frame is not None else "read")
+
+
+sys.addaudithook(_count_opens)  # for the process's life (a hook cannot be removed): idle unless WATCHED
+
+
+@pytest.mark.usefixtures("as_a_worker")
+def test_a_rank_reads_the_runs_config_once(tmp_path: Path) -> None:
+    """config.yaml is read once per process: by the worker, then parsed again by none of the observer, the
+    resume's checks and the progress line (a fresh run, then its resume from step 2, a longer schedule)."""
+    run = tmp_path / "run"
+    for overrides in (["faults.fail_at=0:3"], ["trainer.max_steps=5"]):
+        write_run_config(run, compose([*RUN, *overrides, f"hydra.run.dir={run}"]))
+        env = DistEnv(0, 0, 1, 1, "127.0.0.1", free_port("127.0.0.1"), hostname="localhost")
+        OPENED.clear()
+        WATCHED[:] = [str(run / "config.yaml")]
+        try:
+            cfg = load_run_config(run / "config.yaml")  # as the worker reads it
+            with pytest.raises(RuntimeError) if overrides[0].startswith("faults") else _nothing():
+                run_training(run, env, None, StopSignals({"USR2", "TERM"}), cfg)
+        finally:
+            WATCHED.clear()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        assert OPENED.count("read") == 1 and "copied" in OPENED, OPENED
+    assert "Resumed from" in (run / "logs" / "rank0.log").read_text()
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[None]:
+    yield
