@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+EXIT_BAD_CONFIG = 2  # the exit status of a command refused in one line (a bad input), everywhere
+
 
 class ConfigError(ValueError):
     """A rejected configuration. ``str()`` is one line: ``key=value: reason; valid: ...``."""

@@ -61,10 +61,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from hpctrain.checkpoint import ranks
 from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
+from hpctrain.checkpoint.mismatch import refuse_mismatch
 from hpctrain.checkpoint.pins import pinned
-from hpctrain.checkpoint.reader import FastReader
+from hpctrain.checkpoint.reader import CheckpointNotLoadable, FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner
 from hpctrain.checkpoint.staging import (
     EncodingSavePlanner,
@@ -75,7 +77,7 @@ from hpctrain.checkpoint.staging import (
 )
 from hpctrain.checkpoint.state import allocate_optimizer_state
 from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
-from hpctrain.errors import START_FRESH, CheckpointMismatch
+from hpctrain.errors import CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.files import fsync_dir
@@ -88,10 +90,6 @@ WRITER_FAILURE = ("warn", "stop")
 # How long a rank whose own writer has not failed waits for it to say so once a peer's has (a killed writer
 # is reaped within milliseconds; a healthy one stuck in the dead one's collective never says anything).
 _OWN_OUTCOME_WAIT_S = 2.0
-
-
-class CheckpointNotLoadable(RuntimeError):
-    pass
 
 
 class CheckpointWriterFailed(RuntimeError):
@@ -172,12 +170,12 @@ class CheckpointManager:
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt at this step that never committed
                 tmp.mkdir(parents=True)
-            _barrier()
+            ranks.barrier()
         if shared and blocking:
             # Returns once every rank's shards are written.
             dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
             self._commit(step, tmp, final)
-            _barrier()
+            ranks.barrier()
         if in_background:
             self._save_in_background(step, state, tmp if shared and not blocking else None, final, local)
         return final
@@ -224,7 +222,7 @@ class CheckpointManager:
         failure: the writers of every rank join one group). Call it early: it boots beside training."""
         if self._writer is not None:
             return self._writer
-        world_size = dist.get_world_size() if _distributed() else 1
+        world_size = ranks.world_size()
         address = None
         if world_size > 1:
             if self._store_address is None:
@@ -278,7 +276,7 @@ class CheckpointManager:
                     time.perf_counter() - started,
                 )
         elif self._writer is not None:
-            _barrier()
+            ranks.barrier()
 
     def _settle(self, block: bool) -> bool:
         """Resolve the pending save if every rank's writer is done (commit: True) or any failed (False);
@@ -289,21 +287,21 @@ class CheckpointManager:
             finished, failure = True, pending.failure
             if failure is None:
                 finished, failure = self._writer.outcome(pending.id) if self._writer else (True, "no writer")
-            done, failed = _sum_over_ranks(
+            done, failed = ranks.sum_over_ranks(
                 [int(finished and failure is None), int(failure is not None)], self._background_group()
             )
             if failed:
                 self._pending = None
                 self._writer_failed(pending, failure)
                 return False
-            if done == _world_size():
+            if done == ranks.world_size():
                 self._pending = None
                 if pending.tmp is not None:
                     self._commit(pending.step, pending.tmp, pending.final)
                     if self.rank == 0 and not block:
                         log.info("Committed %s (written beside training)", pending.final.name)
                     if block:
-                        _barrier()  # every rank returns with the checkpoint committed
+                        ranks.barrier()  # every rank returns with the checkpoint committed
                 return True
             if not block:
                 return False
@@ -321,7 +319,7 @@ class CheckpointManager:
                 if finished:
                     break
                 time.sleep(0.01)
-        every = _gather_over_ranks(failure, self._background_group())
+        every = ranks.gather_over_ranks(failure, self._background_group())
         self._stager.wait_staged_quietly()
         if self._writer is not None:
             self._writer.kill()  # the others may wait in the dead one's collectives
@@ -333,7 +331,7 @@ class CheckpointManager:
         kept = f"{newest[0].name} stays the newest checkpoint" if newest else "there is no checkpoint yet"
         if self.rank == 0 and pending.tmp is not None:
             shutil.rmtree(pending.tmp, ignore_errors=True)
-        _barrier()
+        ranks.barrier()
         if self.on_writer_failure == "stop":
             raise CheckpointWriterFailed(
                 f"checkpoint writer failed while writing {what} ({why}); it was not committed, {kept}; "
@@ -393,7 +391,7 @@ class CheckpointManager:
 
     def _background_group(self) -> dist.ProcessGroup | None:
         """A gloo group of all ranks for the manager's own collectives (made on first use: collective)."""
-        if self._group is None and _distributed():
+        if self._group is None and ranks.distributed():
             self._group = dist.new_group(backend="gloo")
         return self._group
 
@@ -415,17 +413,19 @@ class CheckpointManager:
         loaded = self._resume(state, policy, check)
         if loaded is not None:  # the state is that checkpoint's
             self.state_touched = False
-        if loaded is None and _world_size() > 1:
+        if loaded is None and ranks.world_size() > 1:
             # A fresh lineage is rank 0's: every rank's fast-tier copies and every manifest must name one.
-            self.lineage = _gather_over_ranks(self.lineage, self._background_group())[0]
+            self.lineage = ranks.gather_over_ranks(self.lineage, self._background_group())[0]
             self._own_lineages = {self.lineage}
         if self.fast is not None:
             if self.rank == 0:
                 layout.write_lineage(self.root, self.lineage, self.fast.paths.job)
             self.fast.after_resume(self.lineage, _train_step(state) if loaded else 0)
         if loaded is None:
-            self.state_touched = bool(_sum_over_ranks([int(self.state_touched)], self._background_group())[0])
-        _barrier()
+            self.state_touched = bool(
+                ranks.sum_over_ranks([int(self.state_touched)], self._background_group())[0]
+            )
+        ranks.barrier()
         return loaded
 
     def _resume(
@@ -521,7 +521,7 @@ class CheckpointManager:
             metadata = reader.read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
             if fits:
-                _check_fits(directory, metadata.state_dict_metadata, state)
+                refuse_mismatch(directory, metadata.state_dict_metadata, state)
             # A rank the checkpoint has no RNG stream for (it was written by fewer ranks) loads the rest.
             absent = [key for key in state if RNG_KEY.fullmatch(key) and key not in saved]
             with warnings.catch_warnings():  # a fast-tier copy is one rank's by design: DCP's note is noise
@@ -551,13 +551,13 @@ class CheckpointManager:
                 len(saved_ranks),
                 seed,
             )
-        gone = [r for r in saved_ranks if r >= _world_size()]
+        gone = [r for r in saved_ranks if r >= ranks.world_size()]
         if gone and self.rank == 0:
             log.info(
                 "%s was saved by %d ranks, this run has %d: RNG states of ranks %s are not used",
                 directory.name,
                 len(saved_ranks),
-                _world_size(),
+                ranks.world_size(),
                 ", ".join(map(str, gone)),
             )
         return None
@@ -588,100 +588,9 @@ class CheckpointManager:
                 if not tmp.name.startswith(layout.PRUNED_PREFIX):
                     log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
-        _barrier()
-
-
-def _check_fits(directory: Path, saved: Mapping[str, Any], state: Mapping[str, Any]) -> None:
-    """Raise ``CheckpointMismatch`` naming the first model tensor whose name or shape differs between the
-    checkpoint and this run (states that offer ``model_shapes()``: {parameter name: global shape})."""
-    for key, stateful in state.items():
-        shapes = getattr(stateful, "model_shapes", None)
-        if shapes is None:
-            continue
-        prefix = f"{key}.model."
-        mine = {f"{prefix}{name}": tuple(shape) for name, shape in _whole_model(shapes()).items()}
-        # A tied parameter's second name (saved by hpctrain before it saved each weight once) is not loaded.
-        aliases = {f"{prefix}{name}" for name in getattr(stateful, "saved_names", {})}
-        theirs = {
-            k: tuple(getattr(v, "size", ()))
-            for k, v in saved.items()
-            if k.startswith(prefix) and hasattr(v, "size") and k not in aliases
-        }
-        for name in sorted(mine.keys() | theirs.keys()):
-            if mine.get(name) == theirs.get(name):
-                continue
-            what = name[len(prefix) :]
-            if name not in theirs:
-                detail = f"{what} is in the model {list(mine[name])} but not in the checkpoint"
-            elif name not in mine:
-                detail = f"{what} is in the checkpoint {list(theirs[name])} but not in the model"
-            else:
-                shapes_of = f"{list(theirs[name])} in the checkpoint, {list(mine[name])} in the model"
-                detail = f"{what} has shape {shapes_of}"
-            raise CheckpointMismatch(
-                f"checkpoint {directory} does not match the model: {detail}; nothing was loaded or deleted; "
-                f"{START_FRESH}"
-            )
-
-
-def _whole_model(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The union of every rank's model tensors: a pipeline stage holds only part of the model, which a
-    checkpoint of the whole model must not be refused for. Collective when several ranks run."""
-    if not _distributed() or dist.get_world_size() == 1:
-        return shapes
-    every: list[dict[str, tuple[int, ...]] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, shapes)
-    return {name: shape for part in every if part for name, shape in part.items()}
+        ranks.barrier()
 
 
 def _train_step(state: Mapping[str, Any]) -> int:
     train = state.get("train")
     return int(getattr(train, "step", 0))
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if _distributed() else 1
-
-
-def _barrier() -> None:
-    if _distributed():
-        dist.barrier()
-
-
-def _sum_over_ranks(values: list[int], group: dist.ProcessGroup | None) -> list[int]:
-    if not _distributed() or dist.get_world_size() == 1:
-        return values
-    tensor = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(tensor, group=group)
-    return [int(v) for v in tensor]
-
-
-def _gather_over_ranks(value: Any, group: dist.ProcessGroup | None) -> list[Any]:
-    if not _distributed() or dist.get_world_size() == 1:
-        return [value]
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, value, group=group)
-    return every
-
-
-def read_checkpoint(directory: Path) -> dict[str, Any]:
-    """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
-    inspection and export."""
-    from hpctrain import torchapi
-    from hpctrain.checkpoint.safe import SafeEmptyStatePlanner
-
-    problem = layout.problem_with(directory, checksums=False)
-    if problem:
-        raise CheckpointNotLoadable(f"{directory}: {problem}")
-    state: dict[str, Any] = {}
-    with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        # DCP's own converter (dcp_to_torch_save) calls this: dcp.load would fill a copy of ``state``.
-        torchapi.load_state_dict_here(
-            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner()
-        )
-    return state

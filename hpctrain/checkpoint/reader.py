@@ -31,6 +31,7 @@ import io
 import math
 import mmap
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,25 @@ class _Shard:
         if self._mapping is not None:
             with contextlib.suppress(BufferError):  # a tensor viewing it is alive: the mapping goes with it
                 self._mapping.close()
+
+
+class CheckpointNotLoadable(RuntimeError):
+    """A checkpoint that is not there whole (missing, uncommitted, damaged), named with what is wrong."""
+
+
+def read_checkpoint(directory: Path) -> dict[str, Any]:
+    """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
+    inspection and export."""
+    from hpctrain.checkpoint.safe import SafeEmptyStatePlanner
+
+    problem = layout.problem_with(directory, checksums=False)
+    if problem:
+        raise CheckpointNotLoadable(f"{directory}: {problem}")
+    state: dict[str, Any] = {}
+    with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        # DCP's own converter (dcp_to_torch_save) calls this: dcp.load would fill a copy of ``state``.
+        torchapi.load_state_dict_here(
+            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner()
+        )
+    return state

@@ -12,10 +12,9 @@ from __future__ import annotations
 import sys
 
 from hpctrain.cli.common import Parser
-from hpctrain.errors import ConfigError
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 
 EXIT_DOES_NOT_FIT = 1
-EXIT_BAD_CONFIG = 2
 
 
 def run(name: str, argv: list[str]) -> int:

@@ -8,9 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from hpctrain.errors import ConfigError
-
-EXIT_BAD_CONFIG = 2
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 
 
 def run(name: str, argv: list[str]) -> int:

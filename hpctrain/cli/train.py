@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from hpctrain.config.schema import SLURM_ARRAY_LAUNCHER
-from hpctrain.errors import ConfigError
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 
-EXIT_BAD_CONFIG = 2
 # Hydra's refusal of a sweep's value without --multirun: a comma list ("Ambiguous value ...", whose hint
 # is on its later lines) or a sweep function such as range() ("... requires --multirun").
 _SWEEP_WITHOUT_M = re.compile(r"(?:Ambiguous value for argument|Sweep parameters) '(.+)'")
@@ -116,9 +114,9 @@ def _train(argv: list[str]) -> int:
     from hpctrain.config.compose import user_config_dirs
     from hpctrain.launch import forked
     from hpctrain.launch.project import record_project_dir
-    from hpctrain.submit.hydra_app import dry_run, print_composed, run_hydra, run_single
-    from hpctrain.submit.precheck import example_note, precheck
-    from hpctrain.submit.sweep import describe_sampler_sweep, interval_sweep, sampler_sweep, sweep_members
+    from hpctrain.submit.dry_run import list_dry_sweep, show_dry_run
+    from hpctrain.submit.hydra_app import print_composed, run_hydra, run_single
+    from hpctrain.submit.precheck import precheck
 
     args = get_args_parser().parse_intermixed_args(argv)
     mistyped = _unknown_command(argv, list(args.overrides))
@@ -162,45 +160,12 @@ def _train(argv: list[str]) -> int:
         forked.keep_prestarted(local and not (args.cfg or args.package or args.resolve))
         if not (args.multirun or args.cfg or args.package or args.resolve or args.experimental_rerun):
             if first.dry_run:
-                from hpctrain.plan.estimate import estimate
-                from hpctrain.plan.search import smallest_fit
-                from hpctrain.plan.text import oversized_line, summary
-                from hpctrain.submit.measure import measured_for
-
-                try:  # a user's model: measured by the precheck already (cached), else now
-                    measured = measured_for(first)
-                    est = estimate(first, measured)
-                except ConfigError as err:
-                    print(f"hpctrain: {err}", file=sys.stderr)
-                    return EXIT_BAD_CONFIG
-                print(summary(first, est), flush=True)  # the memory and time plan, one line
-                fit = smallest_fit(first, est, measured)
-                if fit is not None:  # far more GPUs than the model needs: the smallest layout that fits
-                    print(f"hpctrain: {oversized_line(est, fit)}", file=sys.stderr, flush=True)
-                note = example_note(first)
-                if note is not None:  # a submission would be refused: said before the plan of it
-                    print(f"note: {note}; without dry_run it is refused until they are yours")
-                return dry_run(first, composed)
+                return show_dry_run(first, composed)
             return run_single(composed, config_dirs, first)
         if args.multirun and first.dry_run and not args.cfg:
-            from hpctrain.config.redact import secret_env
-
-            members = sweep_members(overrides)
-            where = "a job array" if first.cluster.kind == "slurm" else "one after another here"
-            if sampler_sweep(overrides, composed):  # chosen as results come: nothing to list, nothing to run
-                for line in describe_sampler_sweep(overrides, composed, where):
-                    print(line)
-                return 0
-            if len(members) > 0 and not interval_sweep(overrides):  # a grid: listed without Hydra's run
-                sweep_dir = Path(composed.hydra.sweep.dir).absolute()
-                print(f"Dry run: nothing started. {len(members)} members would run ({where}) in {sweep_dir}:")
-                secrets = secret_env(first.cluster.env)
-                for i, member in enumerate(members):
-                    line = " ".join(member)
-                    for value in secrets.values():  # a secret cluster.env value is never printed
-                        line = line.replace(value, "***")
-                    print(f"  {i}  {line}")
-                return 0
+            listed = list_dry_sweep(overrides, composed, first)
+            if listed is not None:  # a grid or a sampler's sweep, said without Hydra's run
+                return listed
         chose_launcher = any(o.lstrip("+~").startswith("hydra/launcher=") for o in overrides)
         if args.multirun and first.cluster.kind == "slurm" and not chose_launcher:
             overrides.append(f"hydra/launcher={SLURM_ARRAY_LAUNCHER}")

@@ -30,7 +30,7 @@ import jinja2
 from hpctrain.config.redact import export_secrets, secret_env
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
-from hpctrain.errors import ConfigError
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 from hpctrain.launch.jobscript import allocation_nodes, container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
 from hpctrain.launch.snapshot import plan_project, project_path_entry
@@ -44,7 +44,6 @@ from hpctrain.slurm.remote import Remote, RemoteError, remote_run_dir
 log = logging.getLogger(__name__)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
-EXIT_BAD_CONFIG = 2
 
 
 def template_path(name: str) -> Path:

@@ -17,7 +17,7 @@ from typing import Any
 from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
-from hpctrain.errors import ConfigError
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 from hpctrain.launch.jobscript import (
     allocation_nodes,
     container_srun_args,
@@ -38,8 +38,6 @@ from hpctrain.slurm.commands import check_client
 from hpctrain.slurm.spec import parse_time_limit
 
 log = logging.getLogger(__name__)
-
-EXIT_BAD_CONFIG = 2
 
 
 def submitit_parameters(

@@ -13,11 +13,10 @@ from omegaconf import DictConfig
 
 from hpctrain.config.compose import CONF_DIR, CONFIG_NAME, compose, config_context, to_typed
 from hpctrain.config.schema import Config
-from hpctrain.errors import ConfigError
+from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 from hpctrain.rundir import NO_HYDRA_RECORD, RunDir
 from hpctrain.rundir.records import SweepRecord
 
-EXIT_BAD_CONFIG = 2
 # The "array job id", cluster and job id prefix of a sweep run here in its sweep.json: hpctrain.jobs.targets'
 # LOCAL, by which status, summary, cancel and report read its members' state from their run directories.
 LOCAL = "local"

@@ -1,145 +1,38 @@
-"""Every run a command would start, composed and checked before Hydra creates a directory or any process
-starts: the config (one line per bad input), the user's model, data and loss on the meta device (once per
-distinct combination), whether the run fits where it will run, the run directory (writable, not locked by a
-live run) and, for Slurm, the size of the code snapshot. Imports torch only to probe a user's own code."""
+"""The submission's own checks, which :mod:`hpctrain.submit.submission` calls in the order of its table:
+the Slurm site (ssh, a client here, partitions, an example profile), packs and evaluation jobs, the run
+directory's lock, this shell's Slurm counts, fp8 on this machine's GPUs; and :func:`precheck`, the face the
+CLI calls. Imports torch only to probe a user's own code (elsewhere, through the table)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from hpctrain.config.schema import Config
-from hpctrain.errors import ConfigError, require_package
+from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
 from hpctrain.precision import float8_problem
 from hpctrain.slurm.remote import Remote
 
 
 def precheck(
-    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None, said: list[str] | None = None
+    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
 ) -> tuple[Config, DictConfig]:
-    """Compose and validate every run the command would start; raise ConfigError for the first bad one.
-    Returns the first run's config, typed and as composed (with Hydra's node). ``config_dirs``: the
-    user's ``--config-dir``. What was chosen for the user (the data of a model) is said once all passed:
-    a refused command prints its one line and nothing else."""
-    if said is None:
-        said = []
-        checked = precheck(overrides, multirun, config_dirs, said)
-        for line in said:
-            print(line)
-        return checked
-    from hpctrain.config.compose import (
-        compose,
-        literal_script_args,
-        plain_parameters,
-        shadowed_choices,
-        sweeper_params,
-        to_typed,
-    )
-    from hpctrain.config.redact import secret_overrides
-    from hpctrain.config.validate import check_writable_dir
-    from hpctrain.plan.check import check_run, data_for_model
-    from hpctrain.submit.existing import (
-        check_existing,
-        check_not_in_checkpoint,
-        check_sweep_reuse,
-        named_run_overrides,
-        own_recipe,
-    )
-    from hpctrain.submit.sweep import chosen_sweeper, require_sweeper, sweep_members
+    """Compose and check every run the command would start (:class:`hpctrain.submit.submission.Submission`);
+    raise ConfigError for the first refusal. Returns the first run's config, typed and as composed (with
+    Hydra's node). ``overrides``: the caller's list, updated in place with what Hydra's own run gets."""
+    from hpctrain.submit.submission import Submission
 
-    # run=NAME alone continues that run's own recipe; a typed secret goes into the environment, Hydra gets
-    # ${oc.env:NAME}; a parameter of a user's factory needs no +. The caller's list: Hydra's own run and
-    # sweeps use it too.
-    overrides[:] = secret_overrides(own_recipe(overrides, multirun))
-    overrides[:] = plain_parameters(literal_script_args(sweeper_params(overrides)), config_dirs or [])
-    checked = []
-    probed: set[str] = set()
-    warned: set[str] = set()
-    for i, member in enumerate(sweep_members(overrides) if multirun else [overrides]):
-        try:
-            cfg = compose(member, config_dirs or [])
-        except ConfigError as err:
-            if err.key == "hydra/sweeper":  # Hydra knows a sweeper's config only once its plugin is installed
-                require_sweeper(str(err.value))
-            raise
-        require_sweeper(chosen_sweeper(cfg))  # the plugin installed, the library it drives perhaps not
-        typed = to_typed(cfg)
-        named = named_run_overrides(typed.run, overrides, multirun) if i == 0 else []
-        if named:  # run=NAME: its stable directory, for this check and for Hydra's own run alike
-            overrides.extend(named)
-            return precheck(overrides, multirun, config_dirs, said)
-        choice = data_for_model(typed, member) if i == 0 else None
-        if choice is not None:  # the data follows the model the user chose: say so, then check with it
-            spec = model_spec(typed.model)
-            taken = f"model {spec.name} takes {spec.input_kind}"
-            said.append(f"hpctrain: {choice} ({taken}; choose another with data=...)")
-            overrides.append(choice)  # the caller's list: Hydra's own run (sweeps, --cfg) gets it too
-            return precheck(overrides, multirun, config_dirs, said)
-        check_run(typed)
-        if typed.trainer.precision == "fp8":
-            # The package first, wherever the run goes (a Slurm job runs this Python's packages): its pip
-            # line is the one fix on any machine, the GPU the next.
-            require_package("trainer.precision", "fp8", "torchao")
-        if typed.trainer.precision == "fp8" and typed.cluster.kind == "local":
-            check_float8_here()  # a Slurm job's device is known only on its node: the worker checks there
-        if i == 0 and typed.cluster.kind == "local":
-            _check_slurm_counts()  # read by every rank of a local run too (requeues, the checkpoint's job)
-        if i == 0 and typed.cluster.kind == "local" and typed.cluster.fork_server:
-            from hpctrain.launch.forked import check_server_env
-
-            check_server_env()  # a HPCTRAIN_FORKSERVER that names no running server
-        # The user's model, data and loss, init_from and the memory fit: torch's side (in a child of a
-        # persistent fork server, when one serves).
-        from hpctrain.submit.torchside import check_torch_side_where_cheapest
-
-        run_dir = None if multirun else resolved_dir(cfg, "hydra.run.dir")
-        check_torch_side_where_cheapest(typed, cfg, run_dir, probed)
-        if i == 0 and typed.cluster.kind == "slurm" and not typed.dry_run:
-            # What the config itself cannot do is said first (above), then where it cannot be submitted
-            # from; before the snapshot: nothing to write where none submits.
-            _check_ssh(typed, multirun, cfg)
-            _check_slurm_here(typed)
-            _check_not_example(typed)
-        checked.append((typed, cfg))
-        for path in shadowed_choices(cfg, config_dirs or []):
-            if path not in warned:  # Hydra finds hpctrain's conf/ first
-                warned.add(path)
-                note = f"hpctrain: warning: {path} is not used: hpctrain has an option so named"
-                print(note, file=sys.stderr)
-        if run_dir is None:  # a sweep member
-            sweep_dir = resolved_dir(cfg, "hydra.sweep.dir")
-            check_not_in_checkpoint("hydra.sweep.dir", sweep_dir)
-            check_writable_dir("hydra.sweep.dir", sweep_dir)
-        else:
-            check_not_in_checkpoint("hydra.run.dir", run_dir)
-            check_writable_dir("hydra.run.dir", run_dir)
-            _check_unlocked(run_dir)
-            check_existing(run_dir, typed, cfg)  # new, empty, or a run this one continues
-    first = checked[0][0]
-    if multirun:  # a sweep's name reused with other values would relabel its results
-        check_sweep_reuse(resolved_dir(checked[0][1], "hydra.sweep.dir").absolute(), overrides, first.run)
-    remote = Remote(first.cluster.ssh, first.cluster.ssh_config) if first.cluster.ssh else None
-    _check_pack(first, len(checked), multirun)
-    _check_eval_job(first, config_dirs or [])
-    if first.cluster.kind == "slurm":  # a project too big to snapshot is refused before anything is written
-        from hpctrain.launch.project import project_dir
-        from hpctrain.launch.snapshot import plan_project
-
-        plan_project(project_dir(), first.cluster.snapshot_paths)
-        from hpctrain.slurm.commands import use_remote
-
-        with use_remote(remote):
-            _check_partitions(first)
-    return checked[0]
+    submission = Submission.compose(overrides, multirun, config_dirs or [])
+    submission.check()
+    return submission.first
 
 
-def _check_pack(cfg: Config, members: int, multirun: bool) -> None:
+def check_pack(cfg: Config, members: int, multirun: bool) -> None:
     """``cluster.pack`` packs members of a sweep into one job: no more than the sweep has."""
     from hpctrain.errors import ConfigError
 
@@ -153,7 +46,7 @@ def _check_pack(cfg: Config, members: int, multirun: bool) -> None:
         )
 
 
-def _check_eval_job(cfg: Config, config_dirs: list[Path]) -> None:
+def check_eval_job(cfg: Config, config_dirs: list[Path]) -> None:
     """``trainer.eval_job`` names a Slurm cluster profile, and the run is on Slurm (its job submits them)."""
     from hpctrain.config.compose import group_options
     from hpctrain.config.sanity import check_text
@@ -184,7 +77,7 @@ def _check_eval_job(cfg: Config, config_dirs: list[Path]) -> None:
         )
 
 
-def _check_partitions(cfg: Config) -> None:
+def check_partitions(cfg: Config) -> None:
     """Every partition of ``cluster.partition`` (a list a,b lets Slurm start the job where it can soonest)
     exists on the cluster. Skipped where no Slurm client can answer (a dry run away from the cluster)."""
     from hpctrain.errors import ConfigError
@@ -252,7 +145,7 @@ def composed_run(overrides: list[str], config_dirs: list[Path] | None = None) ->
     return to_typed(compose([*overrides, choice], config_dirs or []))
 
 
-def _check_ssh(cfg: Config, multirun: bool, composed: DictConfig) -> None:
+def check_ssh_sweep(cfg: Config, multirun: bool, composed: DictConfig) -> None:
     """``cluster.ssh``: a sweep goes as sbatch job arrays shipped to the login node, so what needs submitit's
     tasks (``cluster.pack``'s packs) or this machine to read the members' results while they run (a sweeper
     other than Hydra's basic one, such as Optuna) is refused."""
@@ -275,7 +168,7 @@ def _check_ssh(cfg: Config, multirun: bool, composed: DictConfig) -> None:
         )
 
 
-def _check_slurm_here(cfg: Config) -> None:
+def check_slurm_here(cfg: Config) -> None:
     """A Slurm profile needs a Slurm client that knows its controller: refused in one line before Hydra
     makes a run or sweep directory (a laptop, a login node without SLURM_CONF). Over ``cluster.ssh``, the
     login node must answer: unreachable, a host key that does not match, a login refused are one line."""
@@ -314,7 +207,7 @@ def example_note(cfg: Config) -> str | None:
     )
 
 
-def _check_not_example(cfg: Config) -> None:
+def check_not_example(cfg: Config) -> None:
     """An example profile is not submitted with its placeholders: one line saying which and what to do."""
     from hpctrain.errors import ConfigError
 
@@ -330,7 +223,7 @@ def _check_not_example(cfg: Config) -> None:
         )
 
 
-def _check_unlocked(run_dir: Path) -> None:
+def check_unlocked(run_dir: Path) -> None:
     """Refuse, before Hydra writes anything there, a run directory another live run holds."""
     from hpctrain.rundir import RunDir, RunLock
 
@@ -338,7 +231,7 @@ def _check_unlocked(run_dir: Path) -> None:
         RunLock(run_dir).acquire().release()
 
 
-def _check_slurm_counts() -> None:
+def check_slurm_counts() -> None:
     from hpctrain.slurm.spec import malformed_count
 
     found = malformed_count(dict(os.environ))

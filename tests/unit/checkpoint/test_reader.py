@@ -19,8 +19,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from hpctrain.checkpoint.direct import RAW, DirectWriter
-from hpctrain.checkpoint.manager import read_checkpoint
-from hpctrain.checkpoint.reader import CheckpointDamaged, FastReader
+from hpctrain.checkpoint.reader import CheckpointDamaged, FastReader, read_checkpoint
 from hpctrain.checkpoint.safe import SafeLoadPlanner, UnsafeCheckpoint
 from hpctrain.rundir import checkpoints as layout
 
