@@ -7,9 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
-from hpctrain.checkpoint.ranks import distributed
+from hpctrain.checkpoint.ranks import gather_over_ranks
 from hpctrain.errors import START_FRESH, CheckpointMismatch
 
 
@@ -49,8 +47,5 @@ def refuse_mismatch(directory: Path, saved: Mapping[str, Any], state: Mapping[st
 def whole_model(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """The union of every rank's model tensors: a pipeline stage holds only part of the model, which a
     checkpoint of the whole model must not be refused for. Collective when several ranks run."""
-    if not distributed() or dist.get_world_size() == 1:
-        return shapes
-    every: list[dict[str, tuple[int, ...]] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, shapes)
+    every = gather_over_ranks(shapes, None)
     return {name: shape for part in every if part for name, shape in part.items()}

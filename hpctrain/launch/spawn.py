@@ -68,5 +68,4 @@ def become_worker(run_dir: Path | str) -> NoReturn:
 
 def run_worker_here(run_dir: Path | str, cfg: Config) -> bool:
     """Run the worker in this process (submitit's task, which has already read the config once)."""
-    run: object = importlib.import_module(WORKER_MODULE).run
-    return bool(run(Path(run_dir), cfg))  # type: ignore[operator]
+    return bool(importlib.import_module(WORKER_MODULE).run(Path(run_dir), cfg))

@@ -54,7 +54,7 @@ def run_pack(run_dirs: list[str]) -> None:
     and no further member is started in this allocation.
     """
     from hpctrain.config.io import load_run_config
-    from hpctrain.launch.agent import slurm_job_start
+    from hpctrain.launch.agent import AGENT_PID_ENV, slurm_job_start
     from hpctrain.launch.nodeserver import node_server
     from hpctrain.launch.spawn import start_worker
     from hpctrain.rundir import RunDir
@@ -79,7 +79,7 @@ def run_pack(run_dirs: list[str]) -> None:
     server = None
     if load_run_config(RunDir(run_dirs[0]).config).cluster.fork_server:
         server = node_server(os.environ, slurm_job_start(), os.uname().nodename)
-    env = {**os.environ, "HPCTRAIN_AGENT_PID": str(server.pid)} if server is not None else None
+    env = {**os.environ, AGENT_PID_ENV: str(server.pid)} if server is not None else None
     failed = []
     try:
         for run_dir in run_dirs:

@@ -157,7 +157,8 @@ def respond_to_fault(
     # Restarts inside the allocation are used up or off when a worker gets here: the policy's rules 2, 5, 6.
     caps = policy.Caps(0, max_no_progress if counted else sys.maxsize, max_requeues)
     action = policy.decide(fault, history, caps)
-    crash_loop = isinstance(action, policy.Fail) and action.error == policy.CRASH_LOOP
+    refused = action if isinstance(action, policy.Fail) else None
+    crash_loop = refused is not None and refused.error == policy.CRASH_LOOP
     if counted:  # this job start's end, where the restart agents and the next start count it
         attempt = {
             "time": time.time(),
@@ -169,12 +170,13 @@ def respond_to_fault(
             "progress": progress,
             "action": "stopped" if crash_loop else "requeue",
         }
-        if crash_loop and isinstance(action, policy.Fail):
-            attempt["why"] = action.why
+        if refused is not None and crash_loop:
+            attempt["why"] = refused.why
         rd.append_restart(attempt)
-    if not isinstance(action, policy.Requeue):
-        log.error("Not requeueing: %s", action.why if isinstance(action, policy.Fail) else action)
+    if refused is not None:  # with no restart in its caps, the policy requeues or refuses
+        log.error("Not requeueing: %s", refused.why)
         return
+    assert isinstance(action, policy.Requeue)
     lost = excluded_nodes(run_dir)
     exclude = _exclusion(job_id, culprit.host if culprit else None, lost) if action.exclude or lost else None
     _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))

@@ -140,9 +140,14 @@ def composed_run(overrides: list[str], config_dirs: list[Path] | None = None) ->
     choice = data_for_model(typed, overrides)
     if choice is None:
         return typed
-    spec = model_spec(typed.model)
-    print(f"hpctrain: {choice} (model {spec.name} takes {spec.input_kind}; choose another with data=...)")
+    print(data_choice_line(typed, choice))
     return to_typed(compose([*overrides, choice], config_dirs or []))
+
+
+def data_choice_line(cfg: Config, choice: str) -> str:
+    """The line that says which data was chosen for the model (``data=OPTION``), and how to choose another."""
+    spec = model_spec(cfg.model)
+    return f"hpctrain: {choice} (model {spec.name} takes {spec.input_kind}; choose another with data=...)"
 
 
 def check_ssh_sweep(cfg: Config, multirun: bool, composed: DictConfig) -> None:

@@ -63,7 +63,6 @@ class Submission:
         """Phases 1 and 2: the overrides Hydra gets, what the first run implies, every member composed."""
         from hpctrain.config.compose import literal_script_args, plain_parameters, sweeper_params
         from hpctrain.config.redact import secret_overrides
-        from hpctrain.models.builtin import model_spec
         from hpctrain.plan.check import data_for_model
         from hpctrain.submit.existing import named_run_overrides, own_recipe
 
@@ -77,9 +76,7 @@ class Submission:
             first = sub._member(0, sub._member_overrides()[0])
         choice = data_for_model(first.cfg, first.overrides)
         if choice is not None:  # the data follows the model the user chose: said once all passed
-            spec = model_spec(first.cfg.model)
-            taken = f"model {spec.name} takes {spec.input_kind}"
-            sub.said.append(f"hpctrain: {choice} ({taken}; choose another with data=...)")
+            sub.said.append(rooms.data_choice_line(first.cfg, choice))
             overrides.append(choice)
             first = sub._member(0, sub._member_overrides()[0])
         sub.members = [first]
@@ -149,11 +146,11 @@ def _config(sub: Submission, m: Member) -> None:
 
 
 def _model_and_data(sub: Submission, m: Member) -> None:
-    from hpctrain.config.shape import run_shape
     from hpctrain.models.builtin import model_spec
     from hpctrain.plan.check import check_model
 
-    check_model(m.cfg, model_spec(m.cfg.model), m.shape or run_shape(m.cfg))
+    assert m.shape is not None, "the config stage comes first"
+    check_model(m.cfg, model_spec(m.cfg.model), m.shape)
 
 
 def _precision(sub: Submission, m: Member) -> None:
