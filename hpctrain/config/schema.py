@@ -374,7 +374,7 @@ class TrainerConfig:
     eval_every: int = 100  # 0: evaluate only at the end
     eval_batches: int = 4
     # Steps between checkpoints; 0: only at the end; auto: from the measured save cost and the run's
-    # interruption rate (Young/Daly: hpctrain.train.interval), re-chosen after each interruption.
+    # interruption rate (Young/Daly: hpctrain.checkpoint.cadence), re-chosen after each interruption.
     ckpt_every: Any = 100
     keep_last: int = 2
     # Write checkpoints in the background (DCP async_save): training waits only for the copy of the state.

@@ -1,6 +1,7 @@
 """What watches each step of the loop, grouped so that :func:`hpctrain.train.trainer.fit` reads as the loop:
 the hang watchdog's phases, test-only fault points, the profiler window, the data-wait and straggler
-measurements, throughput and MFU, and the cadence of logging, evaluation and checkpoints.
+measurements, throughput and MFU, and the cadence of logging and evaluation (that of checkpoints is the
+checkpointer's: :mod:`hpctrain.checkpoint.cadence`).
 
 Every collective here (the straggler report, the mean loss over ranks) runs on every rank at the same step,
 in the same order, whatever the rank: the decisions depend only on the step and the config.
@@ -22,7 +23,6 @@ from hpctrain.faults import FaultInjector
 from hpctrain.observe.profile import profile_dir, start_profiler
 from hpctrain.observe.stragglers import StragglerMonitor
 from hpctrain.resilience.watchdog import Watchdog
-from hpctrain.train.interval import AutoInterval
 from hpctrain.train.metrics import RunFacts, Throughput
 
 
@@ -40,24 +40,16 @@ class StepMonitors:
         facts: RunFacts,
         watchdog: Watchdog,
         faults: FaultInjector,
-        local_every: int | None = None,
     ) -> None:
         t = cfg.trainer
         self.cfg, self.shape, self.device, self.rank, self.run_dir = cfg, shape, device, rank, run_dir
         self.watchdog, self.faults = watchdog, faults
-        self.local_every = local_every  # steps between fast-tier copies (None: no fast tier)
         self.profile_first, self.profile_last = (
             (int(x) for x in t.profile.split(":")) if t.profile else (-1, -1)
         )
         self.profiler: torch.profiler.profile | None = None
         self.stragglers = StragglerMonitor(t.straggler_every, device, hostname)
         self.speed = Throughput(cfg, shape, device, facts)
-        auto = t.ckpt_every == "auto"
-        self.auto = (
-            AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device, background=t.async_checkpoint)
-            if auto
-            else None
-        )
         self.router: Any = None  # a mixture of experts' routing (hpctrain.parallel.moe.RouterMetrics)
         self.step_s = 0.0  # the last step's wall time
         self.data_s = 0.0  # the last step's wait for its batch
@@ -77,17 +69,9 @@ class StepMonitors:
         self.watchdog.enter(step, "compute")
         return passes
 
-    def saved(self, step: int, shared: bool, save_s: float) -> None:
-        """A save of ``step`` took ``save_s`` (``ckpt_every=auto`` times the shared ones)."""
-        if self.auto is not None and shared:
-            self.auto.saved(step, self.step_s, save_s)
-
-    def step_done(self, step: int, step_s: float, writing: bool = False) -> None:
-        """Step ``step`` took ``step_s`` (a checkpoint being written beside it: ``writing``); what follows
-        (evaluation, logging) is not timed as the step."""
+    def step_done(self, step: int, step_s: float) -> None:
+        """Step ``step`` took ``step_s``; what follows (evaluation, logging) is not timed as the step."""
         self.step_s = step_s
-        if self.auto is not None:
-            self.auto.step_done(step_s, writing)
         self.speed.step_done(step_s, self.data_s)
         self.watchdog.step_done(step_s)
         self.watchdog.enter(step, "report")
@@ -127,20 +111,6 @@ class StepMonitors:
         record.update(straggler or {})
         record["evaluate"] = evaluate_now
         return record
-
-    def saves_due(self, step: int, stopping: bool) -> tuple[bool, bool]:
-        """(a save to the shared tier, a copy to the node-local fast tier) due after step ``step``: the
-        last step, a stop and every ``trainer.ckpt_every`` steps save to the shared tier; every
-        ``checkpoint.local_every`` steps (not after the last: the fast tier serves restarts inside this job)
-        copy to the fast tier."""
-        t = self.cfg.trainer
-        final = step == t.max_steps or stopping
-        if self.auto is not None:
-            shared = final or self.auto.due(step)
-        else:
-            shared = final or (t.ckpt_every > 0 and step % t.ckpt_every == 0)
-        local = self.local_every is not None and step % self.local_every == 0 and not final
-        return shared, local
 
 
 def _mean_over_ranks(value: torch.Tensor, holders: int) -> float:

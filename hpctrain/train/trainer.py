@@ -28,16 +28,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hpctrain.checkpoint.fast import FastTier
-from hpctrain.checkpoint.manager import CheckpointManager
-from hpctrain.checkpoint.staging import state_bytes
+from hpctrain.checkpoint.service import Checkpointer
 from hpctrain.checkpoint.state import ModelOptimizerState, RNGState, TrainState, seed_everything
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import RunShape
 from hpctrain.data import GlobalBatchSampler, build_datasets, split_micro_batches
 from hpctrain.data.stream import BatchStream
 from hpctrain.data.user import build_user_datasets
-from hpctrain.errors import ConfigError
 from hpctrain.faults import FaultInjector
 from hpctrain.models import build_model
 from hpctrain.models.adapters import add_lora
@@ -61,7 +58,7 @@ from hpctrain.train.loss import (
     pipeline_pair,
     to_device,
 )
-from hpctrain.train.metrics import RunFacts, run_facts
+from hpctrain.train.metrics import run_facts
 from hpctrain.train.monitors import StepMonitors
 from hpctrain.train.nonfinite import Guard, Rollback, agree_bad
 from hpctrain.train.optim import build_optimizer, build_scheduler
@@ -104,15 +101,38 @@ class Run:
     objective: Objective  # how a batch goes through the model and the loss
     state: TrainState
     resumable: dict[str, Any]  # every Stateful of the checkpoint, by key
-    checkpoints: CheckpointManager
+    checkpoints: Checkpointer
     faults: FaultInjector
     # (parameters of the whole model, of them those that train) where some are frozen (adapters), counted
     # before the model is split (a pipeline rank holds only its stages'); None where all train.
     trained: tuple[int, int] | None = None
+    resumed: Path | None = None  # the checkpoint loaded
+    built_fresh: bool = True  # built with the random init (False: for a checkpoint to overwrite)
 
 
 def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
-    """Model → parallelism → optimizer → data → checkpoint manager, then resume from the latest checkpoint."""
+    """Model → parallelism → optimizer → data → checkpointer, then resume from the latest checkpoint.
+
+    A checkpoint to continue overwrites every weight: the model is built without the random init it would
+    overwrite (GPT-2 small's build 1.5 → 0.3 s of each restart). Should none load after all into the state
+    built for it (or a damaged checkpoint left part of itself in it), the run starts once more, from a fresh
+    build that loads nothing."""
+    run = _build(cfg, shape, env, device, run_dir)
+    if run.resumed is None and run.checkpoints.state_touched:
+        log.warning(
+            "No checkpoint loaded and the state is not a fresh one (%s): building it anew",
+            "a damaged checkpoint left part of itself"
+            if run.built_fresh
+            else "built for a checkpoint to load",
+        )
+        run.checkpoints.close(end_of_job=False)
+        fresh = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume="never"))
+        run = _build(fresh, shape, env, device, run_dir)
+    return run
+
+
+def _build(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run_dir: Path) -> Run:
+    """One build of the run and its restore (:func:`build_run`)."""
     t = cfg.trainer
     # Same seed everywhere: every rank builds identical initial weights (DDP also broadcasts rank 0's), which
     # are those of a single-process run, whatever the layout.
@@ -121,14 +141,9 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     # checkpoints hold only what trains (the adapters, their optimizer state).
     adapters = cfg.model.adapters != "none"
     base_from_init = adapters and cfg.model.init_from is not None
-    # A checkpoint to continue overwrites every weight: the random init it would overwrite is skipped (GPT-2
-    # small's build 1.5 → 0.3 s of each restart). Should none load after all, the state is built again with
-    # it (below); the RNG streams are the checkpoint's either way.
-    fast_tier = build_fast_tier(cfg, env, run_dir)
-    shared = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
-    continued = shared
-    if continued is None and t.resume == "auto" and fast_tier is not None:  # a restart inside the job
-        continued = next(iter(ckpt_layout.copies(fast_tier.own)), None)
+    faults = FaultInjector(cfg.faults, env.rank)
+    checkpoints = Checkpointer(cfg, env, run_dir, device, faults)
+    continued = checkpoints.plan_resume()
     random_init = base_from_init or continued is None
     model = build_model(cfg.model, random_init=random_init)
     if not random_init and env.rank == 0:
@@ -136,6 +151,7 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
             "Built the model without its random init: the checkpoint %s overwrites every weight", continued
         )
     if cfg.model.init_from is not None:
+        shared = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
         init_from(model, cfg.model, shared, env.rank, base_from_init)
     if adapters:
         adapted = add_lora(model, cfg.model.lora)
@@ -184,51 +200,13 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
     }
     if cfg.parallel.compression != "none" and par.compression is not None:
         resumable[f"compression_rank{env.rank}"] = par.compression
-    faults = FaultInjector(cfg.faults, env.rank)
-    checkpoints = CheckpointManager(
-        RunDir(run_dir).checkpoints,
-        t.keep_last,
-        env.rank,
-        RunDir(run_dir).config,
-        faults=faults,
-        fast_tier=fast_tier,
-        on_writer_failure=cfg.checkpoint.on_writer_failure,
-        store_host=env.master_addr,
-        timeout_s=cfg.cluster.dist_timeout_s,
-    )
-    checkpoints.manifest_info = {"global_batch_size": shape.global_batch_size}
-    checkpoints.overlap_staging([optimizer])  # this loop changes weights only in optimizer.step()
-    if fast_tier is not None:  # refused in one line when the node-local path has no room for the state
-        fast_tier.prepare(state_bytes(resumable), "checkpoint.local_path")
-    if t.async_checkpoint or fast_tier is not None:
-        # The writer process boots (an interpreter importing torch: ~1.5 s of CPU) beside the resume, after
-        # the refusals above (a run refused starts no writer); started after the resume, its boot slowed the
-        # first step after a restart from the fast tier from 1.2 to 2.8 s (bench/fast_restart.py, 2026-11-27).
-        checkpoints.start_writer()
-    resumed = checkpoints.resume(
+    checkpoints.manifest_info["global_batch_size"] = shape.global_batch_size
+    resumed = checkpoints.restore(
         resumable,
-        t.resume,
+        [optimizer],
         check=lambda c: check_changes(c, config_changes(c, RunDir(run_dir).config)),
         fresh=random_init,
     )
-    if resumed is None and checkpoints.state_touched:
-        # The model was built without its random init for a checkpoint that did not load, or part of a
-        # checkpoint reached the state before a later file of it failed its checksum, and no other checkpoint
-        # loaded over it: start from the fresh state, built again.
-        log.warning(
-            "No checkpoint loaded and the state is not a fresh one (%s): building it anew",
-            "built for a checkpoint to load"
-            if not random_init
-            else "a damaged checkpoint left part of itself",
-        )
-        checkpoints.close(end_of_job=False)
-        return build_run(
-            dataclasses.replace(cfg, trainer=dataclasses.replace(t, resume="never")),
-            shape,
-            env,
-            device,
-            run_dir,
-        )
     if resumed is not None:
         anchor = set_hyperparameters(optimizer, scheduler, cfg, resumed)
         if anchor is not None:  # the schedule changed on a resume: later resumes go on from the same anchor
@@ -254,6 +232,8 @@ def build_run(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, 
         checkpoints,
         faults,
         trained,
+        resumed,
+        random_init,
     )
 
 
@@ -275,53 +255,18 @@ def fit(
     t = cfg.trainer
     guard = Guard(t.nonfinite, t.max_nonfinite_skips)
     run = build_run(cfg, shape, env, device, run_dir)
-    run.checkpoints.on_commit = on_commit
     state, checkpoints = run.state, run.checkpoints
+    checkpoints.on_commit, checkpoints.entering = on_commit, watchdog.enter
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)
-    if not skip_steps:
-        _start_observer(observer, state, env, t.max_steps)
-    elif observer is not None:  # a rollback: the loggers are open; metrics past the checkpoint go
-        observer.rewind(state.step)
-    facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
-    monitors = _monitors(run, facts, watchdog, run_dir)
-    monitors.router = run.par.router
-    counted = f"{facts.n_params:,} parameters"
-    if run.trained is not None:  # some frozen: what trains beside the whole
-        which = "adapters; " if cfg.model.adapters != "none" else ""
-        counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained ({which}the rest frozen)"
-    log.info(
-        "Training from step %d to %d: %s, %d rank(s) on %s, parallel=%s (%s)",
-        state.step,
-        t.max_steps,
-        counted,
-        env.world_size,
-        device,
-        cfg.parallel.name,
-        shape.degrees,
-    )
-    run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
+    monitors = _begin(run, observer, watchdog, run_dir, rollback=bool(skip_steps))
     save_s: float | None = None  # how long the last save took: the walltime guard plans with it
     stopped_by: str | None = None
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         passes = monitors.next_batch(state.step + 1, run.batches.next_step)
-        if state.step + 1 in skip_steps:  # a batch that went bad before a rollback: consumed, not trained
-            result = StepResult(torch.tensor(float("nan")), torch.tensor(float("nan")), skipped=True)
-        else:
-            result = train_step(
-                run.par,
-                run.optimizer,
-                run.scaler,
-                passes,
-                device,
-                t.precision,
-                cfg.optim.grad_clip,
-                run.objective,
-                judge_grads=t.precision != "fp16",
-                poison=run.faults.nan_loss(state.step + 1),
-            )
+        result = _step(run, passes, state.step + 1, skip_steps)
         lr = run.scheduler.get_last_lr()[0]
         if result.skipped and state.step + 1 not in skip_steps:
             try:
@@ -336,18 +281,15 @@ def fit(
             guard.good()
             run.scheduler.step()  # a skipped step leaves the schedule where it was
         state.step += 1
-        monitors.step_done(state.step, time.perf_counter() - step_start, checkpoints.pending)
+        monitors.step_done(state.step, time.perf_counter() - step_start)
         record = monitors.record(state.step, result.loss, result.grad_norm, lr, skipped=result.skipped)
         _log(run, observer, record, state.step)
         stopped_by = stop(monitors.step_s, save_s)
-        shared, local = monitors.saves_due(state.step, bool(stopped_by) or stop.save_requested)
-        if shared or local:
-            save_s = _save(run, watchdog, bool(stopped_by) or stop.save_requested, shared, local)
-            monitors.saved(state.step, shared, save_s)
+        took = checkpoints.after_step(state.step, monitors.step_s, bool(stopped_by) or stop.save_requested)
+        if took is not None:
+            save_s = took
             if stop.save_requested and env.is_main:
                 stop.answer(state.step)  # hpctrain save|stop: committed (a requested save is synchronous)
-        elif checkpoints.pending:
-            checkpoints.poll()  # a background write that finished is committed now, not at the next save
         if stopped_by:
             log.info("Stopped by %s after step %d; checkpoint saved (%.1f s)", stopped_by, state.step, save_s)
             break
@@ -357,43 +299,57 @@ def fit(
     return FitResult(state, stopped_by)
 
 
-def _monitors(run: Run, facts: RunFacts, watchdog: Watchdog, run_dir: Path) -> StepMonitors:
-    """The per-step monitors of this rank's run (hpctrain.train.monitors)."""
-    cfg, env = run.cfg, run.env
-    local_every = cfg.checkpoint.local_every if run.checkpoints.fast is not None else None
-    return StepMonitors(
-        cfg, run.shape, run.device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults, local_every
+def _begin(
+    run: Run, observer: Observer | None, watchdog: Watchdog, run_dir: Path, rollback: bool
+) -> StepMonitors:
+    """Open the loggers (after a ``rollback``: rewind them to the checkpoint's step), say what trains, put
+    every module in training mode; this rank's per-step monitors (hpctrain.train.monitors)."""
+    cfg, env, state, t = run.cfg, run.env, run.state, run.cfg.trainer
+    if not rollback:
+        _start_observer(observer, state, env, t.max_steps)
+    elif observer is not None:  # the loggers are open; metrics past the checkpoint go
+        observer.rewind(state.step)
+    facts = run_facts(model_spec(cfg.model), run.par.model, inputs_of(run.train_set.get_batch([0])))
+    monitors = StepMonitors(
+        cfg, run.shape, run.device, env.rank, env.hostname, run_dir, facts, watchdog, run.faults
     )
+    monitors.router = run.par.router
+    counted = f"{facts.n_params:,} parameters"
+    if run.trained is not None:  # some frozen: what trains beside the whole
+        which = "adapters; " if cfg.model.adapters != "none" else ""
+        counted = f"{run.trained[0]:,} parameters, {run.trained[1]:,} trained ({which}the rest frozen)"
+    log.info(
+        "Training from step %d to %d: %s, %d rank(s) on %s, parallel=%s (%s)",
+        state.step,
+        t.max_steps,
+        counted,
+        env.world_size,
+        run.device,
+        cfg.parallel.name,
+        run.shape.degrees,
+    )
+    run.par.model.train()  # every module, once: train_step re-enters training mode only after an evaluation
+    return monitors
 
 
-def _save(run: Run, watchdog: Watchdog, stopping: bool, shared: bool, local: bool) -> float:
-    """Save this step (asynchronously under ``trainer.async_checkpoint``, except the final save and the save
-    on a stop, which are synchronous) to the shared tier and/or the node-local fast tier; how long the call
-    took (the walltime guard plans with it)."""
-    watchdog.enter(run.state.step, "checkpoint")
-    start = time.perf_counter()
-    final = run.state.step == run.cfg.trainer.max_steps or stopping
-    blocking = not run.cfg.trainer.async_checkpoint or final
-    run.checkpoints.save(run.state.step, run.resumable, blocking=blocking, shared=shared, local=local)
-    return time.perf_counter() - start
-
-
-def build_fast_tier(cfg: Config, env: DistEnv, run_dir: Path) -> FastTier | None:
-    """This rank's fast tier (``checkpoint.local_every``), keyed by the run directory and this job."""
-    c = cfg.checkpoint
-    if c.local_every is None:
-        return None
-    job = ckpt_layout.job_identity(os.environ)
-    if job is None:
-        raise ConfigError(
-            "checkpoint.local_every",
-            c.local_every,
-            "needs a job: an srun task of a Slurm job, or a worker of hpctrain's local launcher (which sets "
-            f"{ckpt_layout.JOB_ID_ENV})",
-            valid="null outside those",
-        )
-    paths = ckpt_layout.FastTierPaths(Path(c.local_path), ckpt_layout.run_key(run_dir), job)
-    return FastTier(paths, env.hostname, env.rank, env.world_size, env.local_world_size)
+def _step(run: Run, passes: Any, step: int, skip_steps: frozenset[int]) -> StepResult:
+    """Step ``step``: one optimizer step over its passes; a batch that went bad before a rollback
+    (``skip_steps``) is consumed, not trained."""
+    if step in skip_steps:
+        return StepResult(torch.tensor(float("nan")), torch.tensor(float("nan")), skipped=True)
+    t = run.cfg.trainer
+    return train_step(
+        run.par,
+        run.optimizer,
+        run.scaler,
+        passes,
+        run.device,
+        t.precision,
+        run.cfg.optim.grad_clip,
+        run.objective,
+        judge_grads=t.precision != "fp16",
+        poison=run.faults.nan_loss(step),
+    )
 
 
 def _start_observer(observer: Observer | None, state: TrainState, env: DistEnv, max_steps: int) -> None:

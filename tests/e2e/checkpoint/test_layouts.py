@@ -106,7 +106,7 @@ def _layouts(env: Any, device: torch.device, work: str, configs: dict[tuple[str,
         run.scheduler.step()
         run.state.step = 1
         saved = _flat(run.resumable)
-        run.checkpoints.save(1, run.resumable, blocking=not background)
+        run.checkpoints.save(1, blocking=not background)
         run.checkpoints.close()
         run.batches.close()
 

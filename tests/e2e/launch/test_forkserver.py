@@ -31,7 +31,7 @@ from tests.support import FAST, REPO, fork_server_imports, hpctrain, metrics, mo
 # What a process can tell of how it was started (random draws and the hash seed aside), after importing what
 # a worker imports (the fork server's preload: imports can set environment variables).
 PROBE = r"""
-import json, os, random, resource, signal, sys
+import gc, json, os, random, resource, signal, sys
 from hpctrain.forkserver.serve import preload
 preload([name for name in os.environ["FSPROBE_IMPORTS"].split(",") if name])  # what the server has too
 env = dict(os.environ)  # before threadpoolctl, which sets a variable as it is imported
@@ -75,6 +75,7 @@ report = {
     "limits": resource.getrlimit(resource.RLIMIT_NOFILE), "affinity": sorted(os.sched_getaffinity(0)),
     "draws": [random.random(), float(numpy.random.random()), float(torch.rand(1))],
     "hash": hash("hpctrain"),
+    "gc": [gc.isenabled(), gc.get_threshold()],  # the server collects nothing while it imports; a child does
 }
 print(json.dumps(report), flush=True)
 """

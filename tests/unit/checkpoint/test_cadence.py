@@ -1,4 +1,6 @@
-"""trainer.ckpt_every=auto: Young/Daly's interval, the observed mean time between interruptions, and what an
+"""When a step saves (hpctrain.checkpoint.cadence): the shared tier every ckpt_every steps, on the last step
+and on a stop; the node-local fast tier every checkpoint.local_every steps but the last.
+trainer.ckpt_every=auto: Young/Daly's interval, the observed mean time between interruptions, and what an
 asynchronous save is charged."""
 
 from __future__ import annotations
@@ -6,11 +8,24 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from hpctrain.train.interval import AutoInterval, observed_mtbf_s, young_daly_s
+from hpctrain.checkpoint.cadence import AutoInterval, Cadence, observed_mtbf_s, young_daly_s
+
+
+def _due(step: int, stopping: bool = False, local_every: int | None = 3) -> tuple[bool, bool]:
+    cadence = SimpleNamespace(max_steps=12, every=5, local_every=local_every, auto=None)
+    return Cadence.due(cadence, step, stopping)  # type: ignore[arg-type]
+
+
+def test_saves_due_by_step_stop_and_tier() -> None:
+    assert [s for s in range(1, 13) if _due(s)[0]] == [5, 10, 12]
+    assert [s for s in range(1, 13) if _due(s)[1]] == [3, 6, 9]  # not 12: the run ends there
+    assert _due(7, stopping=True) == (True, False)
+    assert not any(_due(s, local_every=None)[1] for s in range(1, 13))
 
 
 def test_young_daly_interval() -> None:

@@ -1,5 +1,7 @@
-"""``trainer.ckpt_every=auto``: the checkpoint interval from the measured cost of a save and the run's
-observed interruption rate.
+"""When a step saves: :class:`Cadence` (the shared tier every ``trainer.ckpt_every`` steps, on the last step
+and on a stop; the node-local fast tier every ``checkpoint.local_every`` steps), and
+``trainer.ckpt_every=auto`` (:class:`AutoInterval`): the checkpoint interval from the measured cost of a save
+and the run's observed interruption rate.
 
 Young's first-order optimum (J. W. Young, "A first order approximation to the optimum checkpoint interval",
 Commun. ACM 17(9), 1974) is τ = √(2·δ·M) for a save of δ seconds and a mean time between interruptions M;
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hpctrain.config.schema import Config
 from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -125,3 +128,42 @@ class AutoInterval:
             step_s,
             tau,
         )
+
+
+class Cadence:
+    """The save schedule of one start of the workers: which tiers a step saves to (:meth:`due`), fed with
+    each step's time and each save's cost for ``ckpt_every=auto``. ``local``: this rank has a fast tier."""
+
+    def __init__(self, cfg: Config, run_dir: Path, device: torch.device, local: bool) -> None:
+        t = cfg.trainer
+        self.max_steps = t.max_steps
+        self.every = t.ckpt_every  # an int, or "auto"
+        self.local_every = cfg.checkpoint.local_every if local else None
+        self.auto = (
+            AutoInterval(run_dir, cfg.cluster.mtbf_h * 3600, device, background=t.async_checkpoint)
+            if t.ckpt_every == "auto"
+            else None
+        )
+
+    def due(self, step: int, stopping: bool) -> tuple[bool, bool]:
+        """(a save to the shared tier, a copy to the node-local fast tier) due after step ``step``: the last
+        step, a stop and every ``trainer.ckpt_every`` steps save to the shared tier; every
+        ``checkpoint.local_every`` steps (not after the last: the fast tier serves restarts inside this job)
+        copy to the fast tier."""
+        final = step == self.max_steps or stopping
+        if self.auto is not None:
+            shared = final or self.auto.due(step)
+        else:
+            shared = final or (int(self.every) > 0 and step % int(self.every) == 0)
+        local = self.local_every is not None and step % self.local_every == 0 and not final
+        return shared, local
+
+    def step_done(self, step_s: float, writing: bool) -> None:
+        """A step took ``step_s``, a save being written beside it (``writing``) or not."""
+        if self.auto is not None:
+            self.auto.step_done(step_s, writing)
+
+    def saved(self, step: int, shared: bool, step_s: float, save_s: float) -> None:
+        """A save of ``step`` took ``save_s`` after a step of ``step_s`` (``auto`` times the shared ones)."""
+        if self.auto is not None and shared:
+            self.auto.saved(step, step_s, save_s)
