@@ -15,6 +15,9 @@ Points:
   no exception, no cleanup; its checkpoint writer dies with it).
 - ``"step"`` also: ``stop_at=RANK:STEP`` makes that rank stop itself with SIGSTOP (a hung process: it takes
   no signal but SIGKILL, its threads and heartbeat stop).
+- ``"report"``: after a step's update, where the ranks meet to log it. With ``stop_in=report``, ``stop_at``
+  stops the rank there instead (its peers then wait in the logging collective, where no watchdog limit is
+  armed: only its supervisor, reading its stale heartbeat, can tell).
 - ``kill_at``, ``stop_at`` and ``hang_at`` fire in the first start of a job's workers only, or with
   ``RANK:STEP@G`` in their generation G (``HPCTRAIN_RESTART``: the G-th restart inside the allocation), so a
   restarted start heals and one job can take several faults in turn.
@@ -37,7 +40,8 @@ from hpctrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-POINTS = ("step", "data", "commit", "write")
+POINTS = ("step", "data", "report", "commit", "write")
+STOP_POINTS = ("step", "report")  # where stop_at may stop a rank (faults.stop_in)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class FaultsConfig:
     kill_at: str | None = None  # "RANK:STEP": that rank kills itself (SIGKILL) at the start of that step
     writer_kill_at: str | None = None  # "RANK:STEP": that rank's checkpoint writer kills itself mid-write
     stop_at: str | None = None  # "RANK:STEP[@G]": that rank stops itself (SIGSTOP) at the start of that step
+    stop_in: str = "step"  # where stop_at stops it: at the step's start, or in its report (STOP_POINTS)
     nan_at: str | None = None  # "RANK:STEP": that rank's loss is NaN at that step (once per process)
 
 
@@ -94,6 +99,10 @@ def check_faults(faults: FaultsConfig) -> None:
     _generation_of("hang_at", faults.hang_at)
     _generation_of("kill_at", faults.kill_at)
     _generation_of("stop_at", faults.stop_at)
+    if faults.stop_in not in STOP_POINTS:
+        raise ConfigError(
+            "faults.stop_in", faults.stop_in, "not a point where a rank stops", valid=", ".join(STOP_POINTS)
+        )
     _rank_step("nan_at", faults.nan_at)
     _rank_step("writer_kill_at", faults.writer_kill_at)
     _slow(faults.slow_rank)
@@ -161,13 +170,11 @@ class FaultInjector:
                     "Killing this rank (SIGKILL) at step %d (faults.kill_at=%s)", step, self.spec.kill_at
                 )
                 os.kill(os.getpid(), signal.SIGKILL)
-            if self._stop == (self.rank, step):
-                log.warning(
-                    "Stopping this rank (SIGSTOP) at step %d (faults.stop_at=%s)", step, self.spec.stop_at
-                )
-                for handler in logging.getLogger().handlers:
-                    handler.flush()
-                os.kill(os.getpid(), signal.SIGSTOP)
+            if self._stop == (self.rank, step) and self.spec.stop_in == "step":
+                self._stop_here(point, step)
+        elif point == "report":
+            if self._stop == (self.rank, step) and self.spec.stop_in == "report":
+                self._stop_here(point, step)
         elif point == "data":
             if self._slow is not None and self._slow[0] == self.rank:
                 time.sleep(self._slow[1])
@@ -179,6 +186,14 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
         else:
             raise ValueError(f"unknown fault point {point!r} (known: {', '.join(POINTS)})")
+
+    def _stop_here(self, point: str, step: int) -> None:
+        log.warning(
+            "Stopping this rank (SIGSTOP) at step %d, %s (faults.stop_at=%s)", step, point, self.spec.stop_at
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 NO_FAULTS = FaultInjector(None, rank=-1)

@@ -18,7 +18,10 @@ given up for the checkpoint) and starts the next generation's. A rendezvous port
 
 A hang becomes an exit: the watchdog of a rank blocked in a collective (``trainer.watchdog_factor``,
 ``watchdog_min_s``) records the culprit and exits its process; its agent then restarts the start as above,
-and the culprit's agent kills the hung worker.
+and the culprit's agent kills the hung worker. A worker stopped or frozen whole is caught by its own
+supervisor in whatever phase (:class:`Stalls`: its heartbeat, written once a second by a thread, stands
+still while the process lives), also where its peers wait in a collective no limit is armed in (a report's,
+a save's): the supervisor kills it, and the policy answers as for any hang.
 
 Caps: ``cluster.max_restarts`` restarts per job start (each worker is told how many are left,
 ``HPCTRAIN_RESTARTS_LEFT``; the last generation answers a fault as before: a requeue within
@@ -62,7 +65,7 @@ from hpctrain.launch.nodeserver import node_server
 from hpctrain.launch.spawn import become_worker
 from hpctrain.rendezvous.env import RESTART_ENV, RESTARTS_LEFT_ENV
 from hpctrain.resilience import policy, requeue
-from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats
+from hpctrain.resilience.watchdog import PHASES, Heartbeat, job_key, read_heartbeats, stalled, stalled_why
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
 from hpctrain.rundir.files import atomic_write
@@ -75,6 +78,7 @@ log = logging.getLogger(__name__)
 
 AGENT_PID_ENV = "HPCTRAIN_AGENT_PID"
 POLL_S = 0.05
+STALL_CHECK_S = 0.5  # how often a supervisor reads its workers' own heartbeats (watchdog.stalled)
 USED_UP = "none: restarts used up"  # restarts.jsonl's action when a fault finds no restart left
 STOPPED = "stop"  # the generation file's word for "the run stopped: no more restarts" (a crash loop)
 # A worker that failed because a peer went away (a connection error) waits this long for the peer's agent
@@ -259,6 +263,39 @@ def hang_culprit(run_dir: Path, since: float) -> tuple[int | None, str | None, s
     return None
 
 
+class Stalls:
+    """A supervisor's look at its live workers' own heartbeats, every :data:`STALL_CHECK_S`: a worker
+    whose heartbeat went stale while it lives (stopped, or frozen whole) is hung in whatever phase, where
+    the peers' watchdogs may not be armed (a report's or a save's collective). ``launch`` and
+    ``generation``: the start its workers belong to (the fault's line in faults.jsonl is written once)."""
+
+    def __init__(self, run_dir: Path, job_id: str | None, launch: str, generation: int, restarts: bool):
+        self.run_dir, self.job_id, self.launch = run_dir, job_id, launch
+        self.generation, self.restarts = generation, restarts
+        self._next = time.monotonic() + STALL_CHECK_S
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next:
+            return False
+        self._next = now + STALL_CHECK_S
+        return True
+
+    def hung(self, rank: int, pid: int) -> str | None:
+        """When ``rank``'s worker ``pid`` is hung: its error record and the fault's line are written (the
+        caller kills it next: SIGKILL, the one signal a stopped process takes) and the cause is returned."""
+        beat = stalled(self.run_dir, rank, pid, time.time())
+        if beat is None:
+            return None
+        why = stalled_why(beat, time.time())
+        write_error_record(self.run_dir, rank, "Hang", f"step {beat.step} ({beat.phase}): {why}")
+        action = "restart inside the allocation" if self.restarts else "killed by its supervisor"
+        requeue.record_fault(
+            self.run_dir, self.job_id, beat, why, action, launch=self.launch, generation=self.generation
+        )
+        return f"hung: {why}"
+
+
 def is_final(run_dir: Path, rank: int) -> bool:
     """Whether the worker of ``rank`` ended with an error that asks for no restart (the policy's final
     errors)."""
@@ -354,7 +391,11 @@ def run_task(run_dir: Path, cfg: Config) -> int:
             started = time.time()
             first_step = book.resume_step()
             worker[:] = [_start(server, env, run_dir)]
-            code, moved = _watch(worker[0], book, generation)
+            restarts = generation < cfg.cluster.max_restarts
+            stalls = Stalls(
+                run_dir, requeue.slurm_job_id(), requeue.slurm_job_id() or book.job, generation, restarts
+            )
+            code, moved = _watch(worker[0], book, generation, rank, stalls)
             ended = time.time()
             if moved:  # another rank's fault: this worker was killed, the next generation starts
                 generation = book.generation()
@@ -466,8 +507,11 @@ def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
     return start_worker(run_dir, env, server)
 
 
-def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None, bool]:
-    """Until the worker exits (its status, False) or the generation moves on (None, True: worker killed)."""
+def _watch(
+    worker: Any, book: RestartBook, generation: int, rank: int, stalls: Stalls
+) -> tuple[int | None, bool]:
+    """Until the worker exits (its status, False) or the generation moves on (None, True: worker killed).
+    A worker hung in any phase (its own heartbeat stale: :class:`Stalls`) is killed: it exits."""
     from hpctrain.launch.forked import ServerGone
 
     while True:
@@ -481,6 +525,9 @@ def _watch(worker: Any, book: RestartBook, generation: int) -> tuple[int | None,
             _signal_group(worker.pid, signal.SIGKILL)
             worker.wait()
             return None, True
+        if stalls.due() and stalls.hung(rank, worker.pid) is not None:
+            _signal_group(worker.pid, signal.SIGKILL)
+            return worker.wait(), False
         time.sleep(POLL_S)
 
 

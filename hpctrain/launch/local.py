@@ -43,6 +43,7 @@ from hpctrain.launch.agent import (
     REPEATED,
     Outcome,
     RestartBook,
+    Stalls,
     describe_exit,
     hang_culprit,
     is_final,
@@ -167,7 +168,8 @@ class LocalLauncher:
                 # A restart follows a failure: the others are killed at once (their state is given up for the
                 # checkpoint), not given kill_grace_s to stop.
                 grace = 0.0 if book is not None and generation < c.max_restarts else c.kill_grace_s
-                failures = self._supervise(workers, grace, run_dir)
+                stalls = Stalls(run_dir, None, self._job_id, generation, generation < c.max_restarts)
+                failures = self._supervise(workers, grace, run_dir, stalls)
                 for failed in failures if self._stop_signal is None else []:
                     if failed.returncode < 0:  # kill -9, the OOM killer: it could record nothing itself
                         record_killed(run_dir, failed.rank, -failed.returncode, c.max_restarts)
@@ -294,16 +296,28 @@ class LocalLauncher:
             log.info("Rank %d: a fresh interpreter, not a fork: %s", rank, mode)
         return _Worker(rank, worker, log_path)
 
-    def _supervise(self, workers: list[_Worker], grace_s: float, run_dir: Path) -> list[_Failure]:
-        """Wait for the workers; on the first failure, stop the rest. Failures come back cause first."""
+    def _supervise(
+        self, workers: list[_Worker], grace_s: float, run_dir: Path, stalls: Stalls
+    ) -> list[_Failure]:
+        """Wait for the workers; on the first failure, stop the rest. Failures come back cause first. A
+        worker hung in any phase (its own heartbeat stale) is killed: its failure says so."""
         failures: list[_Failure] = []
         settle_until: float | None = None
         asked = False  # the workers were asked to stop (first Ctrl-C)
         while True:
+            look = not failures and stalls.due()
             for worker in workers:
+                hung = (
+                    stalls.hung(worker.rank, worker.proc.pid) if look and worker.exited_at is None else None
+                )
+                if hung is not None:
+                    _kill_group(worker.proc.pid, signal.SIGKILL)
+                    worker.proc.wait()
                 if worker.exited_at is None and worker.proc.poll() is not None:
                     worker.exited_at = time.monotonic()
-                    if worker.proc.returncode not in (0, EXIT_STOPPED):
+                    if hung is not None:
+                        failures.append(_failure(worker, run_dir, hung))
+                    elif worker.proc.returncode not in (0, EXIT_STOPPED):
                         failures.append(_failure(worker, run_dir))
             if failures and settle_until is None:
                 settle_until = time.monotonic() + SETTLE_S
@@ -364,10 +378,12 @@ def _kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _failure(worker: _Worker, run_dir: Path) -> _Failure:
+def _failure(worker: _Worker, run_dir: Path, hung: str | None = None) -> _Failure:
     code = worker.proc.returncode
     assert code is not None
-    if code < 0:
+    if hung is not None:  # killed by this launcher: its heartbeat stood still
+        detail = hung
+    elif code < 0:
         detail = f"was killed by {signal.Signals(-code).name}"
     else:
         error = read_error_file(run_dir, worker.rank)

@@ -190,13 +190,24 @@ def respond_to_fault(
         )
 
 
-def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, why: str, action: str) -> None:
+def record_fault(
+    run_dir: Path,
+    job_id: str | None,
+    culprit: Heartbeat | None,
+    why: str,
+    action: str,
+    launch: str | None = None,
+    generation: int | None = None,
+) -> None:
     """A fault answered by someone else (the restart agent): only its line in faults.jsonl, from the first
-    rank to see it in this start (the others only log)."""
+    to see it in this start (the others only log). A worker passes neither ``launch`` nor ``generation``
+    (its environment says them); a supervisor passes those of the workers it started."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s (%s)", where, why, action)
-    launch = job_id or os.environ.get("HPCTRAIN_JOB_ID", "local")
-    key = f"{launch}.g{os.environ.get('HPCTRAIN_RESTART', '0')}"
+    launch = launch or job_id or os.environ.get("HPCTRAIN_JOB_ID", "local")
+    if generation is None:
+        generation = int(os.environ.get("HPCTRAIN_RESTART", "0") or 0)
+    key = f"{launch}.g{generation}"
     if not _first_to_respond(run_dir, key, restart_count()):
         return
     RunDir(run_dir).append_fault(
@@ -204,7 +215,7 @@ def record_fault(run_dir: Path, job_id: str | None, culprit: Heartbeat | None, w
             "time": time.time(),
             "job_id": job_id,
             "restart": restart_count(),
-            "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
+            "generation": generation,
             "rank": culprit.rank if culprit else None,
             "host": culprit.host if culprit else None,
             "step": culprit.step if culprit else None,

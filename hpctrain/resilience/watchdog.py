@@ -51,6 +51,7 @@ class Heartbeat:
     since: float  # when this (step, phase) began
     written: float
     job: str = ""  # which start of which job wrote it (job_key): files of an earlier start are not evidence
+    closed: bool = False  # the loop ended (its last beat): no more beats come from a live process
 
 
 def job_key(environ: dict[str, str] | None = None) -> str:
@@ -74,6 +75,41 @@ def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:
         if job is None or beat.job == job:
             beats.append(beat)
     return beats
+
+
+def stalled(run_dir: Path, rank: int, pid: int, now: float) -> Heartbeat | None:
+    """The last heartbeat of ``rank``'s live process ``pid`` when it is older than :data:`STALE_AFTER_S`:
+    the process lives, but its watchdog thread writes nothing (stopped by SIGSTOP, or frozen whole), in
+    whatever phase, a save's and a report's included, where no peer's time limit is armed. Its supervisor
+    asks (the local launcher, a Slurm task's agent): one small file read, never the other ranks'. None
+    before this process's first beat and after its loop ended (its last beat is ``closed``)."""
+    try:
+        beat = Heartbeat(**json.loads(RunDir(run_dir).heartbeat(rank).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # none yet, or being replaced right now
+    if beat.pid != pid or beat.closed or now - beat.written <= STALE_AFTER_S:
+        return None
+    return beat
+
+
+def stalled_why(beat: Heartbeat, now: float) -> str:
+    """A stalled rank's cause in words (faults.jsonl, restarts.jsonl, ``status``)."""
+    state = _process_state(beat.pid)
+    how = "stopped (SIGSTOP)" if state in ("T", "t") else "its threads do not run"
+    # The beat is the last one written (once a second): where the rank was then, not where it stopped.
+    return (
+        f"no heartbeat for {now - beat.written:.0f} s while the process lives: {how}; last seen in step "
+        f"{beat.step} ({beat.phase})"
+    )
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (R, S, D, T, …); '' when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def find_culprit(beats: list[Heartbeat], now: float) -> tuple[Heartbeat | None, str]:
@@ -117,6 +153,7 @@ class Watchdog:
         self.since = time.time()
         self.step_started = self.since  # when the current step's armed phases began
         self.first_step: int | None = None  # the first step this process trained
+        self.closed = False
         self.job = job_key()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
@@ -147,6 +184,7 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        self.closed = True
         # The step this rank ended in, on file now: the thread writes once a second, and a step that raised
         # within that second would leave an older one (the restart policy compares where attempts failed).
         self._write_heartbeat()
@@ -171,7 +209,15 @@ class Watchdog:
 
     def _write_heartbeat(self) -> None:
         beat = Heartbeat(
-            self.rank, self.host, os.getpid(), self.step, self.phase, self.since, time.time(), self.job
+            self.rank,
+            self.host,
+            os.getpid(),
+            self.step,
+            self.phase,
+            self.since,
+            time.time(),
+            self.job,
+            self.closed,
         )
         try:
             # Not fsynced: rewritten every second, and only live processes read it.

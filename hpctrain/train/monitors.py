@@ -75,6 +75,7 @@ class StepMonitors:
         self.speed.step_done(step_s, self.data_s)
         self.watchdog.step_done(step_s)
         self.watchdog.enter(step, "report")
+        self.faults.at("report", step)
         if self.profiler is not None and step == self.profile_last:
             self.profiler.stop()  # writes the trace
             self.profiler = None

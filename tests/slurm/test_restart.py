@@ -32,7 +32,8 @@ RUN = [
 # No cluster.max_restarts: the slurm_test profile's default (3 on Slurm, cluster.DEFAULT_RESTARTS) answers.
 FAULTS = [
     "faults.kill_at=3:6",  # rank 3 (node2) kills itself at step 6: resume from 4
-    "faults.stop_at=1:14@1",  # in the restarted start, rank 1 (node1) stops at step 14: resume from 12
+    "faults.stop_at=1:14@1",  # in the restarted start, rank 1 (node1) stops at step 14: resume from 12,
+    "faults.stop_in=report",  # after its update, where its peers wait to log it (no watchdog limit armed)
     "trainer.watchdog_factor=10",
     "trainer.watchdog_min_s=4",
     "cluster.dist_timeout_s=60",

@@ -1,9 +1,9 @@
 """Restart inside the allocation, locally (``cluster.max_restarts``): a rank killed with SIGKILL and, in the
-restarted start, a rank stopped with SIGSTOP (a hang: its peer's watchdog notices) are both answered by the
-launcher starting every rank again from the newest checkpoint, in the same launch; the run ends bitwise equal
-to an uninterrupted one, and restarts.jsonl and ``hpctrain status`` say what happened. A crash loop (a rank
-that fails before its first step every time) ends after ``cluster.max_no_progress`` attempts, its cause in
-one line.
+restarted start, a rank stopped with SIGSTOP (a hang: its peer's watchdog notices, or, where the ranks log,
+the launcher reading its stale heartbeat) are both answered by the launcher starting every rank again from
+the newest checkpoint, in the same launch; the run ends bitwise equal to an uninterrupted one, and
+restarts.jsonl and ``hpctrain status`` say what happened. A crash loop (a rank that fails before its first
+step every time) ends after ``cluster.max_no_progress`` attempts, its cause in one line.
 """
 
 from __future__ import annotations
@@ -31,10 +31,17 @@ RUN = [
 RESTARTS = ["cluster.max_restarts=2", "trainer.watchdog_min_s=2", "trainer.watchdog_factor=5"]
 
 
-def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path) -> None:
-    reference, run = tmp_path / "reference", tmp_path / "run"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run."""
+    reference = tmp_path_factory.mktemp("restart") / "reference"
     done = hpctrain(*RUN, f"hydra.run.dir={reference}")
     assert done.returncode == 0, done.stderr[-3000:]
+    return reference
+
+
+def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path, reference: Path) -> None:
+    run = tmp_path / "run"
     faulty = hpctrain(*RUN, *RESTARTS, "faults.kill_at=1:6", "faults.stop_at=0:10@1", f"hydra.run.dir={run}")
     assert faulty.returncode == 0, faulty.stderr[-3000:]
     records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
@@ -50,6 +57,39 @@ def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path) 
     assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
     status = hpctrain("status", str(run))
     assert status.returncode == 0 and "2 inside the allocation" in status.stdout, status.stdout
+
+
+def test_a_rank_stopped_where_the_ranks_log_is_caught_by_its_launcher(
+    tmp_path: Path, reference: Path
+) -> None:
+    """Issue 43, item 6: rank 1 SIGSTOPped in step 6's report (after its update, before the logging
+    collective its peer already waits in), where no watchdog limit is armed: the launcher reads its stale
+    heartbeat, kills it and restarts the ranks, and the run ends bitwise equal to an uninterrupted one.
+    Without a restart left, the run ends at once, naming the hung rank (it waited for the process group's
+    timeout before: here 600 s)."""
+    run, alone = tmp_path / "run", tmp_path / "alone"
+    stop = ["faults.stop_at=1:6", "faults.stop_in=report"]
+    result = hpctrain(*RUN, "cluster.max_restarts=1", *stop, f"hydra.run.dir={run}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert (record["action"], record["rank"], record["resume_step"]) == ("restart", 1, 4), record
+    assert record["cause"].startswith("hung: no heartbeat for ") and "stopped (SIGSTOP)" in record["cause"]
+    assert "Stopping this rank (SIGSTOP) at step 6, report" in (run / "logs" / "rank1.log").read_text()
+    final = layout.checkpoint_name(STEPS)
+    ours, theirs = (
+        model_and_optimizer(run / "checkpoints" / final),
+        model_and_optimizer(reference / "checkpoints" / final),
+    )
+    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+
+    ended = hpctrain(*RUN, *stop, "cluster.dist_timeout_s=600", f"hydra.run.dir={alone}")
+    assert ended.returncode == 1 and "Traceback" not in ended.stderr, ended.stderr[-3000:]
+    line = next(x for x in ended.stderr.splitlines() if x.startswith("hpctrain: rank 1 "))
+    assert "hung: no heartbeat for " in line and "stopped (SIGSTOP)" in line, ended.stderr[-3000:]
+    status = hpctrain("status", str(alone))
+    error = next(x for x in status.stdout.splitlines() if x.startswith("error"))
+    assert "rank 1 on " in error and "Hang" in error, status.stdout
 
 
 def test_a_crash_loop_ends_after_max_no_progress_attempts(tmp_path: Path) -> None:

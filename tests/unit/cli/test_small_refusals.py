@@ -164,8 +164,14 @@ def test_a_model_that_fits_nowhere_is_refused_before_its_sheet_is_built(here: Pa
             "data.num_workers=100000: more loader processes per rank than 4 × this",
         ),
         (["data=text", "data.path=corpus.txt"], "data.path=corpus.txt: data=text reads no file"),
+        (
+            ["faults.stop_at=1:2", "faults.stop_in=compute"],
+            "faults.stop_in=compute: not a point where a rank stops (valid: step, report)",
+        ),
+        (["faults.stop_in="], "faults.stop_in"),
+        (["faults.stop_in=rep\x01ort"], "faults.stop_in"),
     ],
-    ids=["fail_at", "kill_at", "num_workers", "path-of-text"],
+    ids=["fail_at", "kill_at", "num_workers", "path-of-text", "stop_in", "stop_in-empty", "stop_in-ctrl"],
 )
 def test_a_rank_or_a_resource_the_run_does_not_have_is_refused(
     here: Path, capsys, argv: list[str], words: str

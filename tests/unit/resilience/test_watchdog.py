@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -55,3 +56,60 @@ def test_heartbeats_of_an_earlier_job_start_are_not_evidence(tmp_path: Path) -> 
     # Files of an older version (no job field) still parse, and count only when no job is asked for.
     rd.heartbeat(5).write_text(json.dumps({**old, "rank": 5}))
     assert {b.rank for b in wd.read_heartbeats(tmp_path)} == {0, 3, 5}
+
+
+def test_a_live_process_whose_heartbeat_stood_still_is_stalled_in_any_phase(tmp_path: Path) -> None:
+    """What a supervisor reads (watchdog.stalled): its worker's own beat, older than STALE_AFTER_S, from that
+    live process; a real SIGSTOPped process is named as stopped."""
+    import signal
+    import subprocess
+
+    worker = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # a signal is delivered, not waited for
+        while wd._process_state(worker.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        now = time.time()
+
+        def beat(**fields: object) -> None:
+            record = {
+                "rank": 1,
+                "host": "node1",
+                "pid": worker.pid,
+                "step": 7,
+                "phase": "report",
+                "since": now,
+            }
+            record.update(written=now - wd.STALE_AFTER_S - 1, job="local:x", **fields)
+            RunDir(tmp_path).heartbeat(1).parent.mkdir(parents=True, exist_ok=True)
+            RunDir(tmp_path).heartbeat(1).write_text(json.dumps(record))
+
+        assert wd.stalled(tmp_path, 1, worker.pid, now) is None  # no beat yet: still starting
+        beat()
+        stalled = wd.stalled(tmp_path, 1, worker.pid, now)
+        assert stalled is not None and (stalled.step, stalled.phase) == (7, "report")
+        why = wd.stalled_why(stalled, now)
+        assert (
+            why
+            == "no heartbeat for 4 s while the process lives: stopped (SIGSTOP); last seen in step 7 (report)"
+        )
+        assert wd.stalled(tmp_path, 1, worker.pid + 1, now) is None  # another process's (an earlier start's)
+        assert wd.stalled(tmp_path, 1, worker.pid, now - 2) is None  # not yet older than STALE_AFTER_S
+        beat(closed=True)  # the loop ended: whatever it does now (closing loggers) is no hang
+        assert wd.stalled(tmp_path, 1, worker.pid, now) is None
+        os.kill(worker.pid, signal.SIGCONT)
+        while wd._process_state(worker.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        beat()
+        assert "its threads do not run" in wd.stalled_why(wd.stalled(tmp_path, 1, worker.pid, now), now)  # type: ignore[arg-type]
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_the_last_beat_says_the_loop_ended(tmp_path: Path) -> None:
+    dog = wd.Watchdog(tmp_path, 0, "node1", factor=0.0, min_s=1.0, on_hang=lambda *_: None)
+    assert json.loads(RunDir(tmp_path).heartbeat(0).read_text())["closed"] is False
+    dog.close()
+    assert json.loads(RunDir(tmp_path).heartbeat(0).read_text())["closed"] is True
