@@ -14,11 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, hpctrain, metrics, model_and_optimizer
+from tests.support import FAST, REPO, assert_same_state, hpctrain, metrics
 
 from .cluster import SlurmTestCluster
 from .test_preemption import last_step, submit, wait_until
@@ -86,11 +84,7 @@ def test_a_spare_takes_the_lost_nodes_place(slurm_cluster, reference: Path, tmp_
     assert (record["spares"], record["nodes"], record["shrunk"]) == (["node3"], ["node1", "node3"], False)
     hosts = {r["rank"]: r["host"] for r in json.loads((run / "ranks.json").read_text())}
     assert hosts == {0: "node1", 1: "node1", 2: "node3", 3: "node3"}, hosts
-    final = layout.checkpoint_name(STEPS)
-    ours = model_and_optimizer(run / "checkpoints" / final)
-    theirs = model_and_optimizer(reference / "checkpoints" / final)
-    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
-    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    assert_same_state(run, reference, STEPS)
     status = hpctrain("status", str(run)).stdout
     assert "node node2 lost" in status and "replaced by node3" in status, status
 

@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, hpctrain, model_and_optimizer
+from tests.support import FAST, REPO, assert_same_state, hpctrain
 
 from .test_preemption import submit
 from .test_submit import wait_final
@@ -72,12 +70,6 @@ def test_killed_and_stopped_ranks_restart_inside_the_job(
     assert "SIGKILL" in records[0]["cause"]
     assert (records[1]["rank"], records[1]["host"], records[1]["resume_step"]) == (1, ranks[1], 12)
     assert "hung" in records[1]["cause"]
-    final = layout.checkpoint_name(STEPS)
-    ours, theirs = (
-        model_and_optimizer(run / "checkpoints" / final),
-        model_and_optimizer(reference / "checkpoints" / final),
-    )
-    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
-    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    assert_same_state(run, reference, STEPS)
     status = hpctrain("status", str(run))
     assert "2 inside the allocation" in status.stdout and "COMPLETED" in status.stdout, status.stdout

@@ -101,6 +101,18 @@ def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def assert_same_state(run: Path, reference: Path, step: int) -> None:
+    """``run``'s checkpoint of ``step`` holds the very model and optimizer tensors of ``reference``'s: the
+    same keys, each bitwise equal."""
+    import torch
+
+    from hpctrain.rundir.checkpoints import checkpoint_name
+
+    ours, theirs = (model_and_optimizer(d / "checkpoints" / checkpoint_name(step)) for d in (run, reference))
+    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
+    assert ours.keys() == theirs.keys() and not unequal, f"{len(unequal)} tensors differ, e.g. {unequal[:3]}"
+
+
 def checkpoint_values(run_dir: Path, step: int) -> dict[str, object]:
     """Every tensor and plain value of the weights, optimizer and scheduler in the run's checkpoint of
     ``step``, by flattened key."""

@@ -20,7 +20,7 @@ import torch
 
 from hpctrain.checkpoint.reader import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
-from tests.support import FAST, hpctrain, metrics
+from tests.support import FAST, assert_same_state, hpctrain, metrics
 
 STEPS = 8
 RUN = [
@@ -52,13 +52,7 @@ def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def assert_bitwise(run: Path, reference: Path) -> None:
-    final = layout.checkpoint_name(STEPS)
-    ours, theirs = (
-        model_and_optimizer(run / "checkpoints" / final),
-        model_and_optimizer(reference / "checkpoints" / final),
-    )
-    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
-    assert ours.keys() == theirs.keys() and not unequal, f"{len(unequal)} tensors differ, e.g. {unequal[:3]}"
+    assert_same_state(run, reference, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from hpctrain.rundir import checkpoints as layout
-from tests.support import FAST, hpctrain, model_and_optimizer
+from tests.support import FAST, assert_same_state, hpctrain
 
 STEPS = 12
 RUN = [
@@ -48,13 +47,7 @@ def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path, 
     assert [r["action"] for r in records] == ["restart", "restart"], records
     assert records[0]["rank"] == 1 and "SIGKILL" in records[0]["cause"] and records[0]["resume_step"] == 4
     assert records[1]["rank"] == 0 and "hung" in records[1]["cause"] and records[1]["resume_step"] == 8
-    final = layout.checkpoint_name(STEPS)
-    ours, theirs = (
-        model_and_optimizer(run / "checkpoints" / final),
-        model_and_optimizer(reference / "checkpoints" / final),
-    )
-    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
-    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    assert_same_state(run, reference, STEPS)
     status = hpctrain("status", str(run))
     assert status.returncode == 0 and "2 inside the allocation" in status.stdout, status.stdout
 
@@ -75,13 +68,7 @@ def test_a_rank_stopped_where_the_ranks_log_is_caught_by_its_launcher(
     assert (record["action"], record["rank"], record["resume_step"]) == ("restart", 1, 4), record
     assert record["cause"].startswith("hung: no heartbeat for ") and "stopped (SIGSTOP)" in record["cause"]
     assert "Stopping this rank (SIGSTOP) at step 6, report" in (run / "logs" / "rank1.log").read_text()
-    final = layout.checkpoint_name(STEPS)
-    ours, theirs = (
-        model_and_optimizer(run / "checkpoints" / final),
-        model_and_optimizer(reference / "checkpoints" / final),
-    )
-    unequal = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
-    assert ours.keys() == theirs.keys() and not unequal, unequal[:3]
+    assert_same_state(run, reference, STEPS)
 
     ended = hpctrain(*RUN, *stop, "cluster.dist_timeout_s=600", f"hydra.run.dir={alone}")
     assert ended.returncode == 1 and "Traceback" not in ended.stderr, ended.stderr[-3000:]
