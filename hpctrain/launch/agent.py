@@ -527,7 +527,10 @@ def _watch(
             return None, True
         if stalls.due() and stalls.hung(rank, worker.pid) is not None:
             _signal_group(worker.pid, signal.SIGKILL)
-            return worker.wait(), False
+            try:
+                return worker.wait(), False
+            except ServerGone:  # its server went too: the worker is gone either way
+                return -signal.SIGKILL, False
         time.sleep(POLL_S)
 
 
