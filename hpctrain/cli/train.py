@@ -116,7 +116,7 @@ def _train(argv: list[str]) -> int:
     from hpctrain.launch.project import record_project_dir
     from hpctrain.submit.dry_run import list_dry_sweep, show_dry_run
     from hpctrain.submit.hydra_app import print_composed, run_hydra, run_single
-    from hpctrain.submit.precheck import precheck
+    from hpctrain.submit.submission import precheck
 
     args = get_args_parser().parse_intermixed_args(argv)
     mistyped = _unknown_command(argv, list(args.overrides))

@@ -1,7 +1,8 @@
 """The submission's own checks, which :mod:`hpctrain.submit.submission` calls in the order of its table:
 the Slurm site (ssh, a client here, partitions, an example profile), packs and evaluation jobs, the run
-directory's lock, this shell's Slurm counts, fp8 on this machine's GPUs; and :func:`precheck`, the face the
-CLI calls. Imports torch only to probe a user's own code (elsewhere, through the table)."""
+directory's lock, this shell's Slurm counts, fp8 on this machine's GPUs. The face the CLI calls is
+:func:`hpctrain.submit.submission.precheck` (this module imports nothing of the submission: no cycle). Imports
+torch only to probe a user's own code (elsewhere, through the table)."""
 
 from __future__ import annotations
 
@@ -17,19 +18,6 @@ from hpctrain.errors import ConfigError
 from hpctrain.models.builtin import model_spec
 from hpctrain.precision import float8_problem
 from hpctrain.slurm.remote import Remote
-
-
-def precheck(
-    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
-) -> tuple[Config, DictConfig]:
-    """Compose and check every run the command would start (:class:`hpctrain.submit.submission.Submission`);
-    raise ConfigError for the first refusal. Returns the first run's config, typed and as composed (with
-    Hydra's node). ``overrides``: the caller's list, updated in place with what Hydra's own run gets."""
-    from hpctrain.submit.submission import Submission
-
-    submission = Submission.compose(overrides, multirun, config_dirs or [])
-    submission.check()
-    return submission.first
 
 
 def check_pack(cfg: Config, members: int, multirun: bool) -> None:

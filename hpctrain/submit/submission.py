@@ -270,3 +270,14 @@ WHOLE = (
     Whole("snapshot", "a Slurm run: the project small enough to snapshot", _snapshot),
     Whole("partitions", "a Slurm run: every partition exists", _partitions),
 )
+
+
+def precheck(
+    overrides: list[str], multirun: bool, config_dirs: list[Path] | None = None
+) -> tuple[Config, DictConfig]:
+    """Compose and check every run the command would start (:class:`Submission`); raise ConfigError for the
+    first refusal. Returns the first run's config, typed and as composed (with Hydra's node).
+    ``overrides``: the caller's list, updated in place with what Hydra's own run gets."""
+    submission = Submission.compose(overrides, multirun, config_dirs or [])
+    submission.check()
+    return submission.first

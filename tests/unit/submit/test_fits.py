@@ -10,7 +10,7 @@ import pytest
 
 from hpctrain.errors import ConfigError
 from hpctrain.submit.fits import check_fits
-from hpctrain.submit.precheck import precheck
+from hpctrain.submit.submission import precheck
 from tests.support import CLI, refused
 from tests.support.configs import SEVEN_B, typed
 

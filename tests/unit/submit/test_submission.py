@@ -9,7 +9,7 @@ import pytest
 
 from hpctrain.errors import ConfigError
 from hpctrain.submit import submission
-from hpctrain.submit.precheck import precheck
+from hpctrain.submit.submission import precheck
 
 ORDER = [
     "config",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpctrain.submit.precheck import precheck
+from hpctrain.submit.submission import precheck
 from hpctrain.submit.sweep import sweep_members
 
 
