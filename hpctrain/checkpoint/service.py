@@ -74,6 +74,8 @@ class Checkpointer:
         self.cfg, self.env, self.run_dir, self.faults = cfg, env, run_dir, faults
         self.entering = entering
         self.fast = build_fast_tier(cfg, env, run_dir)
+        # What the shared tier would continue (a directory listing, once): model.init_from reads it too.
+        self.shared_resume = layout.continued(cfg.trainer.resume, RunDir(run_dir).checkpoints)
         self.cadence = Cadence(cfg, run_dir, device, local=self.fast is not None)
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. lr_anchor)
         self._manager: CheckpointManager | None = None
@@ -84,11 +86,9 @@ class Checkpointer:
         """The checkpoint a resume would continue (``trainer.resume``: auto, never or a directory), without
         reading it: the shared tier's latest committed, else, on a restart inside this job, this rank's own
         fast-tier copy. None: a fresh start."""
-        resume = self.cfg.trainer.resume
-        continued = layout.continued(resume, RunDir(self.run_dir).checkpoints)
-        if continued is None and resume == "auto" and self.fast is not None:
-            continued = next(iter(layout.copies(self.fast.own)), None)
-        return continued
+        if self.shared_resume is None and self.cfg.trainer.resume == "auto" and self.fast is not None:
+            return next(iter(layout.copies(self.fast.own)), None)
+        return self.shared_resume
 
     def restore(
         self,
@@ -162,26 +162,17 @@ class Checkpointer:
             return None
         if self.entering is not None:
             self.entering(step, "checkpoint")
+        t = self.cfg.trainer
+        # Asynchronous under trainer.async_checkpoint, except the final save and the save on a stop.
+        blocking = not t.async_checkpoint or step == t.max_steps or stopping
         start = time.perf_counter()
-        self.save(step, blocking=None, stopping=stopping, shared=shared, local=local)
+        self.save(step, blocking, shared=shared, local=local)
         took = time.perf_counter() - start
         self.cadence.saved(step, shared, step_s, took)
         return took
 
-    def save(
-        self,
-        step: int,
-        blocking: bool | None = True,
-        stopping: bool = False,
-        shared: bool = True,
-        local: bool = False,
-    ) -> Path:
-        """Save step ``step`` now (collective). ``blocking=None``: asynchronously under
-        ``trainer.async_checkpoint``, except the final save and the save on a stop, which are synchronous."""
-        if blocking is None:
-            t = self.cfg.trainer
-            final = step == t.max_steps or stopping
-            blocking = not t.async_checkpoint or final
+    def save(self, step: int, blocking: bool = True, shared: bool = True, local: bool = False) -> Path:
+        """Save step ``step`` now (collective); ``blocking=False`` returns once the state is staged."""
         return self._require().save(step, self._state, blocking=blocking, shared=shared, local=local)
 
     def close(self, end_of_job: bool = True) -> None:

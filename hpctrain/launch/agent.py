@@ -284,10 +284,11 @@ class Stalls:
     def hung(self, rank: int, pid: int) -> str | None:
         """When ``rank``'s worker ``pid`` is hung: its error record and the fault's line are written (the
         caller kills it next: SIGKILL, the one signal a stopped process takes) and the cause is returned."""
-        beat = stalled(self.run_dir, rank, pid, time.time())
+        now = time.time()
+        beat = stalled(self.run_dir, rank, pid, now)
         if beat is None:
             return None
-        why = stalled_why(beat, time.time())
+        why = stalled_why(beat, now)
         write_error_record(self.run_dir, rank, "Hang", f"step {beat.step} ({beat.phase}): {why}")
         action = "restart inside the allocation" if self.restarts else "killed by its supervisor"
         requeue.record_fault(
@@ -392,9 +393,8 @@ def run_task(run_dir: Path, cfg: Config) -> int:
             first_step = book.resume_step()
             worker[:] = [_start(server, env, run_dir)]
             restarts = generation < cfg.cluster.max_restarts
-            stalls = Stalls(
-                run_dir, requeue.slurm_job_id(), requeue.slurm_job_id() or book.job, generation, restarts
-            )
+            job_id = requeue.slurm_job_id()
+            stalls = Stalls(run_dir, job_id, job_id or book.job, generation, restarts)
             code, moved = _watch(worker[0], book, generation, rank, stalls)
             ended = time.time()
             if moved:  # another rank's fault: this worker was killed, the next generation starts

@@ -66,15 +66,16 @@ def job_key(environ: dict[str, str] | None = None) -> str:
 
 def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:
     """The ranks' heartbeats; with ``job``, only those written by that start of that job."""
-    beats = []
-    for path in RunDir(run_dir).heartbeat_files():
-        try:
-            beat = Heartbeat(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            continue  # being replaced right now
-        if job is None or beat.job == job:
-            beats.append(beat)
-    return beats
+    beats = (_read_beat(path) for path in RunDir(run_dir).heartbeat_files())
+    return [b for b in beats if b is not None and (job is None or b.job == job)]
+
+
+def _read_beat(path: Path) -> Heartbeat | None:
+    """One heartbeat file; None when there is none yet or it is being replaced right now."""
+    try:
+        return Heartbeat(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def stalled(run_dir: Path, rank: int, pid: int, now: float) -> Heartbeat | None:
@@ -83,11 +84,8 @@ def stalled(run_dir: Path, rank: int, pid: int, now: float) -> Heartbeat | None:
     whatever phase, a save's and a report's included, where no peer's time limit is armed. Its supervisor
     asks (the local launcher, a Slurm task's agent): one small file read, never the other ranks'. None
     before this process's first beat and after its loop ended (its last beat is ``closed``)."""
-    try:
-        beat = Heartbeat(**json.loads(RunDir(run_dir).heartbeat(rank).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None  # none yet, or being replaced right now
-    if beat.pid != pid or beat.closed or now - beat.written <= STALE_AFTER_S:
+    beat = _read_beat(RunDir(run_dir).heartbeat(rank))
+    if beat is None or beat.pid != pid or beat.closed or now - beat.written <= STALE_AFTER_S:
         return None
     return beat
 

@@ -48,7 +48,6 @@ from hpctrain.rendezvous.env import DistEnv
 from hpctrain.resilience.stop import StopCheck
 from hpctrain.resilience.watchdog import Watchdog
 from hpctrain.rundir import RunDir
-from hpctrain.rundir import checkpoints as ckpt_layout
 from hpctrain.train.loss import (
     Objective,
     build_objective,
@@ -151,8 +150,7 @@ def _build(cfg: Config, shape: RunShape, env: DistEnv, device: torch.device, run
             "Built the model without its random init: the checkpoint %s overwrites every weight", continued
         )
     if cfg.model.init_from is not None:
-        shared = ckpt_layout.continued(t.resume, RunDir(run_dir).checkpoints)
-        init_from(model, cfg.model, shared, env.rank, base_from_init)
+        init_from(model, cfg.model, checkpoints.shared_resume, env.rank, base_from_init)
     if adapters:
         adapted = add_lora(model, cfg.model.lora)
         if env.rank == 0:
