@@ -129,7 +129,7 @@ def status(target: Target) -> Report:
             out.append(("control", control))
         restarts = RunDir(target.run_dir).read_restarts()
         if restarts:  # its module imports launch, omegaconf, checkpoints: only for a run that restarted
-            from hpctrain.launch.agent import summary as restart_summary
+            from hpctrain.launch.supervision import summary as restart_summary
 
             for i, line in enumerate(restart_summary(restarts)):
                 out.append(("restarts" if i == 0 else "", line))

@@ -39,7 +39,11 @@ from typing import Protocol
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
-from hpctrain.launch.agent import (
+from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
+from hpctrain.launch.health import problem as health_problem
+from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
+from hpctrain.launch.spawn import start_worker
+from hpctrain.launch.supervision import (
     REPEATED,
     Outcome,
     RestartBook,
@@ -49,10 +53,6 @@ from hpctrain.launch.agent import (
     is_final,
     worker_restart_env,
 )
-from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
-from hpctrain.launch.health import problem as health_problem
-from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
-from hpctrain.launch.spawn import start_worker
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import job_key
@@ -270,7 +270,7 @@ class LocalLauncher:
     ) -> _Worker:
         nproc = cfg.cluster.nproc
         env = _server_env(cfg)
-        env.update(worker_restart_env(generation, cfg.cluster.max_restarts))
+        env.update(worker_restart_env(generation))
         env.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),

@@ -1,8 +1,8 @@
 """The one place that starts ``hpctrain.worker``: forked from a fork server, or a fresh interpreter.
 
 Every supervisor starts its workers here: the local launcher (its ``nproc`` ranks), a Slurm task's agent
-(its rank, again for each restart), a pack's task (each member in turn), the srun template's task that is
-its own worker (an exec), and submitit's task that is (the worker in this process). The worker is named,
+(its rank, again for each restart: submitit's task and the srun template's) and a pack's task (each member
+in turn). The worker is named,
 never imported by the launch layer: ``python -m hpctrain.worker RUN_DIR`` is what a spawned worker runs and
 what a forked one becomes (:mod:`hpctrain.forkserver`). The sbatch templates' ``srun`` lines name the
 same module.
@@ -11,18 +11,16 @@ same module.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from hpctrain.launch.forkwire import ServerGone
 
 if TYPE_CHECKING:
-    from hpctrain.config.schema import Config
     from hpctrain.launch.forked import ForkedProcess, ForkServer
 
 WORKER_MODULE = "hpctrain.worker"
@@ -57,15 +55,3 @@ def start_worker(
         start_new_session=session,
         pass_fds=(console_fd,) if console_fd is not None else (),
     )
-
-
-def become_worker(run_dir: Path | str) -> NoReturn:
-    """Replace this process by the worker (same pid, signals and exit status: a task that is its worker)."""
-    sys.stdout.flush()
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    os.execv(sys.executable, [sys.executable, "-m", WORKER_MODULE, str(run_dir)])
-
-
-def run_worker_here(run_dir: Path | str, cfg: Config) -> bool:
-    """Run the worker in this process (submitit's task, which has already read the config once)."""
-    return bool(importlib.import_module(WORKER_MODULE).run(Path(run_dir), cfg))

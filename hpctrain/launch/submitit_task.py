@@ -23,20 +23,16 @@ class RestartsFailed(RuntimeError):
 
 
 def run_task(run_dir: str) -> None:
+    """This Slurm task: its rank's agent (hpctrain.launch.agent), which starts the worker, supervises it and
+    answers its faults."""
     from hpctrain.config.io import load_run_config
     from hpctrain.launch.agent import run_task as agent_task
-    from hpctrain.launch.agent import task_is_agent
     from hpctrain.rundir import RunDir
 
-    cfg = load_run_config(RunDir(run_dir).config)  # once: the agent or the worker takes it from here
-    if task_is_agent(cfg.cluster):  # restarts, a health check, or tasks sharing a node
-        code = agent_task(Path(run_dir), cfg)
-        if code != 0:  # an error ends the job FAILED, as the worker's own would
-            raise RestartsFailed(f"the worker of this task ended with status {code} ({run_dir})")
-        return
-    from hpctrain.launch.spawn import run_worker_here
-
-    run_worker_here(run_dir, cfg)
+    cfg = load_run_config(RunDir(run_dir).config)  # once: the agent takes it from here
+    code = agent_task(Path(run_dir), cfg)
+    if code != 0:  # an error ends the job FAILED, as the worker's own would
+        raise RestartsFailed(f"the worker of this task ended with status {code} ({run_dir})")
 
 
 class PackFailed(RuntimeError):

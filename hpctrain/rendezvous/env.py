@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from hpctrain.slurm.spec import expand_nodelist, rendezvous_port
 
 # Set by a restart agent (hpctrain.launch.agent) or the local launcher in every worker it starts: which
-# generation of the job start's workers this is (0 first, +1 per restart inside the allocation), and how many
-# restarts inside the allocation are left after this one (0 or unset: a fault is answered by a requeue).
+# generation of the job start's workers this is (0 first, +1 per restart inside the allocation). How a fault
+# is answered is the supervisor's to decide, never the worker's.
 RESTART_ENV = "HPCTRAIN_RESTART"
-RESTARTS_LEFT_ENV = "HPCTRAIN_RESTARTS_LEFT"
 # Set by a Slurm task's restart agent when the job has spare nodes or may shrink (cluster.spare_nodes,
 # cluster.min_nodes): the nodes this generation's ranks run on, in rank order, comma-separated. A task on
 # another node of the allocation waits (a spare); ranks, world size and the rendezvous host follow this list
@@ -27,27 +26,19 @@ NODES_ENV = "HPCTRAIN_NODES"
 
 def adopt_torchrun_restarts(env: dict[str, str] | os._Environ[str]) -> int:
     """A worker started by torchrun's agent (the torchrun sbatch template, ``--max-restarts`` from
-    ``cluster.max_restarts``) takes torchrun's restart count for its generation and the restarts left after
-    it, as a worker of hpctrain's own agent is told them: a fault is then answered by torchrun's restart,
-    not a requeue, and a fault injected in generation G fires only there. Returns torchrun's restart count
-    (0: none, or not started by torchrun)."""
+    ``cluster.max_restarts``) takes torchrun's restart count for its generation, as a worker of hpctrain's
+    own agent is told it: a fault injected in generation G fires only there. Returns torchrun's restart
+    count (0: none, or not started by torchrun)."""
     count, most = env.get("TORCHELASTIC_RESTART_COUNT"), env.get("TORCHELASTIC_MAX_RESTARTS")
     if RESTART_ENV in env or count is None or most is None or not count.isdigit() or not most.isdigit():
         return 0
     env[RESTART_ENV] = count
-    env[RESTARTS_LEFT_ENV] = str(max(0, int(most) - int(count)))
     return int(count)
 
 
 def restart_generation(environ: dict[str, str] | None = None) -> int:
     env = os.environ if environ is None else environ
     return int(env.get(RESTART_ENV, "0") or 0)
-
-
-def restarts_left(environ: dict[str, str] | None = None) -> int:
-    """Restarts inside the allocation still allowed after this generation (0: answer a fault as before)."""
-    env = os.environ if environ is None else environ
-    return int(env.get(RESTARTS_LEFT_ENV, "0") or 0)
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ or Slurm, and imports nothing of hpctrain's; what it is given is all it knows.
     decide(fault, history, caps) -> Restart() | Requeue(exclude) | Fail(error, why)
 
 The supervisors ask it and act: the local launcher and each Slurm task's agent
-(:mod:`hpctrain.launch.agent`), and a worker that meets a fault when no restart is left
-(:func:`hpctrain.resilience.requeue.respond_to_fault`).
+(:mod:`hpctrain.launch.agent`; :func:`hpctrain.resilience.requeue.respond_to_fault` for a node that failed
+its health check or too few nodes left). A worker never does: it records its fault and exits.
 Its table test is tests/unit/resilience/test_policy.py: every fault ``bench/chaos.py`` injects, against
 every history that changes the answer.
 

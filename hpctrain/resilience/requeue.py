@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import Heartbeat
@@ -119,19 +120,14 @@ def respond_to_fault(
     culprit: Heartbeat | None,
     why: str,
     max_requeues: int,
-    progress: bool | None = None,
-    max_no_progress: int = 0,
     kind: str = policy.KILLED,
 ) -> None:
-    """After a fault that no restart inside the allocation answers (none left, or restarts off): record the
-    culprit, ask the fault policy and act: requeue the job without the culprit's node (when the partition has
-    enough other nodes) within the requeue cap, or end. The first rank to get here acts; the others only log
-    (a slower one would also take the ranks that exited meanwhile for dead).
-
-    ``kind``: the policy's word for the fault (a hang, a killed rank, a lost node, an unhealthy node).
-    ``progress``: whether this job start trained a step (None: unknown, and then no crash loop is counted).
-    ``cluster.max_no_progress`` job starts and restarts in a row without one end the run instead of
-    requeueing it: a crash loop, counted by the policy over restarts.jsonl (the agents' record too)."""
+    """A supervisor's answer to a fault of its node that no restart inside the allocation answers (a node that
+    failed its health check, fewer nodes left than ``cluster.min_nodes``): record the culprit, ask the fault
+    policy and act, a requeue without the culprit's node (when the partition has enough other nodes) within
+    the requeue cap, or the end. The first to get here acts; the others only log. ``kind``: the policy's
+    word for the fault. A worker never calls this: it records its fault and exits, and its Slurm task's agent
+    answers (hpctrain.launch.agent)."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s", where, why)
     done = restart_count()
@@ -146,62 +142,63 @@ def respond_to_fault(
         "step": culprit.step if culprit else None,
         "why": why,
     }
-    rd = RunDir(run_dir)
-    rd.append_fault(record)
-    if job_id is None or commands.was_cancelled(job_id):
+    RunDir(run_dir).append_fault(record)
+    if job_id is None:
         return
-    counted = progress is not None and max_no_progress > 0
-    fault = policy.Fault(kind, why, record["rank"], record["host"], progress=progress if counted else True)
-    past = policy.past_from(rd.read_restarts()) if counted else ()
-    history = policy.History(past, requeues_done=done, on_slurm=True)
-    # Restarts inside the allocation are used up or off when a worker gets here: the policy's rules 2, 5, 6.
-    caps = policy.Caps(0, max_no_progress if counted else sys.maxsize, max_requeues)
-    action = policy.decide(fault, history, caps)
-    refused = action if isinstance(action, policy.Fail) else None
-    crash_loop = refused is not None and refused.error == policy.CRASH_LOOP
-    if counted:  # this job start's end, where the restart agents and the next start count it
-        attempt = {
-            "time": time.time(),
-            "job": f"{job_id}.r{done}",
-            "generation": int(os.environ.get("HPCTRAIN_RESTART", "0") or 0),
-            "cause": why,
-            "rank": record["rank"],
-            "host": record["host"],
-            "progress": progress,
-            "action": "stopped" if crash_loop else "requeue",
-        }
-        if refused is not None and crash_loop:
-            attempt["why"] = refused.why
-        rd.append_restart(attempt)
-    if refused is not None:  # with no restart in its caps, the policy requeues or refuses
-        log.error("Not requeueing: %s", refused.why)
+    fault = policy.Fault(kind, why, record["rank"], record["host"])
+    history = policy.History(requeues_done=done, on_slurm=True)
+    # No restart inside the allocation answers these: the policy's rules 5 and 6.
+    action = policy.decide(fault, history, policy.Caps(0, sys.maxsize, max_requeues))
+    if isinstance(action, policy.Fail):
+        log.error("Not requeueing: %s", action.why)
         return
     assert isinstance(action, policy.Requeue)
+    requeue_job(run_dir, job_id, culprit.host if culprit and action.exclude else None)
+
+
+def requeue_job(run_dir: Path, job_id: str, host: str | None) -> None:
+    """The policy's Requeue, carried out: ``scontrol requeue`` of ``job_id``, then (while the requeued job is
+    pending) an exclusion of ``host``'s node and of the nodes the run lost, when the partition keeps enough
+    other nodes. A job that was cancelled is left to end."""
+    if commands.was_cancelled(job_id):
+        log.info("Not requeueing job %s: it was cancelled", job_id)
+        return
     lost = excluded_nodes(run_dir)
-    exclude = _exclusion(job_id, culprit.host if culprit else None, lost) if action.exclude or lost else None
+    exclude = _exclusion(job_id, host, lost) if host or lost else None
     _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))
     # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
     # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
     if exclude and _logged(
         commands.update_job(job_id, {"ExcNodeList": exclude}, attempts=5, ignore_sigterm=True)
     ):
-        log.info(
-            "Requeued job %s without %s (excluded: %s)", job_id, culprit.host if culprit else "", exclude
-        )
+        log.info("Requeued job %s without %s (excluded: %s)", job_id, host or "", exclude)
+
+
+class Culprit(Protocol):
+    """Where a fault was: a heartbeat, or a supervisor's outcome."""
+
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def step(self) -> int | None: ...
 
 
 def record_fault(
     run_dir: Path,
     job_id: str | None,
-    culprit: Heartbeat | None,
+    culprit: Culprit | None,
     why: str,
     action: str,
     launch: str | None = None,
     generation: int | None = None,
 ) -> None:
-    """A fault answered by someone else (the restart agent): only its line in faults.jsonl, from the first
-    to see it in this start (the others only log). A worker passes neither ``launch`` nor ``generation``
-    (its environment says them); a supervisor passes those of the workers it started."""
+    """A fault's line in faults.jsonl, with the answer (``action``), from the first to see it in this start
+    (the others only log): a worker's watchdog that saw a peer hang (its supervisor answers), a supervisor
+    that saw its worker stall, or the supervisor that answered a fault with a requeue or the end. A worker
+    passes neither ``launch`` nor ``generation`` (its environment says them); a supervisor passes those of
+    the workers it started."""
     where = f"rank {culprit.rank} on {culprit.host}" if culprit else "an unknown rank"
     log.error("Fault: %s — %s (%s)", where, why, action)
     launch = launch or job_id or os.environ.get("HPCTRAIN_JOB_ID", "local")

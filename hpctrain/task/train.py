@@ -2,8 +2,8 @@
 
 The worker (:mod:`hpctrain.worker`) hands a rank here after taking the run directory's lock: this joins the
 process group, opens the observers (rank 0), starts the hang watchdog, runs :func:`hpctrain.train.trainer.fit`
-and, when it stopped early or a peer failed, requeues the Slurm job (:mod:`hpctrain.resilience.requeue`).
-"""
+and, when Slurm's signal stopped it early, requeues the Slurm job (:mod:`hpctrain.resilience.requeue`). A
+fault it only records and exits on: its supervisor answers (:mod:`hpctrain.launch.agent`)."""
 
 from __future__ import annotations
 
@@ -68,12 +68,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     from hpctrain.observe.loggers import RANK_LOG_ONLY, ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
-    from hpctrain.rendezvous.env import restarts_left
     from hpctrain.rendezvous.group import init_distributed, record_topology
-    from hpctrain.resilience import policy, requeue
+    from hpctrain.resilience import requeue
     from hpctrain.resilience.stop import USER_STOP, StopCheck
-    from hpctrain.resilience.watchdog import STALE_AFTER_S, Watchdog, find_culprit, job_key, read_heartbeats
-    from hpctrain.rundir.records import KILLED, is_peer_symptom, read_error_record
+    from hpctrain.resilience.watchdog import Watchdog
     from hpctrain.slurm import commands
     from hpctrain.train.overrides import keep_global_batch
     from hpctrain.train.trainer import fit
@@ -92,18 +90,10 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         plain = OmegaConf.to_container(load_yaml(RunDir(run_dir).config))
         observer = Observer(cfg.logger, run_dir, console, plain)  # type: ignore[arg-type]
 
-    # A restart agent above this worker answers a fault inside the allocation while restarts are left: then
-    # this rank only records what it saw and exits (at once: every second here is a second of the restart).
-    restart_inside = restarts_left() > 0
-
+    # The worker records what it saw and exits (at once: every second here is a second of the restart); its
+    # supervisor (the local launcher, a Slurm task's agent, torchrun) answers: the fault policy decides.
     def on_hang(culprit: Heartbeat | None, why: str) -> None:
-        if restart_inside:
-            requeue.record_fault(run_dir, job_id, culprit, why, "restart inside the allocation")
-            return
-        c, progress = cfg.cluster, watchdog.made_progress()
-        requeue.respond_to_fault(
-            run_dir, job_id, culprit, why, c.max_requeues, progress, c.max_no_progress, policy.HUNG
-        )
+        requeue.record_fault(run_dir, job_id, culprit, why, "reported to its supervisor")
 
     t = cfg.trainer
     watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
@@ -128,27 +118,6 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         # the submitting command), else its config.yaml the one its checkpoints were trained with.
         if env.is_main and not RunDir(run_dir).restore_saved_record():
             RunDir(run_dir).restore_config()
-        raise
-    except Exception as err:
-        if job_id is not None and is_peer_symptom(str(err)) and not restart_inside:
-            # A peer went away: wait until its heartbeat is visibly stale, then name it. A peer that raised an
-            # error of its own (a bug, bad data) recorded it: that run must fail, not be requeued. One that
-            # left no record was killed (OOM, a node failure): requeue without its node.
-            time.sleep(STALE_AFTER_S + 1)
-            beats = read_heartbeats(run_dir, job_key())
-            culprit, why = find_culprit(beats, time.time())
-            own_error = read_error_record(run_dir, culprit.rank) if culprit else None
-            # (A record its agent wrote for it, KILLED, is no error of its own: it was killed too.)
-            if own_error is None or own_error["type"] == KILLED or is_peer_symptom(own_error["message"]):
-                requeue.respond_to_fault(
-                    run_dir,
-                    job_id,
-                    culprit,
-                    why,
-                    cfg.cluster.max_requeues,
-                    watchdog.made_progress(),
-                    cfg.cluster.max_no_progress,
-                )
         raise
     finally:
         watchdog.close()

@@ -1,6 +1,6 @@
 """The Slurm task's agent (hpctrain.launch.agent) and its node's shared fork server's socket
-(hpctrain.launch.nodeserver): when a task is an agent, how agents that did not claim a fault learn its
-outcome, where the node's tasks meet."""
+(hpctrain.launch.nodeserver): how the agent that claims a fault answers it (a restart, a requeue, the end),
+how agents that did not claim it learn its outcome, where the node's tasks meet."""
 
 from __future__ import annotations
 
@@ -17,39 +17,63 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.compose import compose, to_typed
-from hpctrain.config.io import load_run_config, write_run_config
-from hpctrain.launch import agent, nodeserver
+from hpctrain.launch import agent, nodeserver, supervision
+from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.files import atomic_json
 from hpctrain.rundir.records import KILLED, first_error, read_error_record, record_killed, write_error_record
+from tests.support.fake_slurm import SHOW_JOB, Fake
 
 
-@pytest.mark.parametrize(
-    ("overrides", "is_agent"),
-    [
-        (["cluster=slurm_test"], True),  # 2 tasks per node: they share a fork server
-        (["cluster=slurm_test", "cluster.tasks_per_node=1", "cluster.max_restarts=0"], False),  # its worker
-        (["cluster=slurm_test", "cluster.tasks_per_node=1"], True),  # restarts: on by default on Slurm
-        (["cluster=slurm_test", "cluster.tasks_per_node=1", "cluster.max_restarts=2"], True),
-        (["cluster=slurm_test", "cluster.fork_server=false", "cluster.max_restarts=0"], False),
-    ],
-)
-def test_a_task_is_its_ranks_agent_where_restarts_a_check_or_a_shared_node_ask(
-    tmp_path: Path, overrides: list[str], is_agent: bool
+def test_with_restarts_off_the_agent_answers_a_killed_rank_with_a_requeue_without_its_node(
+    fake: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    write_run_config(tmp_path, compose(overrides))
-    assert agent.task_is_agent(load_run_config(tmp_path / "config.yaml").cluster) is is_agent
-    assert to_typed(compose(overrides)).cluster.tasks_per_node in (1, 2)
+    """The worker records and exits; its agent asks the policy and carries out its answer (issue 42)."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    fake.answer("sacct", "RUNNING\n")
+    fake.answer("scontrol", SHOW_JOB)
+    fake.answer("sinfo", "node[1-4]\n")
+    book = supervision.RestartBook(tmp_path, "12.r0", 0, 3, max_requeues=2, slurm_job="12")
+    _beat(tmp_path, 3, 9, "12.r0")
+    killed = supervision.Outcome(3, "node2", "was killed by SIGKILL")
+    action = supervision.answer_fault(book, 0, killed, time.time(), 0, "12.r0")
+    assert action == policy.Requeue(("node2",))
+    assert fake.calls()[1:] == [
+        "scontrol show job 12",
+        "sinfo --noheader --partition gpu --format %N",
+        "scontrol requeue 12",
+        "scontrol update JobId=12 ExcNodeList=node2",
+    ]
+    (record,) = RunDir(tmp_path).read_restarts()
+    assert (record["action"], record["exclude"], record["rank"]) == ("requeue", ["node2"], 3), record
+    assert book.generation() == 0 and book.ended_without_restart(0)  # the other agents stop waiting
+    (fault,) = [json.loads(line) for line in RunDir(tmp_path).faults.read_text().splitlines()]
+    assert (fault["rank"], fault["host"], fault["step"]) == (3, "node2", 9), fault
+    assert fault["action"] == "requeue without node2"
 
 
-def _book(tmp_path: Path) -> agent.RestartBook:
-    return agent.RestartBook(tmp_path, "7.r0", max_restarts=1, max_no_progress=3)
+def test_past_the_requeue_cap_the_agent_ends_the_run_saying_why(
+    fake: Fake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    book = supervision.RestartBook(tmp_path, "12.r2", 0, 3, max_requeues=2, slurm_job="12")
+    killed = supervision.Outcome(1, "node1", "was killed by SIGKILL")
+    action = supervision.answer_fault(book, 0, killed, time.time(), 0, "k")
+    assert isinstance(action, policy.Fail) and "already requeued 2 times" in action.why, action
+    assert fake.calls() == []  # no scontrol: nothing is requeued
+    (record,) = RunDir(tmp_path).read_restarts()
+    assert record["action"] == supervision.USED_UP and "cluster.max_requeues=2" in record["why"], record
+    assert json.loads(RunDir(tmp_path).faults.read_text())["action"] == "the run ends (CapsUsedUp)"
+
+
+def _book(tmp_path: Path) -> supervision.RestartBook:
+    return supervision.RestartBook(tmp_path, "7.r0", max_restarts=1, max_no_progress=3)
 
 
 def test_an_agent_waiting_on_a_claimed_fault_stops_when_no_restart_is_left(tmp_path: Path):
     book = _book(tmp_path)
-    outcome = agent.Outcome(3, "node2", "was killed by SIGKILL")
+    outcome = supervision.Outcome(3, "node2", "was killed by SIGKILL")
     book.decide(0, outcome, time.time(), 0, "7.r0.g0")  # restart 1 of 1: the generation moves on
     assert book.generation() == 1 and agent._wait_for_word(book, 0)
     waited: list[bool] = []
@@ -60,7 +84,7 @@ def test_an_agent_waiting_on_a_claimed_fault_stops_when_no_restart_is_left(tmp_p
     waiter.join(timeout=10)
     assert waited == [False], "the waiter returns (its worker's own answer stands) instead of waiting forever"
     actions = [json.loads(line)["action"] for line in RunDir(tmp_path).restarts.read_text().splitlines()]
-    assert actions == ["restart", agent.USED_UP]
+    assert actions == ["restart", supervision.USED_UP]
     assert not book.ended_without_restart(0) and book.ended_without_restart(1)
 
 
@@ -87,18 +111,18 @@ REPEATS = [
 def test_the_same_error_at_the_same_step_twice_is_not_restarted(
     tmp_path: Path, faults: list[tuple[str, int]], actions: list[str]
 ):
-    book = agent.RestartBook(tmp_path, "7.r0", max_restarts=3, max_no_progress=3)
+    book = supervision.RestartBook(tmp_path, "7.r0", max_restarts=3, max_no_progress=3)
     for generation, (cause, step) in enumerate(faults):
         key = f"7.r0.g{generation}"
         _beat(tmp_path, 1, step, key)
-        book.decide(generation, agent.Outcome(1, "node2", cause), time.time(), 0, key)
+        book.decide(generation, supervision.Outcome(1, "node2", cause), time.time(), 0, key)
     records = RunDir(tmp_path).read_restarts()
     assert [r["action"] for r in records] == actions, records
     if actions[-1] == "stopped":
-        assert book.generation() is None and records[-1]["error"] == agent.REPEATED
+        assert book.generation() is None and records[-1]["error"] == supervision.REPEATED
         why = records[-1]["why"]
         assert why.startswith("not restarted: the same error at step 7 twice") and why.endswith(RAISED), why
-        assert agent.summary(records)[-1] == why  # what `hpctrain status` shows under restarts
+        assert supervision.summary(records)[-1] == why  # what `hpctrain status` shows under restarts
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import pytest
 from hpctrain.config.shape import run_shape
 from hpctrain.config.shrink import on_nodes
 from hpctrain.errors import ConfigError
-from hpctrain.launch.agent import summary
 from hpctrain.launch.nodes import LOST_AFTER_S, Nodes, Replacement, first_members, replace_lost
+from hpctrain.launch.supervision import summary
 from hpctrain.rendezvous.env import NODES_ENV, task_from_environ
 from tests.support.configs import typed
 
