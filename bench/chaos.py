@@ -235,7 +235,19 @@ def main() -> None:
     parser.add_argument(
         "--async-save", action="store_true", help="trainer.async_checkpoint=true in every job (default: sync)"
     )
+    parser.add_argument(
+        "--classes",
+        action="store_true",
+        help="the failure classes instead (bench/chaos_classes.py: the user's bug, a full disk, a host OOM, "
+        "a kill and a hang, each classified and answered), on this machine, without Slurm",
+    )
     opts = parser.parse_args()
+    if opts.classes:
+        import chaos_classes
+
+        sys.argv = [sys.argv[0], *(["--dir", str(opts.dir)] if opts.dir else [])]
+        chaos_classes.main()
+        return
     job = [
         "cluster=slurm_test",
         "cluster.time=01:00:00",

@@ -155,3 +155,74 @@ def first_line(err: BaseException, limit: int = 300) -> str:
     """An exception's message in one line (its type when it has none)."""
     text = str(err).strip()
     return (text.splitlines()[0] if text else type(err).__name__)[:limit]
+
+
+# Errors that mean a programming error where hpctrain's own code raised them; the errors hpctrain raises on
+# purpose (a script that failed, a requeue refused) report someone else's failure.
+BUG_TYPES = (
+    AssertionError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    NameError,
+    NotImplementedError,
+    TypeError,
+    UnboundLocalError,
+    ZeroDivisionError,
+)
+
+
+def error_facts(err: BaseException) -> dict[str, Any]:
+    """What failure attribution reads of an error a worker recorded (hpctrain.resilience.attribution): its
+    ``errno`` and path (an OSError, or one behind the error), and whose frame raised it (``origin``, with
+    that ``frame`` as ``file:line in function``):
+
+    - "hpctrain": hpctrain's own code raised a programming error itself (:data:`BUG_TYPES`), a bug;
+    - "user": the innermost frame of the user's or hpctrain's code is the user's;
+    - "injected": a fault injected on purpose (hpctrain.faults);
+    - "library": otherwise (torch raised it on hpctrain's call: a device, a peer, a library's own fault);
+    - "refusal": hpctrain's deliberate refusals (a rejected config, a checkpoint that does not fit).
+    """
+    import os
+    import re
+    import traceback
+
+    facts: dict[str, Any] = {}
+    chained: BaseException | None = err
+    seen: set[int] = set()
+    while chained is not None and id(chained) not in seen:  # the OSError behind a wrapper (a failed save's)
+        if isinstance(chained, OSError) and chained.errno is not None:
+            facts["errno"] = chained.errno
+            if chained.filename is not None:
+                facts["filename"] = os.fsdecode(chained.filename)
+            break
+        seen.add(id(chained))
+        chained = chained.__cause__ or chained.__context__
+    if "errno" not in facts:  # relayed in words (a collective save's failure carries its ranks' tracebacks)
+        found = re.search(r"\[Errno (\d+)\]", str(err))
+        if found:
+            facts["errno"] = int(found.group(1))
+    if isinstance(err, (ConfigError, CheckpointMismatch)) and not isinstance(err, UserCodeError):
+        facts["origin"] = "refusal"
+        return facts
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    injected = os.path.join(own, "faults", "")
+    # The user's code raised, and hpctrain said so: the frames are the original error's.
+    raised = err.__cause__ if isinstance(err, UserCodeError) and err.__cause__ is not None else err
+    frames = traceback.extract_tb(raised.__traceback__)
+    facts["origin"] = "library"
+    for depth, frame in enumerate(reversed(frames)):
+        named = frame.filename and not frame.filename.startswith("<")
+        path = os.path.abspath(frame.filename) if named else ""
+        where = f"{frame.filename}:{frame.lineno} in {frame.name}"
+        if path.startswith(injected):
+            facts.update(origin="injected", frame=where)
+            break
+        if is_user_file(frame.filename):
+            facts.update(origin="user", frame=where)
+            break
+        if path.startswith(own):  # hpctrain's bug: a programming error where its own code raised it
+            if depth == 0 and isinstance(raised, BUG_TYPES):
+                facts.update(origin="hpctrain", frame=where)
+            break
+    return facts

@@ -147,7 +147,7 @@ def _die_with_launcher() -> None:
 
 
 def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
-    from hpctrain.errors import user_traceback
+    from hpctrain.errors import error_facts, user_traceback
     from hpctrain.rundir.records import write_error_record
 
     text = "".join(traceback.format_exception(err))
@@ -155,7 +155,7 @@ def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
     message = str(err).strip().splitlines()
     kind, first = type(err).__name__, message[0] if message else ""
     try:
-        write_error_record(run_dir, rank, kind, first, text, user_traceback(err))
+        write_error_record(run_dir, rank, kind, first, text, user_traceback(err), error_facts(err))
     except OSError as io_err:
         print(f"could not record the error in {RunDir(run_dir).logs}: {io_err}", file=sys.stderr)
 

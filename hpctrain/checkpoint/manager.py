@@ -173,7 +173,11 @@ class CheckpointManager:
             ranks.barrier()
         if shared and blocking:
             # Returns once every rank's shards are written.
-            dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
+            try:
+                dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
+            except BaseException:  # no checkpoint: its shards go (on a full disk, room for the run's records)
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             self._commit(step, tmp, final)
             ranks.barrier()
         if in_background:

@@ -23,6 +23,8 @@ Points:
   restarted start heals and one job can take several faults in turn.
 - ``nan_at=RANK:STEP``: that rank's loss at that step is NaN (once per process: a rollback that trains the
   step again does not meet it again), for the non-finite guard (``trainer.nonfinite``).
+- ``"step"`` also: ``oom_at=RANK:STEP[@G]`` makes that rank take memory there (64 MiB at a time, every page
+  written) until the OOM killer ends it: for a run under a memory limit (a cgroup's), as a job's is.
 - ``"write"``: in a rank's checkpoint writer process, while it writes a save of that step (after each
   buffer of a shard). ``writer_kill_at=RANK:STEP`` makes that rank's writer kill itself there with SIGKILL.
 """
@@ -55,6 +57,7 @@ class FaultsConfig:
     stop_at: str | None = None  # "RANK:STEP[@G]": that rank stops itself (SIGSTOP) at the start of that step
     stop_in: str = "step"  # where stop_at stops it: at the step's start, or in its report (STOP_POINTS)
     nan_at: str | None = None  # "RANK:STEP": that rank's loss is NaN at that step (once per process)
+    oom_at: str | None = None  # "RANK:STEP[@G]": that rank takes memory there until the OOM killer ends it
 
 
 def _rank_step(key: str, value: str | None) -> tuple[int, int] | None:
@@ -99,6 +102,7 @@ def check_faults(faults: FaultsConfig) -> None:
     _generation_of("hang_at", faults.hang_at)
     _generation_of("kill_at", faults.kill_at)
     _generation_of("stop_at", faults.stop_at)
+    _generation_of("oom_at", faults.oom_at)
     if faults.stop_in not in STOP_POINTS:
         raise ConfigError(
             "faults.stop_in", faults.stop_in, "not a point where a rank stops", valid=", ".join(STOP_POINTS)
@@ -113,7 +117,16 @@ def check_faults(faults: FaultsConfig) -> None:
 def check_fault_ranks(faults: FaultsConfig, world: int) -> None:
     """A fault on a rank the run does not have would never fire, and a test built on it would pass for
     nothing: one line naming the key and the world size."""
-    for key in ("fail_at", "hang_at", "kill_at", "stop_at", "nan_at", "writer_kill_at", "slow_rank"):
+    for key in (
+        "fail_at",
+        "hang_at",
+        "kill_at",
+        "stop_at",
+        "oom_at",
+        "nan_at",
+        "writer_kill_at",
+        "slow_rank",
+    ):
         value = getattr(faults, key)
         rank = value.partition(":")[0] if value is not None else ""
         if rank.isdigit() and int(rank) >= world:
@@ -142,6 +155,7 @@ class FaultInjector:
         self._slow = _slow(faults.slow_rank)
         self._save_delay_s = float(faults.save_delay_s)
         self._kill = self._here("kill_at", faults.kill_at)
+        self._oom = self._here("oom_at", faults.oom_at)
         self._kill_writer = _rank_step("writer_kill_at", faults.writer_kill_at)
 
     def _here(self, key: str, value: str | None) -> tuple[int, int] | None:
@@ -172,6 +186,8 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self._stop == (self.rank, step) and self.spec.stop_in == "step":
                 self._stop_here(point, step)
+            if self._oom == (self.rank, step):
+                self._take_memory(step)
         elif point == "report":
             if self._stop == (self.rank, step) and self.spec.stop_in == "report":
                 self._stop_here(point, step)
@@ -186,6 +202,20 @@ class FaultInjector:
                 os.kill(os.getpid(), signal.SIGKILL)
         else:
             raise ValueError(f"unknown fault point {point!r} (known: {', '.join(POINTS)})")
+
+    def _take_memory(self, step: int) -> None:
+        log.warning("Taking memory until the OOM killer ends this rank (faults.oom_at=%s)", self.spec.oom_at)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        # Never the whole machine's: without a limit below it, the injection gives up first.
+        most = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        held, chunk = [], 64 << 20
+        while len(held) * chunk < most:  # bytes repeated: every page written, so resident
+            held.append(b"\x01" * chunk)
+            time.sleep(0.02)  # the heartbeat thread runs between chunks: the peak RSS it records is near
+        raise RuntimeError(
+            f"faults.oom_at={self.spec.oom_at}: no OOM killer by 80 % of this machine's memory"
+        )
 
     def _stop_here(self, point: str, step: int) -> None:
         log.warning(

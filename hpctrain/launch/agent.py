@@ -64,16 +64,15 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.launch import health
+from hpctrain.launch.exits import exit_outcome, oom_kills
 from hpctrain.launch.jobscript import survives_lost_nodes
 from hpctrain.launch.nodes import Nodes
 from hpctrain.launch.nodeserver import node_server
 from hpctrain.launch.supervision import (
-    REPEATED,
     Outcome,
     RestartBook,
     Stalls,
     answer_fault,
-    describe_exit,
     hang_culprit,
     is_final,
     worker_restart_env,
@@ -172,6 +171,7 @@ def run_task(run_dir: Path, cfg: Config) -> int:
             env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
             started = time.time()
             first_step = book.resume_step()
+            oom_before = oom_kills()
             worker[:] = [_start(server, env, run_dir)]
             restarts = generation < cfg.cluster.max_restarts
             stalls = Stalls(run_dir, job_id, job_id or book.job, generation, restarts)
@@ -181,16 +181,16 @@ def run_task(run_dir: Path, cfg: Config) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
+            outcome = exit_outcome(run_dir, rank, host, code, worker[0].pid, oom_before)
             if code < 0 and not pending:  # kill -9, the OOM killer: the worker could record nothing itself
-                record_killed(run_dir, rank, -code, cfg.cluster.max_restarts)
+                record_killed(run_dir, rank, -code, cfg.cluster.max_restarts, outcome.detail)
             if code == 0 or pending or is_final(run_dir, rank):
                 return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
             record = read_error_record(run_dir, rank)
             if record is not None and record.get("type") == health.UNHEALTHY:  # the device failed its check
                 health.exclude(run_dir, rank, host, str(record.get("message", "")), cfg.cluster.max_requeues)
                 return health.EXIT_UNHEALTHY
-            cause, symptom = describe_exit(run_dir, rank, code)
-            outcome = Outcome(rank, host, cause, symptom)
+            symptom = outcome.peer_symptom
             hang = hang_culprit(run_dir, started)
             if hang is not None:
                 outcome = Outcome(*hang, kind=policy.HUNG)
@@ -293,7 +293,7 @@ def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
     if book.generation() is None:
         records = book.rd.read_restarts()
         stop = next((r for r in reversed(records) if r.get("action") == "stopped"), {})
-        if stop.get("error") == REPEATED:  # the user's own error (its rank's record) is the run's cause
+        if stop.get("error") != policy.CRASH_LOOP:  # a class no restart heals: its rank's record is the cause
             return code or 1
         if rank == 0:
             write_error_record(run_dir, 0, "CrashLoop", stop.get("why", "crash loop"))

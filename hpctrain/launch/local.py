@@ -39,16 +39,15 @@ from typing import Protocol
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
+from hpctrain.launch.exits import exit_outcome, oom_kills
 from hpctrain.launch.forked import ForkServer, ForkServerError, server_for
 from hpctrain.launch.health import problem as health_problem
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir, worker_pythonpath
 from hpctrain.launch.spawn import start_worker
 from hpctrain.launch.supervision import (
-    REPEATED,
     Outcome,
     RestartBook,
     Stalls,
-    describe_exit,
     hang_culprit,
     is_final,
     worker_restart_env,
@@ -147,7 +146,7 @@ class LocalLauncher:
         self._job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:16]
         server: ForkServer | None = None
         owned = False
-        crash_loop: str | None = None  # why the run was stopped as a crash loop
+        stopped_why: str | None = None  # why the policy stopped the run (a crash loop, out of memory, ...)
         try:
             server, owned = server_for(cfg.cluster.fork_server, _server_env(cfg))
             how = f", forked from fork server {server.pid}" if server else ""
@@ -163,6 +162,7 @@ class LocalLauncher:
                     print(f"hpctrain: {unhealthy}", file=sys.stderr)
                     return 1
                 started, first_step = time.time(), book.resume_step() if book else 0
+                oom_before = oom_kills()
                 for rank in range(nproc):
                     workers.append(self._spawn(cfg, run_dir, rank, port, console_fd, server, generation))
                 # A restart follows a failure: the others are killed at once (their state is given up for the
@@ -170,17 +170,20 @@ class LocalLauncher:
                 grace = 0.0 if book is not None and generation < c.max_restarts else c.kill_grace_s
                 stalls = Stalls(run_dir, None, self._job_id, generation, generation < c.max_restarts)
                 failures = self._supervise(workers, grace, run_dir, stalls)
-                for failed in failures if self._stop_signal is None else []:
-                    if failed.returncode < 0:  # kill -9, the OOM killer: it could record nothing itself
-                        record_killed(run_dir, failed.rank, -failed.returncode, c.max_restarts)
+                host = socket.gethostname()
+                outcomes = [
+                    exit_outcome(run_dir, f.rank, host, f.returncode, f.pid, oom_before) for f in failures
+                ]
+                for outcome, failed in zip(outcomes, failures, strict=True):
+                    if failed.returncode < 0 and self._stop_signal is None:  # it could record nothing itself
+                        record_killed(
+                            run_dir, failed.rank, -failed.returncode, c.max_restarts, outcome.detail
+                        )
                 if not failures or book is None or self._stop_signal is not None:
                     break
                 if any(is_final(run_dir, f.rank) for f in failures):  # e.g. trainer.nonfinite=stop
                     break
-                first = failures[0]
-                outcome = Outcome(
-                    first.rank, socket.gethostname(), describe_exit(run_dir, first.rank, first.returncode)[0]
-                )
+                outcome = outcomes[0]
                 hang = hang_culprit(run_dir, started)
                 if hang is not None:
                     outcome = Outcome(*hang, kind=policy.HUNG)
@@ -188,13 +191,14 @@ class LocalLauncher:
                 key = job_key(
                     {"MASTER_ADDR": c.master_addr, "MASTER_PORT": str(port), RESTART_ENV: str(generation)}
                 )
-                if not book.decide(generation, outcome, started, first_step, key):
-                    if book.generation() is None:  # a crash loop: its cause is the run's error
-                        stop = book.rd.read_restarts()[-1]
-                        why = stop.get("why", "crash loop")
-                        if stop.get("error") != REPEATED:  # else the user's own error is the run's cause
-                            write_error_record(run_dir, 0, "CrashLoop", why)
-                        crash_loop = why
+                action = book.answer(generation, outcome, started, first_step, key)
+                if isinstance(action, policy.Fail):
+                    if action.error == policy.CRASH_LOOP:  # else its rank's record is the cause
+                        with contextlib.suppress(OSError):
+                            write_error_record(run_dir, 0, "CrashLoop", action.why)
+                    if action.error != policy.CAPS_USED:
+                        stopped_why = action.why
+                if not isinstance(action, policy.Restart):
                     break
                 for worker in workers:
                     _kill_group(worker.proc.pid, signal.SIGKILL)
@@ -239,8 +243,8 @@ class LocalLauncher:
             for other in others:
                 if other.detail != first.detail:
                     print(f"hpctrain:   then {other.describe()}", file=sys.stderr)
-            if crash_loop is not None:  # the cause last, in one line
-                print(f"hpctrain: {crash_loop}", file=sys.stderr)
+            if stopped_why is not None:  # the cause last, in one line
+                print(f"hpctrain: {stopped_why}", file=sys.stderr)
             return 1
         if any(w.proc.returncode == EXIT_STOPPED for w in workers):
             # A stop signal reached the workers but not this command (e.g. one kill of a rank): they saved,

@@ -1,15 +1,16 @@
 """What every supervisor of workers shares (the local launcher, :mod:`hpctrain.launch.local`, and each
 Slurm task's agent, :mod:`hpctrain.launch.agent`): how one generation of the workers ended
-(:class:`Outcome`, :func:`describe_exit`), a worker stalled in any phase (:class:`Stalls`), and the run
-directory's book of a job start's faults and the fault policy's answers to them (:class:`RestartBook`,
-:func:`answer_fault`: recorded in restarts.jsonl and faults.jsonl, and carried out). No torch import here.
+(:class:`Outcome`, read from an exit by :mod:`hpctrain.launch.exits`), a worker stalled in any phase
+(:class:`Stalls`), and the run directory's book of a job start's faults and the fault policy's answers to
+them (:class:`RestartBook`, :func:`answer_fault`: recorded in restarts.jsonl and faults.jsonl, and carried
+out). No torch import here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ REPEATED = policy.REPEATED  # restarts.jsonl's word for a run stopped on the sam
 @dataclass
 class Outcome:
     """How one generation of the workers ended, as its agent (or the local launcher) saw it. ``kind``: one
-    of the policy's fault kinds; by default read from :func:`describe_exit`'s words for the exit."""
+    of the policy's fault kinds (:func:`hpctrain.launch.exits.exit_outcome` sets it); else read from the
+    cause's words. ``detail``: what attribution adds (the OOM killer, a path, a frame)."""
 
     rank: int | None
     host: str | None
@@ -44,6 +46,7 @@ class Outcome:
     peer_symptom: bool = False
     kind: str | None = None
     step: int | None = None  # the step the failing rank was in, when known (its last heartbeat)
+    detail: str = ""
 
     def fault_kind(self) -> str:
         if self.kind is not None:
@@ -154,7 +157,15 @@ class RestartBook:
         step = fault_step(self.rd.path, key, outcome.rank)
         if step is not None and kind == policy.RAISED:  # only such an error can be the run's own bug
             record["step"] = step
-        fault = policy.Fault(kind, outcome.cause, outcome.rank, outcome.host, record.get("step"), progress)
+        fault = policy.Fault(
+            kind,
+            outcome.cause,
+            outcome.rank,
+            outcome.host,
+            record.get("step"),
+            progress,
+            detail=outcome.detail,
+        )
         history = policy.History(
             policy.past_from(self.rd.read_restarts()),
             generation,
@@ -163,12 +174,15 @@ class RestartBook:
         )
         caps = policy.Caps(self.max_restarts, self.max_no_progress, self.max_requeues)
         action = policy.decide(fault, history, caps)
-        if isinstance(action, policy.Fail) and action.error in (policy.CRASH_LOOP, policy.REPEATED):
+        record.update(kind=kind, verdict=policy.verdict(fault, action))
+        if outcome.detail:
+            record["detail"] = outcome.detail
+        if isinstance(action, policy.Fail) and action.error not in (policy.CAPS_USED,):
             self._stop(record, action.error, action.why)
             return action
         if isinstance(action, policy.Requeue):
             record.update(action=REQUEUE, exclude=list(action.exclude))
-            self.rd.append_restart(record)
+            self._append(record)
             log.error(
                 "No restart inside the allocation (%d of cluster.max_restarts=%d used): %s %s; requeueing "
                 "job %s%s",
@@ -182,12 +196,12 @@ class RestartBook:
             return action
         if not isinstance(action, policy.Restart):
             record.update(action=USED_UP, why=action.why)
-            self.rd.append_restart(record)
+            self._append(record)
             log.error("No restart inside the allocation: %s", action.why)
             return action
         record["action"] = "restart"
         record["resume_step"] = self.resume_step()
-        self.rd.append_restart(record)
+        self._append(record)
         atomic_write(self.rd.agent_generation(self.job), str(generation + 1))
         log.warning(
             "Restart %d of at most %d inside the allocation: %s %s; resuming from step %d",
@@ -199,11 +213,22 @@ class RestartBook:
         )
         return action
 
+    def _append(self, record: dict[str, Any]) -> None:
+        """The answer's line in restarts.jsonl; a storage that refuses it (full, read-only) does not change
+        the answer, which the caller carries out and prints."""
+        try:
+            self.rd.append_restart(record)
+        except OSError as err:
+            log.warning(
+                "hpctrain: the answer to a fault could not be recorded in %s: %s", self.rd.restarts, err
+            )
+
     def _stop(self, record: dict[str, Any], error: str, why: str) -> None:
         """The run stops: recorded (``error`` is the type its error record takes), and every agent stops."""
         record.update(action="stopped", error=error, why=why)
-        self.rd.append_restart(record)
-        atomic_write(self.rd.agent_generation(self.job), STOPPED)
+        self._append(record)
+        with contextlib.suppress(OSError):  # a full disk: the other agents' workers fail on it alike
+            atomic_write(self.rd.agent_generation(self.job), STOPPED)
         log.error("hpctrain: %s", why)
 
 
@@ -287,19 +312,6 @@ def is_final(run_dir: Path, rank: int) -> bool:
     return record is not None and record.get("type") in policy.FINAL_ERRORS
 
 
-def describe_exit(run_dir: Path, rank: int, code: int) -> tuple[str, bool]:
-    """A worker's exit in words, and whether it only reports a peer's failure (a connection error)."""
-    from hpctrain.rundir.records import is_peer_symptom
-
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}", False
-    record = read_error_record(run_dir, rank)
-    if record is None:
-        return f"exited with code {code}", False
-    message = str(record.get("message", ""))
-    return f"failed with exit code {code}: {record.get('type', '')}: {message}", is_peer_symptom(message)
-
-
 def answer_fault(
     book: RestartBook,
     generation: int,
@@ -349,6 +361,8 @@ def summary(records: list[dict[str, Any]]) -> list[str]:
     stopped = [r for r in records if r.get("action") == "stopped"]
     if stopped:
         lines.append(str(stopped[-1].get("why", "crash loop")))
+    elif records[-1].get("verdict") and records[-1].get("action") != "restart":  # a requeue, the caps used
+        lines.append(str(records[-1]["verdict"]))
     return lines
 
 

@@ -11,7 +11,9 @@ every history that changes the answer.
 
 In order (the first that applies answers):
 
-1. An error no restart can heal ends the run as it asked (:data:`FINAL_ERRORS`).
+1. An error no restart can heal ends the run: one it asked for (:data:`FINAL_ERRORS`), and the classes a
+   restart would meet again (:data:`FINAL_KINDS`: out of memory, a full or refused storage, hpctrain's
+   refusal, hpctrain's own bug; :mod:`hpctrain.resilience.attribution` classifies an exit).
 2. ``cluster.max_no_progress`` attempts in a row without a new step are a crash loop: the run stops
    (:func:`no_progress_in_a_row`: the one count of them, for restarts and requeues alike). A pre-emption
    is no crash.
@@ -38,9 +40,44 @@ LOST_NODE = "lost node"  # a node's slurmd and processes gone
 PEER = "peer"  # only a peer's failure seen (a connection reset): the real cause is another rank's
 UNHEALTHY = "unhealthy"  # the node failed its health check before the worker started
 PREEMPTED = "preempted"  # Slurm's signal (a pre-emption, the time limit): the run saved and stops; no fault
-KINDS = (RAISED, EXITED, KILLED, HUNG, LOST_NODE, PEER, UNHEALTHY, PREEMPTED)
+OOM = "out of memory"  # the OOM killer (the kernel's, a cgroup's), or an out-of-memory error raised
+STORAGE = "storage"  # no space, over quota, read-only, permission denied: someone must act
+IO = "io"  # an I/O error or a stale handle: this node's view of the storage
+REFUSED = "refused"  # hpctrain refused the run (a config, a checkpoint that does not fit)
+NETWORK = "network"  # the rendezvous could not reach its store or peers
+OWN_BUG = "hpctrain's bug"  # an error raised in hpctrain's own code
+KINDS = (
+    RAISED,
+    EXITED,
+    KILLED,
+    HUNG,
+    LOST_NODE,
+    PEER,
+    UNHEALTHY,
+    PREEMPTED,
+    OOM,
+    STORAGE,
+    IO,
+    REFUSED,
+    NETWORK,
+    OWN_BUG,
+)
 # Faults of the node rather than of the run: a requeue leaves the node out.
-NODE_FAULTS = (KILLED, HUNG, LOST_NODE, UNHEALTHY)
+NODE_FAULTS = (KILLED, HUNG, LOST_NODE, UNHEALTHY, IO)
+# Classes a restart would meet again: the run ends at once, saying which (the error type of its record).
+FINAL_KINDS = {
+    OOM: "OutOfMemory",
+    STORAGE: "StorageFault",
+    REFUSED: "Refused",
+    OWN_BUG: "HpctrainBug",
+}
+# Why each of FINAL_KINDS is not restarted, in the one line.
+_FINAL_WHY = {
+    OOM: "out of memory, which a restart would run into again (a smaller batch or more ranks)",
+    STORAGE: "the storage refused a write, which a restart would meet again until it is fixed",
+    REFUSED: "hpctrain refused the run, and would refuse it again",
+    OWN_BUG: "an error in hpctrain's own code, which a restart would meet again (please report it)",
+}
 
 # Errors a restart cannot heal, by the type a worker recorded: the run ends as it asked. A refused
 # checkpoint (another shape, model or layout than the config's) is refused again by every restart; and once
@@ -63,6 +100,7 @@ class Fault:
     step: int | None = None  # the step the failing rank was in (its last heartbeat), when known
     progress: bool = True  # whether the attempt trained a step beyond the checkpoint it started from
     error: str | None = None  # the error type the worker recorded, when it did
+    detail: str = ""  # what attribution adds: the OOM killer and the RSS, the path, the frame
 
 
 @dataclass(frozen=True)
@@ -116,6 +154,8 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
     """What answers ``fault``, the end of the attempt after ``history``, within ``caps`` (rules 1-6 above)."""
     if fault.error in FINAL_ERRORS:
         return Fail(fault.error, f"not restarted: {fault.error} ends the run as it asked; {fault.cause}")
+    if fault.kind in FINAL_KINDS:
+        return Fail(FINAL_KINDS[fault.kind], f"not restarted: {_FINAL_WHY[fault.kind]}: {described(fault)}")
     in_a_row = no_progress_in_a_row(history.past, fault.progress or fault.kind == PREEMPTED)
     if in_a_row >= caps.max_no_progress:
         return Fail(
@@ -127,7 +167,7 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
         return Fail(
             REPEATED,
             f"not restarted: the same error at step {fault.step} twice, so a fault of the run itself (its "
-            f"code, data or config), which a restart would meet again: {where(fault)} {fault.cause}",
+            f"code, data or config), which a restart would meet again: {described(fault)}",
         )
     if history.restarts_done < caps.max_restarts and fault.kind != PREEMPTED:
         return Restart()
@@ -139,12 +179,12 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
         return Fail(
             CAPS_USED,
             f"the job was already requeued {n} time{'s' * (n != 1)} and cluster.max_requeues="
-            f"{caps.max_requeues}; last: {where(fault)} {fault.cause}",
+            f"{caps.max_requeues}; last: {described(fault)}",
         )
     return Fail(
         CAPS_USED,
         f"not restarted: {history.restarts_done} of cluster.max_restarts={caps.max_restarts} restarts used; "
-        f"{where(fault)} {fault.cause}",
+        f"{described(fault)}",
     )
 
 
@@ -174,3 +214,25 @@ def repeats(fault: Fault, past: tuple[Past, ...]) -> bool:
 
 def where(fault: Fault) -> str:
     return f"rank {fault.rank} on {fault.host}" if fault.rank is not None else "a rank"
+
+
+def described(fault: Fault) -> str:
+    """Where and what: "rank 1 on node2 was killed by SIGKILL (by the kernel's OOM killer at 1.50 GiB …)"."""
+    return f"{where(fault)} {fault.cause}" + (f" ({fault.detail})" if fault.detail else "")
+
+
+def verdict(fault: Fault, action: Action) -> str:
+    """The attempt's one line for ``hpctrain status``: who, what, and the answer."""
+    if isinstance(action, Restart):
+        return f"{described(fault)} — restarted inside the allocation"
+    if isinstance(action, Requeue):
+        without = f" without {', '.join(action.exclude)}" if action.exclude else ""
+        return f"{described(fault)} — the job requeued{without}"
+    reasons = {
+        CRASH_LOOP: "a crash loop (cluster.max_no_progress attempts in a row without a new step)",
+        REPEATED: "the same error at the same step twice, the run's own bug",
+        CAPS_USED: "the restarts and requeues its caps allow are used up",
+    }
+    kind = next((k for k, error in FINAL_KINDS.items() if error == action.error), None)
+    reason = _FINAL_WHY[kind] if kind else reasons.get(action.error, f"{action.error} ends the run")
+    return f"{described(fault)} — not restarted: {reason}"

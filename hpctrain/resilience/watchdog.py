@@ -52,6 +52,7 @@ class Heartbeat:
     written: float
     job: str = ""  # which start of which job wrote it (job_key): files of an earlier start are not evidence
     closed: bool = False  # the loop ended (its last beat): no more beats come from a live process
+    peak_rss: int = 0  # bytes: the process's peak resident set so far (VmHWM), for an OOM's verdict
 
 
 def job_key(environ: dict[str, str] | None = None) -> str:
@@ -66,11 +67,11 @@ def job_key(environ: dict[str, str] | None = None) -> str:
 
 def read_heartbeats(run_dir: Path, job: str | None = None) -> list[Heartbeat]:
     """The ranks' heartbeats; with ``job``, only those written by that start of that job."""
-    beats = (_read_beat(path) for path in RunDir(run_dir).heartbeat_files())
+    beats = (read_beat(path) for path in RunDir(run_dir).heartbeat_files())
     return [b for b in beats if b is not None and (job is None or b.job == job)]
 
 
-def _read_beat(path: Path) -> Heartbeat | None:
+def read_beat(path: Path) -> Heartbeat | None:
     """One heartbeat file; None when there is none yet or it is being replaced right now."""
     try:
         return Heartbeat(**json.loads(path.read_text()))
@@ -84,7 +85,7 @@ def stalled(run_dir: Path, rank: int, pid: int, now: float) -> Heartbeat | None:
     whatever phase, a save's and a report's included, where no peer's time limit is armed. Its supervisor
     asks (the local launcher, a Slurm task's agent): one small file read, never the other ranks'. None
     before this process's first beat and after its loop ended (its last beat is ``closed``)."""
-    beat = _read_beat(RunDir(run_dir).heartbeat(rank))
+    beat = read_beat(RunDir(run_dir).heartbeat(rank))
     if beat is None or beat.pid != pid or beat.closed or now - beat.written <= STALE_AFTER_S:
         return None
     return beat
@@ -99,6 +100,18 @@ def stalled_why(beat: Heartbeat, now: float) -> str:
         f"no heartbeat for {now - beat.written:.0f} s while the process lives: {how}; last seen in step "
         f"{beat.step} ({beat.phase})"
     )
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set in bytes (VmHWM of /proc/self/status); 0 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _process_state(pid: int) -> str:
@@ -216,6 +229,7 @@ class Watchdog:
             time.time(),
             self.job,
             self.closed,
+            _peak_rss(),
         )
         try:
             # Not fsynced: rewritten every second, and only live processes read it.

@@ -116,11 +116,19 @@ def error_file(run_dir: Path, rank: int) -> Path:
 
 
 def write_error_record(
-    run_dir: Path, rank: int, kind: str, message: str, trace: str = "", user_trace: str | None = None
+    run_dir: Path,
+    rank: int,
+    kind: str,
+    message: str,
+    trace: str = "",
+    user_trace: str | None = None,
+    facts: dict[str, Any] | None = None,
 ) -> None:
     """What a failing rank leaves for launchers and ``hpctrain status``: logs/rank<R>.error.json.
-    ``user_trace``: the frames of the user's own code, when their code raised (shown above the one line)."""
+    ``user_trace``: the frames of the user's own code, when their code raised (shown above the one line);
+    ``facts``: what failure attribution reads (hpctrain.errors.error_facts: errno, path, origin, frame)."""
     record = {
+        **(facts or {}),
         "rank": rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -138,11 +146,11 @@ def write_error_record(
 KILLED = "Killed"  # the error type of a rank that a signal ended before it could record anything
 
 
-def record_killed(run_dir: Path, rank: int, signum: int, restarts: int) -> None:
+def record_killed(run_dir: Path, rank: int, signum: int, restarts: int, detail: str = "") -> None:
     """A rank ended by a signal (kill -9, the OOM killer, a lost node) records nothing itself: its observer
     (the local launcher, the Slurm agent) records it, so that ``hpctrain status`` names this rank and not a
     peer's "connection reset". ``restarts``: the run's cluster.max_restarts (0: the line says what would
-    have answered it)."""
+    have answered it); ``detail``: what attribution found (the OOM killer and the peak RSS)."""
     if read_error_record(run_dir, rank) is not None:
         return
     try:
@@ -150,6 +158,8 @@ def record_killed(run_dir: Path, rank: int, signum: int, restarts: int) -> None:
     except ValueError:  # a real-time signal has no name
         name = f"signal {signum}"
     hint = "" if restarts else "; cluster.max_restarts=N restarts the ranks inside the allocation, in seconds"
+    if detail:  # attribution's (the OOM killer): a restart would not help, so no hint of one
+        hint = f" ({detail})"
     write_error_record(run_dir, rank, KILLED, f"was killed by {name}{hint}")
 
 

@@ -1,11 +1,13 @@
 """Recovery on the real test cluster beyond restarts: a crash loop ends after ``cluster.max_no_progress``
-attempts with its cause in one line; a NaN loss is skipped (the state after the step bitwise the state
+attempts with its cause in one line; the user's own bug (the same error at the same step) after two, its
+frame named; a NaN loss is skipped (the state after the step bitwise the state
 before it) while ``hpctrain save`` and ``hpctrain stop`` act on the running job (no requeue); and rolled back
 in the other mode (through the sbatch template)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -13,6 +15,7 @@ import torch
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
 from tests.support import FAST, REPO, checkpoint_values, hpctrain
+from tests.support.user_project import broken_project
 
 from .test_preemption import last_step, submit, wait_until
 from .test_submit import wait_final
@@ -44,6 +47,27 @@ def test_a_script_that_crashes_before_step_1_ends_after_max_no_progress(slurm_cl
     status = hpctrain("status", str(run))
     crash = [line for line in status.stdout.splitlines() if "crash loop" in line]
     assert crash and "a_module_that_is_not_installed" in crash[0], status.stdout
+
+
+def test_the_users_bug_ends_after_two_attempts_naming_its_frame(slurm_cluster, tmp_path: Path):
+    """Issue 43 (a): a ``_target_`` model that raises the same ValueError at the same step on every
+    attempt, under the default Slurm profile (restarts on): FAILED after two attempts, and status says it is
+    the user's code, with the frame."""
+    project = tmp_path / "project"
+    run = tmp_path / "run"
+    broken = broken_project(project)
+    result = hpctrain(*broken, *TRAIN, "trainer.max_steps=6", f"hydra.run.dir={run}", cwd=project)
+    assert result.returncode == 0, result.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
+    assert wait_final([job_id], timeout=240)[job_id].state == "FAILED"
+    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["action"] for r in records] == ["restart", "stopped"], records
+    status = hpctrain("status", str(run))
+    # Its third forward: step 3, or step 2 where a step takes two passes (4 ranks' share of the batch).
+    assert re.search(r"the same error at step [23] twice", status.stdout), status.stdout
+    assert "in your code at " in status.stdout and "brokenmodel.py:14 in forward" in status.stdout, (
+        status.stdout
+    )
 
 
 def same(a: dict[str, object], b: dict[str, object]) -> bool:

@@ -42,3 +42,32 @@ def git(cwd: Path, *args: str) -> None:
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
     env["GIT_COMMITTER_EMAIL"] = "t@t"
     subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, env=env)
+
+
+# A user's model that raises at its third forward in every process: step 3 of every attempt that starts from
+# step 0 (the user's deterministic bug of issue 43; line 14 raises).
+BROKEN_MODEL = """import torch
+
+
+class Broken(torch.nn.Module):
+    def __init__(self, vocab_size: int = 256):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab_size, 8)
+        self.out = torch.nn.Linear(8, vocab_size)
+        self.calls = 0
+
+    def forward(self, input_ids):
+        self.calls += 1
+        if self.calls > 2:
+            raise ValueError("the user model breaks at its third forward")
+        return self.out(self.emb(input_ids))
+"""
+
+
+def broken_project(root: Path) -> list[str]:
+    """A project folder with :data:`BROKEN_MODEL` as ``model=broken``; the overrides that train it (from
+    ``root``), with no checkpoint before step 3 (every attempt starts at step 1)."""
+    (root / "conf" / "model").mkdir(parents=True)
+    (root / "brokenmodel.py").write_text(BROKEN_MODEL)
+    (root / "conf" / "model" / "broken.yaml").write_text("_target_: brokenmodel.Broken\nvocab_size: 256\n")
+    return ["--config-dir", str(root / "conf"), "model=broken", "data.seq_len=32", "trainer.ckpt_every=100"]

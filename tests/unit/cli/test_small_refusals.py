@@ -170,8 +170,24 @@ def test_a_model_that_fits_nowhere_is_refused_before_its_sheet_is_built(here: Pa
         ),
         (["faults.stop_in="], "faults.stop_in"),
         (["faults.stop_in=rep\x01ort"], "faults.stop_in"),
+        (["faults.oom_at=1"], "faults.oom_at=1: expected RANK:STEP"),
+        (["faults.oom_at="], "faults.oom_at"),
+        (["faults.oom_at=1:\x013"], "faults.oom_at"),
+        (["faults.oom_at=4:3"], "faults.oom_at=4:3: rank 4 is not in this run of 2 rank(s)"),
     ],
-    ids=["fail_at", "kill_at", "num_workers", "path-of-text", "stop_in", "stop_in-empty", "stop_in-ctrl"],
+    ids=[
+        "fail_at",
+        "kill_at",
+        "num_workers",
+        "path-of-text",
+        "stop_in",
+        "stop_in-empty",
+        "stop_in-ctrl",
+        "oom_at",
+        "oom_at-empty",
+        "oom_at-ctrl",
+        "oom_at-rank",
+    ],
 )
 def test_a_rank_or_a_resource_the_run_does_not_have_is_refused(
     here: Path, capsys, argv: list[str], words: str

@@ -36,6 +36,25 @@ USED = History(restarts_done=2, on_slurm=True)  # both restarts of CAPS used
 
 # (what happened, fault, history, the action); the first rule that applies answers (policy's docstring).
 TABLE = [
+    # The classes a restart would meet again stop at once, restarts and requeues left (issue 43, item 1).
+    (
+        "out of memory",
+        Fault(policy.OOM, "was killed by SIGKILL", 1, "node1", detail="OOM killer"),
+        SLURM,
+        Fail,
+    ),
+    ("full disk", Fault(policy.STORAGE, "failed: OSError: No space left", 0, "node1"), SLURM, Fail),
+    ("refused", Fault(policy.REFUSED, "failed: ConfigError: data.path", 0, "node1"), SLURM, Fail),
+    ("hpctrain's bug", Fault(policy.OWN_BUG, "failed: TypeError: x", 0, "node1"), SLURM, Fail),
+    # The node's view of the storage, a rendezvous that could not connect: restarted; the node goes later.
+    ("stale handle, restarts left", Fault(policy.IO, "failed: OSError: Stale", 2, "node2"), SLURM, Restart()),
+    (
+        "stale handle, restarts used",
+        Fault(policy.IO, "failed: OSError: Stale", 2, "node2"),
+        USED,
+        Requeue(("node2",)),
+    ),
+    ("store unreachable", Fault(policy.NETWORK, "failed: DistNetworkError", 0, "node1"), SLURM, Restart()),
     # chaos.py's SIGKILL: a restart inside the allocation, then a requeue without the node, then the end.
     ("kill, restarts left", KILL, SLURM, Restart()),
     ("kill, restarts used", KILL, USED, Requeue(("node2",))),
@@ -135,8 +154,9 @@ def test_each_stop_names_its_error_and_says_why_in_one_line():
 def test_every_kind_and_every_fault_chaos_injects_has_rows():
     kinds = {row[1].kind for row in TABLE}
     assert kinds == set(policy.KINDS), set(policy.KINDS) ^ kinds
-    # What bench/chaos.py injects: its faults.* overrides, its signal to the job, its lost node.
-    chaos = (REPO / "bench" / "chaos.py").read_text()
+    # What bench/chaos.py injects: its faults.* overrides, its signal to the job, its lost node; and its
+    # failure classes (bench/chaos_classes.py).
+    chaos = (REPO / "bench" / "chaos.py").read_text() + (REPO / "bench" / "chaos_classes.py").read_text()
     injected = set(re.findall(r"f?\"(faults\.\w+)=", chaos))
     injected |= {"scancel --signal"} if '"scancel", "--signal=' in chaos else set()
     injected |= {"lose_node"} if "cluster.lose_node(" in chaos else set()
@@ -146,6 +166,7 @@ def test_every_kind_and_every_fault_chaos_injects_has_rows():
         "faults.nan_at": "non-finite",
         "scancel --signal": "pre-emption",
         "lose_node": "lost node",
+        "faults.oom_at": "out of memory",
     }
     assert injected == set(rows), injected ^ set(rows)  # a new fault in chaos.py needs its rows here
     names = [row[0] for row in TABLE]
