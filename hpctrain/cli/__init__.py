@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),
     "save": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint now, trains on", "control"),
     "stop": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint, ends, no requeue", "control"),
+    "stacks": Subcommand("RUN_DIR [--wait S]", "every rank's Python stacks, grouped, in seconds", "control"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "eval": Subcommand("RUN_DIR [--step N] [OVERRIDES...]", "the run's validation of a checkpoint", "eval"),
     "report": Subcommand(

@@ -1,5 +1,6 @@
 """``hpctrain save RUN_DIR`` and ``hpctrain stop RUN_DIR``: a checkpoint now, or a checkpoint and the end of
-the run without a requeue (:mod:`hpctrain.jobs.control`). A run submitted from here over ``cluster.ssh`` is
+the run without a requeue (:mod:`hpctrain.jobs.control`); ``hpctrain stacks RUN_DIR``: every rank's Python
+stacks, grouped (:mod:`hpctrain.jobs.stacks`). A run submitted from here over ``cluster.ssh`` is
 asked on the cluster, where its ranks read the request (:func:`hpctrain.jobs.targets.forward`). No torch
 import here."""
 
@@ -9,12 +10,37 @@ from pathlib import Path
 
 from hpctrain.cli.common import EXIT_OK, Parser, UsageError, guarded
 from hpctrain.jobs.control import request
+from hpctrain.jobs.stacks import report as stacks_report
 from hpctrain.jobs.targets import forward, remote_target
 
 DEFAULT_WAIT_S = 120.0
+STACKS_WAIT_S = 5.0  # every live rank answers within a quarter of a second
+
+
+def _stacks(argv: list[str]) -> int:
+    parser = Parser(prog="hpctrain stacks", description="Every rank's Python stacks, grouped, in seconds.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=STACKS_WAIT_S,
+        metavar="S",
+        help=f"seconds to wait for every rank (default {STACKS_WAIT_S:g})",
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.wait <= 3600:
+        raise UsageError(f"--wait must be between 0 and 3600 seconds, not {args.wait}")
+    target = remote_target(args.run_dir)
+    if target is not None:  # submitted from here over cluster.ssh: the ranks answer on the cluster
+        return forward(target, "stacks", [f"--wait={args.wait!r}"])
+    lines, _ = stacks_report(Path(args.run_dir), args.wait)
+    print("\n".join(lines))
+    return EXIT_OK
 
 
 def _run(name: str, argv: list[str]) -> int:
+    if name == "stacks":
+        return _stacks(argv)
     what = "a checkpoint at the next step boundary" if name == "save" else "a checkpoint, then the end"
     parser = Parser(prog=f"hpctrain {name}", description=f"Ask a running run for {what}.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
@@ -36,5 +62,5 @@ def _run(name: str, argv: list[str]) -> int:
 
 
 def run(name: str, argv: list[str]) -> int:
-    """``hpctrain save|stop RUN_DIR [--wait S]`` (``argv`` without the subcommand)."""
+    """``hpctrain save|stop|stacks RUN_DIR [--wait S]`` (``argv`` without the subcommand)."""
     return guarded(f"hpctrain {name}", lambda: _run(name, argv))

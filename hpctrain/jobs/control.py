@@ -25,9 +25,8 @@ REQUESTS = ("save", "stop")
 STALE_REQUEST_S = 3600.0
 
 
-def request(run_dir: Path, what: str, wait_s: float) -> str:
-    """Write the request and wait up to ``wait_s`` for its answer; the line to print. JobsError: refused."""
-    assert what in REQUESTS
+def live_run(run_dir: Path, what: str) -> RunDir:
+    """The run directory of a running run this user may ask to ``what``; JobsError: one line why not."""
     rd = RunDir(run_dir)
     if not rd.path.is_dir():
         raise JobsError(f"{run_dir}: no such run directory")
@@ -39,6 +38,13 @@ def request(run_dir: Path, what: str, wait_s: float) -> str:
         raise JobsError(
             f"{run_dir}: the run is not running (finished, failed or not started): nothing to {what}"
         )
+    return rd
+
+
+def request(run_dir: Path, what: str, wait_s: float) -> str:
+    """Write the request and wait up to ``wait_s`` for its answer; the line to print. JobsError: refused."""
+    assert what in REQUESTS
+    rd = live_run(run_dir, what)
     pending = rd.read_control()
     age = time.time() - float(pending.get("time", 0)) if pending else 0.0
     if pending and "answered" not in pending and age < STALE_REQUEST_S:

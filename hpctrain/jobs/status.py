@@ -14,6 +14,7 @@ from hpctrain.jobs.states import FAILED, RunState, run_state
 from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
 from hpctrain.observe.text import table
+from hpctrain.resilience import stacks
 from hpctrain.rundir import JOB_RECORD, RunDir, eval_metrics
 from hpctrain.rundir.records import SweepRecord, error_last_line, first_error, split_overrides
 from hpctrain.rundir.runs import continue_command
@@ -133,6 +134,10 @@ def status(target: Target) -> Report:
 
             for i, line in enumerate(restart_summary(restarts)):
                 out.append(("restarts" if i == 0 else "", line))
+        dump = stacks.newest(target.run_dir)  # a hang's automatic dump, or the last hpctrain stacks
+        if dump is not None:
+            folder, found = dump
+            out.append(("stacks", f"{'; '.join(stacks.group(found))} ({folder})"))
         failed = run_word is not None and run_word.word == FAILED
         if failed or (job_id is None and state is None):
             error = first_error(target.run_dir)

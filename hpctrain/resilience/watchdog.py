@@ -12,6 +12,7 @@ the earliest (step, phase) is the one the others wait for; a rank whose heartbea
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpctrain.resilience import stacks
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.files import atomic_json
 from hpctrain.rundir.records import write_error_record
@@ -168,6 +170,7 @@ class Watchdog:
         self.job = job_key()
         self.recent: deque[float] = deque(maxlen=50)
         self._stop = threading.Event()
+        self._stacks = stacks.Answerer(run_dir, rank)  # hpctrain stacks: answered from this thread
         RunDir(run_dir).heartbeats.mkdir(parents=True, exist_ok=True)
         # At once, not after the first interval: a rank that dies in its first second must still leave a
         # heartbeat that goes stale, or its peers cannot tell who died (and requeue a run that failed).
@@ -204,6 +207,7 @@ class Watchdog:
     def _run(self) -> None:
         written = time.monotonic()
         while not self._stop.wait(CHECK_S):
+            self._stacks.poll()
             if time.monotonic() - written >= HEARTBEAT_S:
                 self._write_heartbeat()
                 written = time.monotonic()
@@ -252,11 +256,18 @@ class Watchdog:
         for handler in logging.getLogger().handlers:
             handler.flush()
         faulthandler.dump_traceback(file=_log_stream(), all_threads=True)
+        # Every live rank's stacks beside this one's (their watchdog threads answer within a check).
+        with contextlib.suppress(OSError):
+            name = stacks.ask(self.run_dir, f"hang-{time.strftime('%Y%m%d-%H%M%S')}-rank{self.rank}")
+            self._stacks.dump(name)
         # Every live rank's thread writes its (step, phase) once a beat: one beat and a little, and each shows
         # where it waits. A stopped or dead rank needs no more: its last beat is the earliest (step, phase),
         # or already stale (a step ran over the limit since it stopped).
         self._write_heartbeat()
-        time.sleep(HEARTBEAT_S + CHECK_S)
+        waited = time.monotonic() + HEARTBEAT_S + CHECK_S
+        while time.monotonic() < waited:  # a peer's watchdog that declared it too asks for stacks meanwhile
+            time.sleep(CHECK_S / 5)
+            self._stacks.poll()
         culprit, why = find_culprit(read_heartbeats(self.run_dir, self.job), time.time())
         where = f"rank {culprit.rank} on {culprit.host}" if culprit else "no single rank"
         write_error_record(

@@ -32,6 +32,8 @@ FAULTS_FILE = "faults.jsonl"
 RESTARTS_FILE = "restarts.jsonl"  # every restart inside an allocation, and the crash-loop stop
 AGENTS_DIR = "agents"  # the restart agents' coordination: one generation file per job start, claims
 CONTROL_FILE = "control.json"  # hpctrain save|stop: an operator's request to a live run
+STACKS_DIR = "stacks"  # hpctrain stacks, and a hang: every live rank's Python stacks, <request>/rank<R>.txt
+STACKS_REQUEST = "request.json"  # in STACKS_DIR: the newest request every rank's watchdog thread answers
 # Beside a compile cache's entries (RUN_DIR/compile_cache/<key>/ or a shared <path>/<key>/): what its key was
 # made of (hpctrain.parallel.compile.key_inputs), for people.
 COMPILE_KEY_FILE = "key.json"
@@ -86,6 +88,7 @@ LAYOUT: dict[str, str] = {
     f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
     "with spare_nodes or min_nodes its member nodes and the agents' liveness files",
     CONTROL_FILE: "hpctrain save|stop: the operator's request to the live run, and its answer",
+    f"{STACKS_DIR}/": "hpctrain stacks and every hang: each live rank's Python stacks, <request>/rank<R>.txt",
     EVAL_FILE: "hpctrain eval's results: one JSON object per evaluated checkpoint (step, val_loss, ...)",
     f"{PROFILE_DIR}/": "with trainer.profile=FIRST:LAST, a torch.profiler trace per rank",
     f"{TENSORBOARD_DIR}/": "with logger=tensorboard: event files (profiler traces under plugins/profile/)",
@@ -158,6 +161,17 @@ class RunDir:
     @property
     def heartbeats(self) -> Path:
         return self.path / HEARTBEATS_DIR
+
+    @property
+    def stacks(self) -> Path:
+        return self.path / STACKS_DIR
+
+    @property
+    def stacks_request(self) -> Path:
+        return self.path / STACKS_DIR / STACKS_REQUEST
+
+    def stack_dump(self, request: str, rank: int) -> Path:
+        return self.path / STACKS_DIR / request / f"rank{rank}.txt"
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / f"rank{rank}.json"

@@ -1,5 +1,6 @@
 """Faults on the real 3-node test cluster: a rank that dies or hangs is named, its node recorded and excluded,
-and the job requeues itself and finishes from its last complete checkpoint."""
+and the job requeues itself and finishes from its last complete checkpoint; every rank's stacks of a hung
+job come back within 5 s from both nodes, through the run directory."""
 
 from __future__ import annotations
 
@@ -104,3 +105,25 @@ def test_job_killed_while_saving_resumes_from_the_previous_checkpoint(slurm_clus
     assert f"Resumed from {checkpoints}/step_00000005 (step 5)" in log
     assert "Removing .tmp-step_00000010: a checkpoint that was never committed" in log
     assert [r["step"] for r in metrics(run)] == list(range(1, 31))
+
+
+def test_stacks_of_a_hung_job_come_back_from_every_node_within_5_s(slurm_cluster, tmp_path: Path):
+    """Issue 43, item 2: rank 3 (node2) sleeps at step 4 with the watchdog off; ``hpctrain stacks`` on the
+    submitting machine gets all four ranks' stacks (two nodes) without ssh, rank 3's in the fault's sleep."""
+    run = tmp_path / "run"
+    job_id = submit(run, *FAULTY, "faults.hang_at=3:4", "trainer.watchdog_factor=0")
+    try:
+        wait_until(lambda: last_step(run) >= 3, "the job to reach step 3", timeout=120)
+        time.sleep(1)  # rank 3 in its sleep, the others in step 4's collective
+        started = time.monotonic()
+        shown = hpctrain("stacks", str(run))
+        took = time.monotonic() - started
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+        wait_final([job_id], timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert took < 5 and not any("no answer" in line for line in lines), (took, lines)
+    assert any(line.startswith("rank 3: wait (") for line in lines), lines
+    folder = Path(lines[-1].removeprefix("stacks: "))
+    assert sorted(p.name for p in folder.iterdir()) == [f"rank{r}.txt" for r in range(4)]
