@@ -20,7 +20,8 @@ In order (the first that applies answers):
 3. The same raised error at the same step as an earlier attempt is the run's own bug (its code, data or
    config): a restart would meet it again, so the run stops. A signal, a hang or a lost node is never that.
 4. A restart inside the allocation while ``cluster.max_restarts`` has one left; never after a pre-emption
-   (the allocation is going away).
+   (the allocation is going away), nor for a second hang on the same node (on Slurm, a requeue without
+   that node instead, within ``cluster.max_requeues``: a restart would land on it again).
 5. On Slurm, a requeue within ``cluster.max_requeues``, without the culprit's node when the fault was the
    node's (killed, hung, lost, unhealthy); the requeue checks that enough nodes remain.
 6. Else the run ends: the caps are used up.
@@ -110,6 +111,8 @@ class Past:
     cause: str
     step: int | None = None  # set for a raised error only
     progress: bool = True
+    kind: str | None = None  # the class it was answered as (None in a record from before classes)
+    host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,12 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
             f"not restarted: the same error at step {fault.step} twice, so a fault of the run itself (its "
             f"code, data or config), which a restart would meet again: {described(fault)}",
         )
+    hung_here_before = fault.kind == HUNG and any(
+        p.kind == HUNG and p.host == fault.host for p in history.past
+    )
+    can_requeue = history.on_slurm and history.requeues_done < caps.max_requeues
+    if hung_here_before and fault.host and can_requeue:  # a restart would land on the node again
+        return Requeue((fault.host,))
     if history.restarts_done < caps.max_restarts and fault.kind != PREEMPTED:
         return Restart()
     if history.on_slurm and history.requeues_done < caps.max_requeues:
@@ -190,7 +199,12 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
 
 def past_from(records: list[dict[str, Any]]) -> tuple[Past, ...]:
     """The earlier attempts from their records (restarts.jsonl's lines, oldest first)."""
-    return tuple(Past(str(r.get("cause", "")), r.get("step"), bool(r.get("progress", True))) for r in records)
+    return tuple(_past(record) for record in records)
+
+
+def _past(record: dict[str, Any]) -> Past:
+    cause, progress = str(record.get("cause", "")), bool(record.get("progress", True))
+    return Past(cause, record.get("step"), progress, kind=record.get("kind"), host=record.get("host"))
 
 
 def no_progress_in_a_row(past: tuple[Past, ...], progress: bool) -> int:

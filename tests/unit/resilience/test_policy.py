@@ -68,6 +68,25 @@ TABLE = [
     ),
     # chaos.py's SIGSTOP: a hang the watchdog names; its node goes when the job is requeued.
     ("hang, restarts left", STOP, SLURM, Restart()),
+    # A second hang on the same node: a restart would land on it again; the job goes without it (issue 43).
+    (
+        "hang again on the same node",
+        STOP,
+        History((Past(STOP.cause, kind=policy.HUNG, host="node1"),), 1, on_slurm=True),
+        Requeue(("node1",)),
+    ),
+    (
+        "hang again, another node",
+        STOP,
+        History((Past(STOP.cause, kind=policy.HUNG, host="node2"),), 1, on_slurm=True),
+        Restart(),
+    ),
+    (
+        "hang again on the same node, here",
+        STOP,
+        History((Past(STOP.cause, kind=policy.HUNG, host="node1"),), 1),
+        Restart(),
+    ),
     ("hang, restarts used", STOP, USED, Requeue(("node1",))),
     # chaos.py's NaN under trainer.nonfinite=stop: final, whatever is left (under skip it is no fault).
     ("non-finite stop", NAN_STOP, SLURM, Fail),
