@@ -17,17 +17,23 @@ DEFAULT_WAIT_S = 120.0
 STACKS_WAIT_S = 5.0  # every live rank answers within a quarter of a second
 
 
-def _stacks(argv: list[str]) -> int:
-    parser = Parser(prog="hpctrain stacks", description="Every rank's Python stacks, grouped, in seconds.")
+def _parser(prog: str, description: str, wait_s: float, waits_for: str) -> Parser:
+    """RUN_DIR and --wait S, alike for save, stop and stacks."""
+    parser = Parser(prog=prog, description=description)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
     parser.add_argument(
         "--wait",
         type=float,
-        default=STACKS_WAIT_S,
+        default=wait_s,
         metavar="S",
-        help=f"seconds to wait for every rank (default {STACKS_WAIT_S:g})",
+        help=f"seconds to wait for {waits_for} (default {wait_s:g})",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _stacks(argv: list[str]) -> int:
+    description = "Every rank's Python stacks, grouped, in seconds."
+    args = _parser("hpctrain stacks", description, STACKS_WAIT_S, "every rank").parse_args(argv)
     if not 0 <= args.wait <= 3600:
         raise UsageError(f"--wait must be between 0 and 3600 seconds, not {args.wait}")
     target = remote_target(args.run_dir)
@@ -42,15 +48,7 @@ def _run(name: str, argv: list[str]) -> int:
     if name == "stacks":
         return _stacks(argv)
     what = "a checkpoint at the next step boundary" if name == "save" else "a checkpoint, then the end"
-    parser = Parser(prog=f"hpctrain {name}", description=f"Ask a running run for {what}.")
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running run")
-    parser.add_argument(
-        "--wait",
-        type=float,
-        default=DEFAULT_WAIT_S,
-        metavar="S",
-        help=f"seconds to wait for the answer (default {DEFAULT_WAIT_S:.0f})",
-    )
+    parser = _parser(f"hpctrain {name}", f"Ask a running run for {what}.", DEFAULT_WAIT_S, "the answer")
     args = parser.parse_args(argv)
     if not args.wait >= 0:
         raise UsageError(f"--wait must be 0 or more seconds, not {args.wait}")
