@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "save": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint now, trains on", "control"),
     "stop": Subcommand("RUN_DIR [--wait S]", "a running run saves a checkpoint, ends, no requeue", "control"),
     "stacks": Subcommand("RUN_DIR [--wait S]", "every rank's Python stacks, grouped, in seconds", "control"),
+    "nodes": Subcommand("[--file PATH] [--forget NODE]", "nodes that failed this project's runs, left out",
+                        "nodes"),
     "summary": Subcommand("SWEEP_DIR [--csv PATH]", "final metrics of every sweep member, a table", "jobs"),
     "eval": Subcommand("RUN_DIR [--step N] [OVERRIDES...]", "the run's validation of a checkpoint", "eval"),
     "report": Subcommand(

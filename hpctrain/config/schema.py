@@ -284,6 +284,14 @@ class ClusterConfig:
     # absolute path, executable on every node) exiting 0. A node that fails is excluded: the job is requeued
     # without it. None: no site script (the other checks still run under cluster.max_restarts).
     health_check: str | None = None
+    # The project's record of nodes that failed its runs (a health check, a hang that came back on the same
+    # node, an I/O or device fault, a lost node): each later job of the project leaves out the nodes with
+    # evidence younger than bad_node_ttl_h hours (at most half of a partition, never fewer nodes than the
+    # job needs). A JSON file to read and edit, relative to the submit directory (an absolute path on a
+    # shared file system serves a team); `hpctrain nodes` lists it, `hpctrain nodes --forget NODE` takes a
+    # node out. None, or a TTL of 0: no record is read or written (hpctrain.slurm.badnodes).
+    bad_node_file: str | None = ".hpctrain/bad_nodes.json"
+    bad_node_ttl_h: float = 72.0
     # A lost node (its slurmd gone, its ranks unreachable) does not end the job (hpctrain.launch.agent; both
     # need max_restarts ≥ 1, since the answer is a restart inside the allocation). spare_nodes: the job asks
     # Slurm for this many extra nodes, whose agents wait; a spare takes a lost node's place at the next

@@ -9,12 +9,14 @@ cannot hold a second one, and a line shlex cannot split, so an open quote cannot
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
 from hpctrain.config.redact import is_secret
 from hpctrain.config.schema import ClusterConfig
-from hpctrain.launch.project import PROJECT_DIR_ENV
+from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir
+from hpctrain.slurm.badnodes import RECORD_ENV
 
 
 def setup_lines(
@@ -33,6 +35,11 @@ def setup_lines(
     ]
     if submit_dir is not None:
         lines.append(f"export {PROJECT_DIR_ENV}={shlex.quote(str(submit_dir))}")
+    record = node_record(cluster, submit_dir)
+    if (
+        record is not None
+    ):  # where the job's supervisors write the nodes it excludes (hpctrain.slurm.badnodes)
+        lines.append(f"export {RECORD_ENV}={shlex.quote(str(record))}")
     for name, value in cluster.env.items():
         if is_secret(name):  # never written: the job inherits it from the submitter's environment
             lines.append(f"# {name}: from the submitting process's environment (a secret, not recorded)")
@@ -40,6 +47,15 @@ def setup_lines(
             lines.append(f"export {name}={shlex.quote(str(value))}")
     lines += list(cluster.setup)  # shell by design: verbatim
     return lines
+
+
+def node_record(cluster: ClusterConfig, submit_dir: Path | None = None) -> Path | None:
+    """The project's node record (``cluster.bad_node_file``, relative to the submit directory), or None when
+    it is off (no file, a TTL of 0)."""
+    if not cluster.bad_node_file or cluster.bad_node_ttl_h <= 0:
+        return None
+    path = Path(os.path.expanduser(cluster.bad_node_file))
+    return path if path.is_absolute() else (submit_dir or project_dir()) / path
 
 
 def allocation_nodes(cluster: ClusterConfig) -> int:

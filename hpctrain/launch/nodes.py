@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.rendezvous.env import NODES_ENV, this_node
-from hpctrain.resilience.requeue import excluded_nodes
+from hpctrain.resilience.requeue import excluded_nodes, note_bad_node
 from hpctrain.rundir import RunDir
 from hpctrain.rundir.files import atomic_write
 from hpctrain.slurm.spec import expand_nodelist
@@ -168,6 +168,13 @@ class Nodes:
             else f"left out: continuing on {len(replacement.members)} of {self.wanted} nodes"
         )
         for node in replacement.lost:
+            note_bad_node(
+                self.rd.path,
+                node,
+                "lost node",
+                f"no agent on {node} answered for {LOST_AFTER_S:.0f} s",
+                job_id,
+            )
             self.rd.append_fault(
                 {
                     "time": time.time(),

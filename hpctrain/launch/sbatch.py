@@ -31,6 +31,7 @@ from hpctrain.config.redact import export_secrets, secret_env
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
+from hpctrain.launch.avoid import job_exclude
 from hpctrain.launch.jobscript import allocation_nodes, container_srun_args, setup_lines
 from hpctrain.launch.project import project_dir
 from hpctrain.launch.snapshot import plan_project, project_path_entry
@@ -120,7 +121,7 @@ def render_script(
         gpus_per_node=c.gpus_per_node,
         mem=c.mem,
         constraint=c.constraint,
-        exclude=c.exclude,
+        exclude=job_exclude(c),
         signal=c.signal,
         signal_lead_s=c.signal_lead_s,
         output=output,

@@ -18,6 +18,7 @@ from hpctrain.config.redact import export_secrets
 from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
+from hpctrain.launch.avoid import job_exclude
 from hpctrain.launch.jobscript import (
     allocation_nodes,
     container_srun_args,
@@ -56,7 +57,7 @@ def submitit_parameters(
         "gpus_per_node": cluster.gpus_per_node or None,
         "mem": cluster.mem,
         "constraint": cluster.constraint,
-        "exclude": cluster.exclude,
+        "exclude": job_exclude(cluster),
         "signal_delay_s": cluster.signal_lead_s,
         "setup": setup_lines(cluster, snapshot, project, submit_dir),
         "srun_args": container_srun_args(cluster) or None,

@@ -338,7 +338,8 @@ def answer_fault(
     launch = job_id or book.job
     requeue.record_fault(book.rd.path, job_id, at, outcome.cause, words, launch=launch, generation=generation)
     if isinstance(action, policy.Requeue) and job_id is not None:
-        requeue.requeue_job(book.rd.path, job_id, outcome.host if action.exclude else None)
+        host = outcome.host if action.exclude else None
+        requeue.requeue_job(book.rd.path, job_id, host, outcome.fault_kind(), outcome.cause)
     return action
 
 

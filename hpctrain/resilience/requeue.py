@@ -16,7 +16,7 @@ from typing import Protocol
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
-from hpctrain.slurm import commands
+from hpctrain.slurm import badnodes, commands
 from hpctrain.slurm.spec import expand_nodelist
 
 log = logging.getLogger(__name__)
@@ -153,16 +153,19 @@ def respond_to_fault(
         log.error("Not requeueing: %s", action.why)
         return
     assert isinstance(action, policy.Requeue)
-    requeue_job(run_dir, job_id, culprit.host if culprit and action.exclude else None)
+    requeue_job(run_dir, job_id, culprit.host if culprit and action.exclude else None, kind, why)
 
 
-def requeue_job(run_dir: Path, job_id: str, host: str | None) -> None:
+def requeue_job(run_dir: Path, job_id: str, host: str | None, kind: str = "", why: str = "") -> None:
     """The policy's Requeue, carried out: ``scontrol requeue`` of ``job_id``, then (while the requeued job is
     pending) an exclusion of ``host``'s node and of the nodes the run lost, when the partition keeps enough
-    other nodes. A job that was cancelled is left to end."""
+    other nodes. ``host``'s node also goes into the project's node record (``kind``, ``why``: its
+    evidence), so that the project's next jobs leave it out. A job that was cancelled is left to end."""
     if commands.was_cancelled(job_id):
         log.info("Not requeueing job %s: it was cancelled", job_id)
         return
+    if host:
+        note_bad_node(run_dir, host, kind or "fault", why, job_id)
     lost = excluded_nodes(run_dir)
     exclude = _exclusion(job_id, host, lost) if host or lost else None
     _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True))
@@ -172,6 +175,19 @@ def requeue_job(run_dir: Path, job_id: str, host: str | None) -> None:
         commands.update_job(job_id, {"ExcNodeList": exclude}, attempts=5, ignore_sigterm=True)
     ):
         log.info("Requeued job %s without %s (excluded: %s)", job_id, host or "", exclude)
+
+
+def note_bad_node(run_dir: Path, host: str, kind: str, why: str, job_id: str | None) -> None:
+    """``host`` into the project's node record (hpctrain.slurm.badnodes), where the job has one (its job
+    script exports the path). A record that cannot be written is logged and left: this run excludes the node
+    all the same, and only the project's next runs miss it."""
+    path = os.environ.get(badnodes.RECORD_ENV)
+    if not path:
+        return
+    try:
+        badnodes.remember(Path(path), host, kind, why, str(run_dir), job_id or "")
+    except (OSError, badnodes.RecordError) as err:
+        log.warning("The project's node record was not updated (%s); this run still leaves %s out", err, host)
 
 
 class Culprit(Protocol):

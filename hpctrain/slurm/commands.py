@@ -312,6 +312,18 @@ def partitions() -> list[str]:
     return list(dict.fromkeys(name.rstrip("*") for name in names))
 
 
+def partition_pool(partition: str | None) -> set[str]:
+    """The host names of the nodes a job of ``cluster.partition`` can land on: those of each listed
+    partition (``a,b``), or of the default one (sinfo's ``*``) when None."""
+    wanted = set(partition.split(",")) if partition else None
+    pool: set[str] = set()
+    for line in run(["sinfo", "--noheader", "--format", "%P %N"]).splitlines():
+        name, _, nodelist = line.strip().partition(" ")
+        if (name.rstrip("*") in wanted) if wanted else name.endswith("*"):
+            pool.update(expand_nodelist(nodelist.strip()))
+    return pool
+
+
 @dataclass(frozen=True)
 class StartEstimate:
     """``sbatch --test-only``'s answer for one partition: when Slurm would start the job, or why not."""

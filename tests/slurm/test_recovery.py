@@ -124,7 +124,14 @@ def test_nan_rolled_back_through_the_sbatch_template(slurm_cluster, tmp_path: Pa
     assert steps == [1, 2, 3, 4, 5, 6], "every step logged once across the rollback"
 
 
-def test_a_node_failing_its_health_check_is_excluded(slurm_cluster, tmp_path: Path):
+def test_a_node_failing_its_health_check_is_excluded_then_and_by_the_next_run(slurm_cluster, tmp_path: Path):
+    """Issue 43 (a): the node is excluded by the run whose health check it failed, and the project's next run
+    leaves it out without any option (its node record, under a site profile of the user's own)."""
+    project = tmp_path / "project"
+    (project / "conf" / "cluster").mkdir(parents=True)
+    profile = (REPO / "hpctrain" / "conf" / "cluster" / "slurm_test.yaml").read_text()
+    # The user's copy of the test cluster's profile, as the docs advise; the record is on by default.
+    (project / "conf" / "cluster" / "site.yaml").write_text(profile.replace("bad_node_file: null\n", ""))
     script = tmp_path / "check.sh"
     # The job's second node fails in the first start only (a node that is bad until it is left out).
     script.write_text(
@@ -134,14 +141,40 @@ def test_a_node_failing_its_health_check_is_excluded(slurm_cluster, tmp_path: Pa
         "fi\n"
     )
     script.chmod(0o755)
-    run = tmp_path / "run"
-    job_id = submit(run, *FAST, "cluster=slurm_test", "trainer.max_steps=4", f"cluster.health_check={script}")
+    site = ["--config-dir", "conf", "cluster=site", *FAST, "trainer.max_steps=4"]
+    run, after = tmp_path / "run", tmp_path / "after"
+    first = hpctrain(*site, f"cluster.health_check={script}", f"hydra.run.dir={run}", cwd=project)
+    assert first.returncode == 0, first.stderr
+    job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
     fault = json.loads((run / "faults.jsonl").read_text().splitlines()[0])
     assert "health check" in fault["why"] and "the scratch disk is full" in fault["why"], fault
     hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
     assert fault["host"] not in hosts and len(hosts) == 2, (fault, hosts)
     assert fault["host"] in commands.job_fields(job_id).get("ExcNodeList", "")
+    # The project's record holds the node, with its evidence; hpctrain nodes lists it.
+    record = json.loads((project / ".hpctrain" / "bad_nodes.json").read_text())
+    [evidence] = record["nodes"][fault["host"]]
+    assert evidence["kind"] == "unhealthy" and "the scratch disk is full" in evidence["why"], evidence
+    assert evidence["run"] == str(run) and evidence["job"] == job_id, evidence
+    listed = hpctrain("nodes", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    assert re.search(rf"{fault['host']}\s+left out\s+unhealthy", listed.stdout), listed.stdout
+    # The next run of the project: no health check, no option, and the node is left out of its job.
+    second = hpctrain(*site, f"hydra.run.dir={after}", cwd=project)
+    assert second.returncode == 0, second.stderr
+    assert f"leaving out {fault['host']}: unhealthy" in second.stderr, second.stderr
+    next_job = json.loads((after / "job.json").read_text())["job_id"]
+    try:
+        assert commands.job_fields(next_job).get("ExcNodeList") == fault["host"]
+    finally:
+        commands.cancel([next_job])
+    # Forgotten, the node is the project's again.
+    forgot = hpctrain("nodes", "--forget", fault["host"], cwd=project)
+    assert (
+        forgot.returncode == 0
+        and fault["host"] not in json.loads((project / ".hpctrain" / "bad_nodes.json").read_text())["nodes"]
+    ), forgot.stderr
 
 
 def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster, tmp_path: Path):

@@ -125,6 +125,14 @@ def check_cluster(cfg: Config) -> None:
     check_num_workers(cfg)
     if c.health_check is not None:
         check_health_script(c.health_check)
+    at_least("cluster.bad_node_ttl_h", c.bad_node_ttl_h, 0.0)
+    if c.bad_node_file is not None and not c.bad_node_file.strip():
+        raise ConfigError(
+            "cluster.bad_node_file",
+            c.bad_node_file,
+            "empty",
+            valid="a file path (relative to the submit directory, or absolute), or null for no record",
+        )
     check_ssh(cfg)
     at_least("cluster.spare_nodes", c.spare_nodes, 0)
     if c.kind == "local":
