@@ -81,6 +81,7 @@ class Checkpointer:
         self._manager: CheckpointManager | None = None
         self._state: Mapping[str, Any] = {}
         self._on_commit: Callable[[int], None] | None = None
+        self.load_s = 0.0  # seconds the resume took to load (hpctrain.observe.goodput's checkpoint load)
 
     def plan_resume(self) -> Path | None:
         """The checkpoint a resume would continue (``trainer.resume``: auto, never or a directory), without
@@ -127,7 +128,10 @@ class Checkpointer:
             # slowed the first step after a restart from the fast tier from 1.2 to 2.8 s
             # (bench/fast_restart.py, 2026-11-27).
             manager.start_writer()
-        return manager.resume(state, t.resume, check=check, fresh=fresh)
+        began = time.perf_counter()
+        found = manager.resume(state, t.resume, check=check, fresh=fresh)
+        self.load_s += time.perf_counter() - began  # the goodput ledger's checkpoint load
+        return found
 
     @property
     def state_touched(self) -> bool:

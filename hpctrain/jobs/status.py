@@ -13,6 +13,7 @@ from hpctrain.jobs.control import describe as describe_control
 from hpctrain.jobs.states import FAILED, RunState, run_state
 from hpctrain.jobs.summary import last_with, progress, sweep_states
 from hpctrain.jobs.targets import LOCAL, JobsError, Target, state_of, states_of
+from hpctrain.observe.goodput import run_ledger, summary_line
 from hpctrain.observe.text import table
 from hpctrain.resilience import stacks
 from hpctrain.rundir import JOB_RECORD, RunDir, eval_metrics
@@ -134,6 +135,9 @@ def status(target: Target) -> Report:
 
             for i, line in enumerate(restart_summary(restarts)):
                 out.append(("restarts" if i == 0 else "", line))
+        book = run_ledger(target.run_dir, ask_slurm=job_id is not None)  # where its wall time went
+        if book is not None:
+            out.append(("goodput", summary_line(book).removeprefix("goodput: ")))
         dump = stacks.newest(target.run_dir)  # a hang's automatic dump, or the last hpctrain stacks
         if dump is not None:
             folder, found = dump

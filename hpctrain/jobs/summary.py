@@ -10,6 +10,7 @@ from typing import Any
 
 from hpctrain.jobs.targets import LOCAL, local_states, states_of
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.files import read_json
 from hpctrain.rundir.records import SweepMember, SweepRecord
 from hpctrain.slurm.commands import JobState
 
@@ -101,8 +102,18 @@ def summary_rows(sweep: SweepRecord, states: dict[str, JobState]) -> tuple[list[
         last_eval = max(evals, key=lambda r: r["step"]) if evals else None
         row["eval_step"] = last_eval["step"] if last_eval else None
         row["eval_val_loss"] = last_eval.get("val_loss") if last_eval else None
+        goodput = read_json(RunDir(Path(member.run_dir)).goodput)  # written as each attempt ends
+        row["ettr"] = round(goodput["ettr"], 3) if isinstance(goodput, dict) and "ettr" in goodput else None
         row["run_dir"] = member.run_dir
         rows.append(row)
-    optional = ("best_val_acc", "last_val_acc", "tokens_per_s", "samples_per_s", "eval_step", "eval_val_loss")
+    optional = (
+        "best_val_acc",
+        "last_val_acc",
+        "tokens_per_s",
+        "samples_per_s",
+        "eval_step",
+        "eval_val_loss",
+        "ettr",
+    )
     columns = [k for k in rows[0] if k not in optional or any(r[k] is not None for r in rows)] if rows else []
     return columns, rows

@@ -14,11 +14,13 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.launch.forkwire import ServerGone
+from hpctrain.observe.goodput import STARTED_ENV
 
 if TYPE_CHECKING:
     from hpctrain.launch.forked import ForkedProcess, ForkServer
@@ -41,6 +43,7 @@ def start_worker(
     forked one always does), so that its supervisor can kill its process group."""
     sys.stdout.flush()
     environ = dict(os.environ if env is None else env)
+    environ[STARTED_ENV] = repr(time.time())  # the goodput ledger's start of this attempt
     environ.setdefault("PYTHONUNBUFFERED", "1")  # its lines reach its log (or Slurm's output file) as written
     if server is not None:
         with contextlib.suppress(ServerGone):  # died since it was checked: this start spawns instead

@@ -87,6 +87,7 @@ class Observer:
         self._wandb: Any = None
         self._tensorboard: Any = None
         self._val_loss: float | None = None
+        self._last_step = 0  # the newest step logged (the goodput charts' step)
 
     def rewind(self, step: int) -> None:
         """Back to ``step`` in the same process (``trainer.nonfinite=rollback``): later records go."""
@@ -152,6 +153,7 @@ class Observer:
 
     def log(self, record: dict[str, Any]) -> None:
         record = {**record, "time": round(time.time(), 3)}
+        self._last_step = int(record["step"])
         self.metrics.write(finite_or_null(record))
         # W&B and TensorBoard chart numbers; names (the straggler's host) stay in metrics.jsonl.
         numbers = {
@@ -178,6 +180,18 @@ class Observer:
             log.info(format_record(record))
         else:
             self.advance(record["step"], record.get("loss"))
+
+    def charts(self, numbers: dict[str, float]) -> None:
+        """Numbers about the whole run (its goodput) for W&B's summary and TensorBoard, at its last step;
+        not a step's record (metrics.jsonl has none of them)."""
+        if self._wandb is not None:
+            try:
+                self._wandb.summary.update(numbers)
+            except Exception as err:  # whatever W&B raises, the run ends as it would
+                self._wandb_lost(err)
+        if self._tensorboard is not None:
+            for key, value in numbers.items():
+                self._tensorboard.add_scalar(tensorboard_tag(key), value, self._last_step)
 
     def _drop_lost_bar(self) -> None:
         """The terminal went away: the bar stops, and the steps go on as lines in the rank's log."""

@@ -6,6 +6,9 @@ A run (a directory with config.yaml, metrics.jsonl or job.json):
     throughput.png  tokens/s or samples/s against the step (and MFU below it, when logged)
     eval.png        every metric of eval.jsonl (hpctrain eval, trainer.eval_job) against the evaluated
                     checkpoint's step, a panel each (when there are evaluations)
+    goodput.png     one bar: the wall time since the first submission, stacked by where it went (queue,
+                    start-up, rendezvous, load, compile, data, saves, logging, lost steps, gaps, productive
+                    steps: hpctrain.observe.goodput), when the run recorded its attempts
 
 A sweep (its sweep.json, from a Slurm job array or a sweep run here, grid or Optuna; for a sweep run here by
 an earlier version, its multirun.yaml or numbered member directories):
@@ -34,7 +37,7 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.observe.results import (
     Member,
@@ -290,7 +293,44 @@ def run_pictures(run_dir: Path, out: Path | None = None) -> list[Picture]:
             _legend(ax)
         _integer_steps(*axes)
         pictures.append(_save(fig, out_dir / "eval.png"))
+    book = _ledger(run_dir)
+    if book is not None and book.get("wall_s", 0) > 0:
+        pictures.append(_goodput_bar(book, subtitle, out_dir / "goodput.png"))
     return pictures
+
+
+def _ledger(run_dir: Path) -> dict[str, Any] | None:
+    """The run's goodput ledger: goodput.json as its last attempt wrote it, else its attempts' records."""
+    from hpctrain.observe.goodput import run_ledger
+    from hpctrain.rundir.files import read_json
+
+    written = read_json(RunDir(run_dir).goodput)
+    if isinstance(written, dict) and isinstance(written.get("buckets_s"), dict):
+        return written
+    book = run_ledger(run_dir, ask_slurm=False)
+    return book.as_dict() if book is not None else None
+
+
+def _goodput_bar(book: dict[str, Any], subtitle: str, path: Path) -> Picture:
+    """One bar of the run's wall time since its first submission, stacked by where it went."""
+    fig, (ax,) = _figure(1)
+    wall = float(book["wall_s"])
+    unit, scale = ("h", 3600.0) if wall >= 7200 else ("min", 60.0) if wall >= 120 else ("s", 1.0)
+    title = f"goodput — ETTR {float(book.get('ettr', 0)):.2f} of {wall / scale:.1f} {unit} — {subtitle}"
+    _panel(ax, "goodput", title, f"wall time since the first submission ({unit})", "")
+    left = 0.0
+    for i, (bucket, seconds) in enumerate(book["buckets_s"].items()):
+        if seconds > 0:
+            ax.barh(
+                ["run"],
+                [seconds / scale],
+                left=left,
+                color=f"C{i % 10}",
+                label=f"{bucket} {seconds / wall:.0%}",
+            )
+            left += seconds / scale
+    fig.legend(fontsize="small", loc="outside lower center", ncol=3)
+    return _save(fig, path)
 
 
 def _evaluations(run_dir: Path, most: int = 4) -> dict[str, dict[int, float]]:

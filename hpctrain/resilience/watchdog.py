@@ -154,6 +154,7 @@ class Watchdog:
         factor: float,
         min_s: float,
         on_hang: Callable[[Heartbeat | None, str], None],
+        started: float | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.rank = rank
@@ -163,7 +164,15 @@ class Watchdog:
         self.on_hang = on_hang
         self.step = 0
         self.phase = "startup"
-        self.since = time.time()
+        # ``started``: when the process group was ready (its start-up phase, build and load, runs from there)
+        self.since = time.time() if started is None else started
+        # Seconds spent in each phase so far (the goodput ledger's evidence, hpctrain.observe.goodput): one
+        # addition per phase change, nothing else on the hot path.
+        self.spent: dict[str, float] = {}
+        self.first_step_s: float | None = None  # the first step's wall time (compilation, warm-up)
+        self.resumed_from = 0  # the step this process's training started from (its checkpoint's)
+        self.load_s = 0.0  # seconds the checkpoint's load took
+        self.on_beat: Callable[[], None] | None = None  # called by the thread after each heartbeat
         self.step_started = self.since  # when the current step's armed phases began
         self.first_step: int | None = None  # the first step this process trained
         self.closed = False
@@ -185,7 +194,19 @@ class Watchdog:
             self.step_started = now
         if self.first_step is None and phase == "data":
             self.first_step = step
+        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (now - self.since)
         self.step, self.phase, self.since = step, phase, now
+
+    def resumed(self, step: int, load_s: float) -> None:
+        """Training starts from ``step``, whose checkpoint took ``load_s`` to load (0, 0.0: a fresh start)."""
+        self.resumed_from, self.load_s = step, self.load_s + load_s
+
+    def time_spent(self, now: float) -> dict[str, float]:
+        """Seconds per phase, the current one's included up to ``now``."""
+        spent = dict(self.spent)
+        if not self.closed:
+            spent[self.phase] = spent.get(self.phase, 0.0) + max(0.0, now - self.since)
+        return spent
 
     def made_progress(self) -> bool:
         """Whether this process finished a training step (for cluster.max_no_progress)."""
@@ -194,10 +215,17 @@ class Watchdog:
         return self.step > self.first_step or self.phase in ("report", "checkpoint")
 
     def step_done(self, seconds: float) -> None:
+        if self.first_step_s is None:
+            self.first_step_s = seconds
         self.recent.append(seconds)
+
+    def median_step_s(self) -> float | None:
+        return statistics.median(self.recent) if self.recent else None
 
     def close(self) -> None:
         self._stop.set()
+        if not self.closed:  # the last phase's time, once
+            self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (time.time() - self.since)
         self.closed = True
         # The step this rank ended in, on file now: the thread writes once a second, and a step that raised
         # within that second would leave an older one (the restart policy compares where attempts failed).
@@ -211,6 +239,8 @@ class Watchdog:
             if time.monotonic() - written >= HEARTBEAT_S:
                 self._write_heartbeat()
                 written = time.monotonic()
+                if self.on_beat is not None:
+                    self.on_beat()
             limit = self._limit()
             age = time.time() - self.step_started
             if limit is not None and self.phase in ARMED_PHASES and age > limit:

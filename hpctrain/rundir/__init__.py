@@ -14,6 +14,7 @@ Over 400 lines: one class holds every path of the layout, so that no other modul
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,8 @@ EVAL_SCRIPT = "eval.sbatch"  # trainer.eval_job: the evaluation job's script, su
 EVAL_PINS_DIR = "eval_pins"  # trainer.eval_job: step_N.json per submitted evaluation, the checkpoint's pin
 LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
+ATTEMPTS_DIR = "attempts"  # the goodput ledger's evidence: one record per started worker of rank 0
+GOODPUT_FILE = "goodput.json"
 CHECKPOINTS_DIR = "checkpoints"
 PROFILE_DIR = "profile"
 TENSORBOARD_DIR = "tensorboard"
@@ -83,6 +86,8 @@ LAYOUT: dict[str, str] = {
     RANKS_FILE: "which host and pid every rank ran on",
     RENDEZVOUS_FILE: "the port rank 0 of a Slurm job start listens on, when it had to move",
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
+    f"{ATTEMPTS_DIR}/": "rank 0's timeline of each attempt (each job start and restart): <job key>.json",
+    GOODPUT_FILE: "where the run's wall time went since its first submission, by bucket (hpctrain status)",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
     RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
     f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
@@ -172,6 +177,21 @@ class RunDir:
 
     def stack_dump(self, request: str, rank: int) -> Path:
         return self.path / STACKS_DIR / request / f"rank{rank}.txt"
+
+    @property
+    def attempts(self) -> Path:
+        return self.path / ATTEMPTS_DIR
+
+    def attempt(self, key: str) -> Path:
+        """One attempt's record: ``key`` is its job key (``slurm:4242.0.g1``), made a file name."""
+        return self.attempts / (re.sub(r"[^A-Za-z0-9.]+", "-", key).strip("-") + ".json")
+
+    def attempt_files(self) -> list[Path]:
+        return sorted(self.attempts.glob("*.json")) if self.attempts.is_dir() else []
+
+    @property
+    def goodput(self) -> Path:
+        return self.path / GOODPUT_FILE
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / f"rank{rank}.json"

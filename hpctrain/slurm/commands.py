@@ -199,6 +199,48 @@ def _sacct(job_ids: list[str]) -> dict[str, JobState]:
     return states
 
 
+@dataclass(frozen=True)
+class Instance:
+    """One run of a job in Slurm's accounting (a requeued job has one per start): seconds since the epoch;
+    ``start`` None while it waits, ``end`` None while it runs."""
+
+    job_id: str
+    submit: float
+    start: float | None
+    end: float | None
+
+
+def job_instances(job_ids: list[str]) -> list[Instance]:
+    """Every start of each job (sacct --duplicates: a requeue is a new submit time), oldest first."""
+    job_ids = [j for j in dict.fromkeys(job_ids) if JOB_ID.fullmatch(j)]
+    if not job_ids:
+        return []
+    fields = "JobIDRaw,Submit,Start,End"
+    args = [
+        "sacct",
+        "--noheader",
+        "--parsable2",
+        "--allocations",
+        "--duplicates",
+        "--jobs",
+        ",".join(job_ids),
+    ]
+    found = []
+    for line in run([*args, "--format", fields]).splitlines():
+        job, submit, start, end = line.split("|")
+        if _when(submit) is not None:
+            found.append(Instance(job, _when(submit) or 0.0, _when(start), _when(end)))
+    return sorted(found, key=lambda i: i.submit)
+
+
+def _when(text: str) -> float | None:
+    """sacct's local time (2026-12-07T07:44:33) in seconds; None for Unknown, None or empty."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
 def _array_indices(job_id: str) -> set[int]:
     """The member indices sacct folds into one record: ``12_[0-3,7%2]`` → {0, 1, 2, 3, 7}; ``12_5`` → {5}."""
     _, _, spec = job_id.partition("_")

@@ -65,6 +65,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
 
     from hpctrain.config.shape import run_shape
     from hpctrain.errors import CheckpointMismatch
+    from hpctrain.observe.goodput import AttemptRecorder, write_ledger
     from hpctrain.observe.loggers import RANK_LOG_ONLY, ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
     from hpctrain.precision import amp
@@ -80,7 +81,9 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     setup_logging(run_dir, env.rank, console_handler=ConsoleLogHandler(console) if console else None)
     cfg = on_members(cfg)
     signals.listen(cfg.cluster.signal)
+    rendezvous_at = time.time()
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
+    joined = time.time()
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
     record_topology(env, RunDir(run_dir))
     amp.set_matmul_precision(device, cfg.trainer.precision)
@@ -96,7 +99,13 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         requeue.record_fault(run_dir, job_id, culprit, why, "reported to its supervisor")
 
     t = cfg.trainer
-    watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang)
+    watchdog = Watchdog(run_dir, env.rank, env.hostname, t.watchdog_factor, t.watchdog_min_s, on_hang, joined)
+    # Rank 0's timeline of this attempt: the goodput ledger's evidence (hpctrain.observe.goodput).
+    raw_job = os.environ.get("SLURM_JOB_ID") if job_id else None
+    attempt = AttemptRecorder(run_dir, watchdog.job, raw_job, rendezvous_at, joined) if env.is_main else None
+    if attempt is not None:
+        attempt.attach(watchdog)
+    ended = False
     try:
         stop = StopCheck(signals, end_time, env.is_main, device, run_dir)
         cfg = keep_global_batch(cfg, run_dir)
@@ -113,6 +122,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
             on_commit.wait(EVAL_SUBMIT_WAIT_S)
         if compile_cache is not None:
             log.info("%s", compile_cache.summary())
+        ended = True
     except CheckpointMismatch:
         # Refused: the run's record is again what it was before this submission (a Slurm job: kept for it by
         # the submitting command), else its config.yaml the one its checkpoints were trained with.
@@ -121,6 +131,12 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         raise
     finally:
         watchdog.close()
+        if attempt is not None:
+            attempt.close()
+            if ended:  # an attempt that ended by itself: where the run's time went, so far
+                book = write_ledger(run_dir, log.info)
+                if book is not None and observer is not None:
+                    observer.charts({"goodput/ettr": book.ettr, "goodput/wall_h": book.wall / 3600})
         if observer is not None:
             observer.close()
     if result.stopped_by is None:

@@ -255,6 +255,7 @@ def fit(
     run = build_run(cfg, shape, env, device, run_dir)
     state, checkpoints = run.state, run.checkpoints
     checkpoints.on_commit, checkpoints.entering = on_commit, watchdog.enter
+    watchdog.resumed(state.step, checkpoints.load_s)
     if state.step >= t.max_steps:
         log.info("Already at step %d of %d: nothing to train", state.step, t.max_steps)
         return FitResult(state, None)

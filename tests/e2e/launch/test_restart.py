@@ -9,6 +9,7 @@ step every time) ends after ``cluster.max_no_progress`` attempts, its cause in o
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,14 @@ def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path, 
     assert_same_state(run, reference, STEPS)
     status = hpctrain("status", str(run))
     assert status.returncode == 0 and "2 inside the allocation" in status.stdout, status.stdout
+    # Issue 43, item 4: the goodput ledger of the three attempts tiles the run's wall time.
+    ledger = json.loads((run / "goodput.json").read_text())
+    buckets = ledger["buckets_s"]
+    assert abs(sum(buckets.values()) - ledger["wall_s"]) <= 0.01 * ledger["wall_s"], ledger
+    assert ledger["attempts"] == 3 and buckets["lost progress"] > 0 and buckets["restart gaps"] > 0, ledger
+    assert buckets["checkpoint load"] > 0 and buckets["productive steps"] > 0, ledger
+    line = r"^goodput +ETTR 0\.\d\d of \d+ s since submission \("
+    assert re.search(line, status.stdout, re.M), status.stdout
 
 
 def test_a_rank_stopped_where_the_ranks_log_is_caught_by_its_launcher(

@@ -7,6 +7,9 @@ GPT (cluster.nproc=1,2 under DDP: tokens/s). No Slurm.
 
 from __future__ import annotations
 
+import json
+import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -66,13 +69,14 @@ def same(series: Series, steps: tuple[float, ...], ys: tuple[float, ...]) -> boo
 def test_run_report_draws_the_metrics(run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(run)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out == [f"wrote {run / 'report' / 'loss.png'}", f"wrote {run / 'report' / 'throughput.png'}"]
+    written = ["loss.png", "throughput.png", "goodput.png"]
+    assert out == [f"wrote {run / 'report' / name}" for name in written]
 
     records = metrics(run)
     assert [r["step"] for r in records] == [3, 6, 9, 12]
-    loss, throughput = run_pictures(run, run / "again")
+    loss, throughput, goodput = run_pictures(run, run / "again")
     assert loss.path == run / "again" / "loss.png"
-    for picture in (loss, throughput):
+    for picture in (loss, throughput, goodput):
         check_png(picture)
     train = loss.get("train loss", panel="loss")
     assert same(train, *steps_and(records, "loss"))
@@ -86,6 +90,16 @@ def test_run_report_draws_the_metrics(run: Path, capsys: pytest.CaptureFixture[s
     mfu = throughput.get("MFU", panel="mfu")
     steps, fractions = steps_and(records, "mfu")
     assert mfu.x == steps and mfu.y == pytest.approx([100 * f for f in fractions])
+
+    # Issue 43, item 4: the goodput ledger's stacked bar holds every bucket of goodput.json, end to end.
+    ledger = json.loads((run / "goodput.json").read_text())
+    drawn = {s.label.rsplit(" ", 1)[0]: s.y[0] for s in goodput.series if s.panel == "goodput"}
+    shown = {k: v for k, v in ledger["buckets_s"].items() if v > 0}
+    scale = sum(drawn.values()) / ledger["wall_s"]  # drawn in seconds, minutes or hours
+    assert drawn.keys() == shown.keys() and scale == pytest.approx(
+        1 / 60 ** round(math.log(1 / scale, 60)), rel=0.01
+    )
+    assert {k: v / scale for k, v in drawn.items()} == pytest.approx(shown, rel=0.01)
 
 
 def test_scaling_sweep_report(sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -217,7 +231,7 @@ def test_the_report_subcommand_of_the_cli(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "cli-pictures"
     result = hpctrain("report", str(run), "--out", str(out), timeout=120)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.glob("*.png")) == ["loss.png", "throughput.png"]
+    assert sorted(p.name for p in out.glob("*.png")) == ["goodput.png", "loss.png", "throughput.png"]
 
 
 def test_status_and_summary_of_a_local_sweep(sweep: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -231,4 +245,5 @@ def test_status_and_summary_of_a_local_sweep(sweep: Path, capsys: pytest.Capture
     assert cli(["summary", str(sweep)]) == 0
     out = capsys.readouterr().out
     assert "best_val_loss" in out and out.count("COMPLETED") == 2
+    assert re.search(r"tokens_per_s +ettr\n", out), out  # issue 43, item 4: each member's goodput
     assert (sweep / "summary.csv").read_text().count("\n") == 3
