@@ -54,6 +54,7 @@ where submitit and the srun template start one task per rank. The torchrun sbatc
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -77,6 +78,7 @@ from hpctrain.launch.supervision import (
     is_final,
     worker_restart_env,
 )
+from hpctrain.plan.host import planned_rank_bytes
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import Heartbeat, job_key, read_heartbeats
@@ -181,7 +183,8 @@ def run_task(run_dir: Path, cfg: Config) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
-            outcome = exit_outcome(run_dir, rank, host, code, worker[0].pid, oom_before)
+            plan = functools.partial(planned_rank_bytes, cfg)  # asked for only after an OOM kill
+            outcome = exit_outcome(run_dir, rank, host, code, worker[0].pid, oom_before, plan)
             if code < 0 and not pending:  # kill -9, the OOM killer: the worker could record nothing itself
                 record_killed(run_dir, rank, -code, cfg.cluster.max_restarts, outcome.detail)
             if code == 0 or pending or is_final(run_dir, rank):

@@ -12,6 +12,8 @@ No torch import here.
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.launch.supervision import Outcome
@@ -57,10 +59,19 @@ def _counter(path: Path, name: str) -> int | None:
     return None
 
 
-def exit_outcome(run_dir: Path, rank: int, host: str, code: int, pid: int, oom_before: int | None) -> Outcome:
+def exit_outcome(
+    run_dir: Path,
+    rank: int,
+    host: str,
+    code: int,
+    pid: int,
+    oom_before: int | None,
+    plan: Callable[[], int | None] | None = None,
+) -> Outcome:
     """How the worker of ``rank`` (process ``pid``) ended, classified (hpctrain.resilience.attribution):
     its error record, its last heartbeat's peak RSS, and whether the OOM killer killed meanwhile (the count
-    was ``oom_before`` when its generation started)."""
+    was ``oom_before`` when its generation started). ``plan``: the plan's host memory of a rank, asked for
+    only when the OOM killer killed it."""
     record = read_error_record(run_dir, rank) if code >= 0 else None
     symptom = record is not None and is_peer_symptom(str(record.get("message", "")))
     full = storage_full(run_dir) if code >= 0 and record is None else ""  # no record: no room for one?
@@ -68,7 +79,8 @@ def exit_outcome(run_dir: Path, rank: int, host: str, code: int, pid: int, oom_b
     peak = beat.peak_rss if beat is not None and beat.pid == pid and beat.peak_rss else None
     now = oom_kills() if code < 0 else None
     oom = oom_before is not None and now is not None and now > oom_before
-    found = classify(ExitFacts(code, record, oom, peak, symptom, full))
+    planned = plan() if plan is not None and oom and code == -signal.SIGKILL else None
+    found = classify(ExitFacts(code, record, oom, peak, symptom, full, planned))
     detail = found.detail
     if found.kind == policy.STORAGE and not full and not (record or {}).get("filename"):
         detail += f"; the run directory {run_dir} has {free_bytes(run_dir) // 1024} KiB free now"

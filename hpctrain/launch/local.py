@@ -25,6 +25,7 @@ their signals (issue 42's one supervisor will move the decisions out).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -52,6 +53,7 @@ from hpctrain.launch.supervision import (
     is_final,
     worker_restart_env,
 )
+from hpctrain.plan.host import planned_rank_bytes
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import job_key
@@ -171,8 +173,10 @@ class LocalLauncher:
                 stalls = Stalls(run_dir, None, self._job_id, generation, generation < c.max_restarts)
                 failures = self._supervise(workers, grace, run_dir, stalls)
                 host = socket.gethostname()
+                plan = functools.partial(planned_rank_bytes, cfg)  # asked for only after an OOM kill
                 outcomes = [
-                    exit_outcome(run_dir, f.rank, host, f.returncode, f.pid, oom_before) for f in failures
+                    exit_outcome(run_dir, f.rank, host, f.returncode, f.pid, oom_before, plan)
+                    for f in failures
                 ]
                 for outcome, failed in zip(outcomes, failures, strict=True):
                     if failed.returncode < 0 and self._stop_signal is None:  # it could record nothing itself

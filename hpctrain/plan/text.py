@@ -10,6 +10,7 @@ from hpctrain.config.schema import PEAK_KEYS, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.models.builtin import model_spec
 from hpctrain.plan.estimate import CUDA_CONTEXT_GIB, FRAGMENTATION, Estimate, RankMemory, human_count
+from hpctrain.plan.host import host_table
 from hpctrain.plan.search import MIN_RANK_COMPUTE_S, Alternative, SmallerFit
 from hpctrain.plan.units import duration, flop, gpu_time, money, size
 from hpctrain.precision import matmul_peak
@@ -297,6 +298,8 @@ def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
         *memory_table(cfg, est),
         *[line for line in [activation_line(est)] if line],
         verdict_line(cfg, est),
+        "",
+        *host_table(cfg, est),
         "",
         *time_table(cfg, est),
         "",

@@ -74,6 +74,7 @@ class ExitFacts:
     peak_rss: int | None = None  # bytes: the worker's peak resident set, from its last heartbeat
     peer_symptom: bool = False  # the error only says a peer went away
     storage: str = ""  # the run directory's storage is full, in words (a worker then cannot record its error)
+    planned: int | None = None  # bytes: the plan's host memory of a rank (hpctrain.plan.host), when known
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def classify(facts: ExitFacts) -> Attributed:
         cause = f"was killed by {name}"
         if facts.code == -signal.SIGKILL and facts.oom_killed:
             rss = f" at {facts.peak_rss / GIB:.2f} GiB peak RSS" if facts.peak_rss else ""
-            return Attributed(policy.OOM, cause, f"by the kernel's OOM killer{rss}")
+            plan = f" (plan: {facts.planned / GIB:.2f} GiB for the rank)" if facts.planned else ""
+            return Attributed(policy.OOM, cause, f"by the kernel's OOM killer{rss}{plan}")
         return Attributed(policy.KILLED, cause)
     record = facts.record
     if record is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,9 @@ def test_a_rank_the_oom_killer_ends_is_named_out_of_memory_and_not_restarted(tmp
     (record,) = _restarts(run)  # one attempt: no restart after it
     assert (record["rank"], record["kind"], record["action"]) == (1, "out of memory", "stopped"), record
     assert "by the kernel's OOM killer at" in record["detail"] and "GiB peak RSS" in record["detail"], record
+    assert re.search(r"GiB peak RSS \(plan: 0\.\d\d GiB for the rank\)", record["detail"]), (
+        record
+    )  # issue 43, 3
     error = json.loads((run / "logs" / "rank1.error.json").read_text())
     assert "OOM killer" in error["message"] and "max_restarts" not in error["message"], error
     status = hpctrain("status", str(run))

@@ -32,6 +32,12 @@ TABLE = [
         "by the kernel's OOM killer at 1.50 GiB peak RSS",
     ),
     (
+        "the OOM killer, beside the plan's host memory of the rank",
+        ExitFacts(-signal.SIGKILL, oom_killed=True, peak_rss=int(21.3 * GIB), planned=18 * GIB),
+        policy.OOM,
+        "by the kernel's OOM killer at 21.30 GiB peak RSS (plan: 18.00 GiB for the rank)",
+    ),
+    (
         "SIGTERM while an OOM kill happened elsewhere",
         ExitFacts(-signal.SIGTERM, oom_killed=True),
         policy.KILLED,
