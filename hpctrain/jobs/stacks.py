@@ -3,8 +3,9 @@
 The request goes through the run directory (:mod:`hpctrain.resilience.stacks`): each live rank's watchdog
 thread answers within a quarter of a second, locally and on Slurm, with no ssh into a node. Ranks whose
 main threads stand at the same frame are one line; a rank that does not answer within ``--wait`` is named
-with its last heartbeat (a stopped or frozen process answers nothing; `py-spy dump --pid PID`, run on its
-node, reads its stack all the same, native frames included). The answers stay in ``stacks/<request>/``.
+with its last heartbeat (a stopped or frozen process answers nothing); one that runs on this machine is read
+by py-spy when it is installed, as its supervisor reads one it finds stalled. The answers stay in
+``stacks/<request>/``.
 No torch import here.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from hpctrain.jobs.targets import JobsError
 from hpctrain.resilience import stacks
 from hpctrain.resilience.watchdog import read_heartbeats
 from hpctrain.rundir import RunDir
+from hpctrain.rundir.files import atomic_write
 
 POLL_S = 0.05
 
@@ -59,10 +63,15 @@ def report(run_dir: Path, wait_s: float) -> tuple[list[str], bool]:
     if not expected_ranks(run_dir):
         raise JobsError(f"{run_dir}: no rank has started yet (no ranks.json): no stack to show")
     name, found, silent = collect(run_dir, wait_s)
+    spied = _read_here(run_dir, name, silent)  # a stopped rank on this machine: py-spy reads it all the same
+    found.update(spied)
     lines = stacks.group(found) if found else []
     now = time.time()
     beats = {b.rank: b for b in read_heartbeats(run_dir)}
     for entry in silent:
+        if entry["rank"] in spied:
+            lines.append(f"rank {entry['rank']}: no answer (it does not run); its stacks read by py-spy")
+            continue
         beat = beats.get(entry["rank"])
         seen = (
             f"last heartbeat {now - beat.written:.0f} s ago in step {beat.step} ({beat.phase})"
@@ -77,3 +86,28 @@ def report(run_dir: Path, wait_s: float) -> tuple[list[str], bool]:
         )
     lines.append(f"stacks: {RunDir(run_dir).stacks / name}")
     return lines, not silent
+
+
+def _read_here(run_dir: Path, name: str, silent: list[dict]) -> dict[int, str]:
+    """The stacks py-spy reads of the silent ranks that run on this machine (their pid alive here), each
+    also written beside the others' answers."""
+    here = socket.gethostname()
+    read = {}
+    for entry in silent:
+        pid = entry.get("pid")
+        if entry.get("host") != here or not isinstance(pid, int) or not _alive(pid):
+            continue
+        text = stacks.read_stopped(pid)
+        if text is not None:
+            read[entry["rank"]] = text
+            with contextlib.suppress(OSError):
+                atomic_write(RunDir(run_dir).stack_dump(name, entry["rank"]), text)
+    return read
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.rendezvous.env import RESTART_ENV
-from hpctrain.resilience import policy, requeue
+from hpctrain.resilience import policy, requeue, stacks
 from hpctrain.resilience.watchdog import PHASES, read_heartbeats, stalled, stalled_why
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as checkpoint_layout
@@ -297,6 +297,13 @@ class Stalls:
         if beat is None:
             return None
         why = stalled_why(beat, now)
+        # Where it stands, for status and the user: read from outside (py-spy; it answers nothing itself),
+        # and every live rank asked for its own, answered within a quarter second (no wait here: the
+        # restart goes on, and a rank its supervisor kills first leaves no answer).
+        name = f"stall-{time.strftime('%Y%m%d-%H%M%S')}-rank{rank}"
+        stacks.dump_stopped(self.run_dir, name, rank, pid)
+        with contextlib.suppress(OSError):
+            stacks.ask(self.run_dir, name)
         write_error_record(self.run_dir, rank, "Hang", f"step {beat.step} ({beat.phase}): {why}")
         action = "restart inside the allocation" if self.restarts else "killed by its supervisor"
         requeue.record_fault(

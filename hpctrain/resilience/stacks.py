@@ -17,6 +17,8 @@ import contextlib
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -88,13 +90,71 @@ def format_threads() -> str:
 
 
 def innermost(text: str) -> str:
-    """The main thread's innermost frame of a dump, ``file:line in function`` (its first thread's last)."""
+    """The main thread's innermost frame of a dump, ``file:line in function``: its first thread's last frame
+    (Python's traceback order), or its first Python frame in py-spy's (innermost first; native frames, a
+    ``.so``'s, skipped)."""
+    if text.startswith(UNREAD):
+        return "does not run (stopped or frozen); py-spy would read where"
+    if text.startswith(SPY_HEADER):
+        block = text.split("\nThread ", 2)[1] if "\nThread " in text else ""
+        spied = re.findall(r"^ {4}(\S+) \((.+?):(\d+)\)$", block, re.M)
+        if spied:
+            function, file, line = spied[0]
+            return f"{function} ({_short(file)}:{line})"
+        return "no Python frame"
     first = text.split("\nThread ", 1)[0]
     found = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', first)
     if not found:
         return "no Python frame"
     file, line, function = found[-1]
     return f"{function} ({_short(file)}:{line})"
+
+
+SPY_HEADER = "Process "  # py-spy dump's first line: "Process PID: COMMAND"
+UNREAD = "Not read: "  # a stopped rank's file when py-spy is not installed
+SPY_TIMEOUT_S = 5.0
+
+
+def spy_path() -> str | None:
+    """py-spy (``pip install py-spy``, or hpctrain's ``debug`` extra): on PATH or beside this Python."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+def read_stopped(pid: int) -> str | None:
+    """The Python stacks of process ``pid``, read by py-spy from its memory without pausing it
+    (``--nonblocking``): the one way to see where a stopped (SIGSTOP) or frozen rank stands, since it
+    answers no request. None without py-spy, or when it cannot read the process (not ours, gone)."""
+    spy = spy_path()
+    if spy is None:
+        return None
+    try:
+        done = subprocess.run(
+            [spy, "dump", "--pid", str(pid), "--nonblocking"],
+            capture_output=True,
+            text=True,
+            timeout=SPY_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 and "\nThread " in done.stdout else None
+
+
+def dump_stopped(run_dir: Path, name: str, rank: int, pid: int) -> Path | None:
+    """Rank ``rank``'s stacks into request ``name``'s folder, read from outside the process (it answers
+    nothing itself): py-spy's dump, else a line saying how to get one. None when nothing could be written."""
+    text = read_stopped(pid) or (
+        f"{UNREAD}rank {rank} (pid {pid}) does not run (stopped or frozen): its stacks can be read from "
+        "outside with py-spy (pip install py-spy), which was not found\n"
+    )
+    path = RunDir(run_dir).stack_dump(name, rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    except OSError:
+        return None
+    return path
 
 
 def _short(file: str) -> str:

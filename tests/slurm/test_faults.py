@@ -127,3 +127,33 @@ def test_stacks_of_a_hung_job_come_back_from_every_node_within_5_s(slurm_cluster
     assert any(line.startswith("rank 3: wait (") for line in lines), lines
     folder = Path(lines[-1].removeprefix("stacks: "))
     assert sorted(p.name for p in folder.iterdir()) == [f"rank{r}.txt" for r in range(4)]
+
+
+def test_a_stopped_ranks_stacks_and_its_automatic_dump(slurm_cluster, tmp_path: Path):
+    """Issue 43 (a): rank 3 (node2) SIGSTOPped at step 6 under the default profile (restarts on).
+    ``hpctrain stacks`` answers within 5 s with every live rank's stack and names the stopped one; its agent,
+    finding its heartbeat stale, reads where it stands (py-spy) into the run directory before it restarts
+    the ranks, and ``status`` names the rank and the frame."""
+    run = tmp_path / "run"
+    default_restarts = [arg for arg in FAULTY if not arg.startswith("cluster.max_restarts=")]
+    job_id = submit(run, *default_restarts, "faults.stop_at=3:6")
+    log = run / "logs" / "rank3.log"
+    try:
+        wait_until(lambda: log.exists() and "(SIGSTOP) at step 6" in log.read_text(), "rank 3 to stop", 120)
+        started = time.monotonic()
+        shown = hpctrain("stacks", str(run), "--wait", "2")
+        took = time.monotonic() - started
+        assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 0 and took < 5, (took, shown.stdout, shown.stderr)
+    assert any(line.startswith("ranks 0-2: ") for line in lines), lines
+    assert any(
+        line.startswith("rank 3 on ") and "no answer in 2 s: stopped (SIGSTOP)" in line for line in lines
+    )
+    (dump,) = (run / "stacks").glob("stall-*-rank3/rank3.txt")
+    assert "FaultInjector._stop_here (hpctrain/faults/__init__.py:" in dump.read_text(), dump.read_text()
+    status = hpctrain("status", str(run)).stdout
+    assert "rank 3: FaultInjector._stop_here (hpctrain/faults/__init__.py:" in status, status
+    assert [r["step"] for r in metrics(run)] == list(range(1, 31))

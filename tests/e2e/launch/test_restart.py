@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.resilience import stacks
 from hpctrain.rundir import checkpoints as layout
 from tests.support import FAST, assert_same_state, hpctrain
 
@@ -78,6 +79,15 @@ def test_a_rank_stopped_where_the_ranks_log_is_caught_by_its_launcher(
     assert record["cause"].startswith("hung: no heartbeat for ") and "stopped (SIGSTOP)" in record["cause"]
     assert "Stopping this rank (SIGSTOP) at step 6, report" in (run / "logs" / "rank1.log").read_text()
     assert_same_state(run, reference, STEPS)
+    # Issue 43, item 2: its supervisor read where it stood (py-spy) before killing it; status names it.
+    (dump,) = (run / "stacks").glob("stall-*-rank1/rank1.txt")
+    assert stacks.innermost(dump.read_text()).startswith(
+        "FaultInjector._stop_here (hpctrain/faults/__init__.py:"
+    ), dump.read_text()
+    shown = hpctrain("status", str(run)).stdout
+    assert re.search(
+        r"^stacks +.*rank 1: FaultInjector._stop_here \(hpctrain/faults/__init__\.py:\d+\)", shown, re.M
+    ), shown
 
     ended = hpctrain(*RUN, *stop, "cluster.dist_timeout_s=600", f"hydra.run.dir={alone}")
     assert ended.returncode == 1 and "Traceback" not in ended.stderr, ended.stderr[-3000:]

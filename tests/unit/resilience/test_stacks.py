@@ -4,6 +4,8 @@ from another thread, the request's name stays inside stacks/, ranks are grouped 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -64,3 +66,44 @@ def test_ranks_are_grouped_by_where_their_main_thread_stands():
         "rank 3: next_batch (hpctrain/data/loader.py:141)",
     ]
     assert stacks.innermost("nothing") == "no Python frame"
+
+
+STOPPED = """
+import os, signal, sys
+def wait_here():
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGSTOP)
+wait_here()
+"""
+
+
+def test_a_stopped_process_is_read_from_outside_by_py_spy(tmp_path: Path):
+    """A SIGSTOPped process answers no request; py-spy reads where it stands without pausing it, and the
+    grouping reads py-spy's order (innermost first). py-spy is in the dev extra: CI has it."""
+    assert stacks.spy_path() is not None, "py-spy is in hpctrain's dev extra (pip install -e '.[dev]')"
+    child = subprocess.Popen([sys.executable, "-c", STOPPED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 10
+        while _state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        path = stacks.dump_stopped(tmp_path, "stall-x-rank3", 3, child.pid)
+        assert path == RunDir(tmp_path).stack_dump("stall-x-rank3", 3)
+        text = path.read_text()
+        assert text.startswith(stacks.SPY_HEADER) and stacks.innermost(text) == "wait_here (<string>:5)", text
+        assert stacks.group({3: text, 0: _dump(("/x/hpctrain/train/step.py", 88, "step"))}) == [
+            "rank 0: step (hpctrain/train/step.py:88)",
+            "rank 3: wait_here (<string>:5)",
+        ]
+    finally:
+        child.kill()
+        child.wait()
+    # Gone, or py-spy missing: a line that says what would read it, never a false frame.
+    (tmp_path / "gone").mkdir()
+    missing = stacks.dump_stopped(tmp_path / "gone", "stall-y", 1, child.pid)
+    assert missing is not None and stacks.innermost(missing.read_text()).startswith("does not run")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
