@@ -32,6 +32,8 @@ What is here, by who uses it:
 - forkserver/ and verify/: the lazily imported modules preloaded before forking (``_dynamo``, ...); the
   measurement of plan_measure (``_python_dispatch``, ``_pytree``, storage handles, ``aten._to_copy``).
 - submit/probe.py: the pytree logger that a user's libraries make talk.
+- task/ and observe/: the CUDA allocator's history and snapshot (``trainer.memory_history``), the NCCL flight
+  recorder's dump (``_dump_nccl_trace``) beside a hang's stacks.
 
 Not here: parallel/tp.py's ``ParallelStyle`` subclasses define ``_apply`` and call the styles'
 ``_prepare_input_fn``/``_prepare_output_fn``, the hooks torch asks a custom style to implement.
@@ -63,9 +65,10 @@ __all__ = [
     "TorchDispatchMode", "all_to_all_autograd", "attention_ops", "checkpoint_wrapper",
     "clear_inductor_caches", "ddp_first_bucket_bytes", "dtensor_local", "dynamo_counters",
     "enable_compile_caches", "flatten_mesh", "flatten_state_dict", "foreach_mul_", "import_compile_config",
-    "in_backward", "load_state_dict_here", "metadata_path", "model_and_optim_state_dicts",
-    "narrow_tensor_by_index", "new_shared_storage", "own_children", "own_parameters", "pin_host_memory",
-    "preload_lazy_modules", "quiet_pytree_log", "reduce_scatter_op", "set_element", "set_last_lr",
+    "in_backward", "load_state_dict_here", "memory_snapshot", "metadata_path", "model_and_optim_state_dicts",
+    "narrow_tensor_by_index", "nccl_flight_record", "new_shared_storage", "own_children", "own_parameters",
+    "pin_host_memory", "preload_lazy_modules", "quiet_pytree_log", "record_memory_history",
+    "reduce_scatter_op", "set_element", "set_last_lr",
     "shutdown_loader_workers", "state_dict_info", "stateful_to_state_dict", "storage_info", "storage_key",
     "to_copy_op", "tree_leaves", "weak_storage_nbytes",
 ]  # fmt: skip
@@ -352,3 +355,27 @@ def weak_storage_nbytes(cdata: int) -> int:
 def dtensor_local(tensor: Any) -> torch.Tensor:
     """A DTensor's local shard itself (not through autograd, as ``to_local`` is)."""
     return tensor._local_tensor
+
+
+# --------------------------------------------------------------------------------------- memory, NCCL
+
+
+def record_memory_history(max_entries: int) -> None:
+    """The CUDA caching allocator's history of allocations and frees, each with its Python stack, kept in a
+    ring of ``max_entries`` (``torch.cuda.memory._record_memory_history``)."""
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="all", stacks="python", max_entries=max_entries
+    )
+
+
+def memory_snapshot() -> dict[str, Any]:
+    """The allocator's segments and blocks now, with the history's stacks (``torch.cuda.memory._snapshot``):
+    a dict of plain data (hpctrain.observe.memory reads it)."""
+    return torch.cuda.memory._snapshot()
+
+
+def nccl_flight_record() -> bytes | None:
+    """The NCCL flight recorder's record of this process's last collectives, pickled plain data
+    (``torch._C._distributed_c10d._dump_nccl_trace``); None where torch has no NCCL."""
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    return bytes(dump()) if dump is not None else None

@@ -424,7 +424,8 @@ class CheckpointManager:
         if self.fast is not None:
             if self.rank == 0:
                 layout.write_lineage(self.root, self.lineage, self.fast.paths.job)
-            self.fast.after_resume(self.lineage, _train_step(state) if loaded else 0)
+            step = int(getattr(state.get("train"), "step", 0)) if loaded else 0
+            self.fast.after_resume(self.lineage, step)
         if loaded is None:
             self.state_touched = bool(
                 ranks.sum_over_ranks([int(self.state_touched)], self._background_group())[0]
@@ -593,8 +594,3 @@ class CheckpointManager:
                     log.info("Removing %s: a checkpoint that was never committed", tmp.name)
                 shutil.rmtree(tmp, ignore_errors=True)
         ranks.barrier()
-
-
-def _train_step(state: Mapping[str, Any]) -> int:
-    train = state.get("train")
-    return int(getattr(train, "step", 0))

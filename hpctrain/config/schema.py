@@ -394,6 +394,10 @@ class TrainerConfig:
     # requeues. 0 disables it.
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 300.0
+    # The CUDA allocator's history with Python stacks, so that a rank that runs out of GPU memory writes
+    # what filled it (memory/rank<R>.json: the largest live allocations and where; hpctrain.observe.memory).
+    # null: armed once an earlier attempt of the run ran out of memory. Needs a GPU (cluster.gpus_per_node).
+    memory_history: bool | None = None
     # A step whose loss or gradient norm is not finite on any rank (all ranks agree, one all-reduce):
     # skip: no optimizer or scheduler step (weights, optimizer state and schedule bitwise as before), logged;
     # more than max_nonfinite_skips in a row stop the run. rollback: reload the newest checkpoint and go on

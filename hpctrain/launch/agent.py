@@ -78,7 +78,7 @@ from hpctrain.launch.supervision import (
     is_final,
     worker_restart_env,
 )
-from hpctrain.plan.host import planned_rank_bytes
+from hpctrain.plan.host import planned
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import Heartbeat, job_key, read_heartbeats
@@ -183,7 +183,7 @@ def run_task(run_dir: Path, cfg: Config) -> int:
                 generation = book.generation()
                 continue
             assert code is not None
-            plan = functools.partial(planned_rank_bytes, cfg)  # asked for only after an OOM kill
+            plan = functools.partial(planned, cfg)  # asked for only after an OOM kill
             outcome = exit_outcome(run_dir, rank, host, code, worker[0].pid, oom_before, plan)
             if code < 0 and not pending:  # kill -9, the OOM killer: the worker could record nothing itself
                 record_killed(run_dir, rank, -code, cfg.cluster.max_restarts, outcome.detail)

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.launch.supervision import Outcome
+from hpctrain.observe.memory import read_summary
+from hpctrain.plan.host import Planned
 from hpctrain.resilience import policy
 from hpctrain.resilience.attribution import ExitFacts, classify
 from hpctrain.resilience.watchdog import read_beat
@@ -66,12 +68,12 @@ def exit_outcome(
     code: int,
     pid: int,
     oom_before: int | None,
-    plan: Callable[[], int | None] | None = None,
+    plan: Callable[[], Planned] | None = None,
 ) -> Outcome:
     """How the worker of ``rank`` (process ``pid``) ended, classified (hpctrain.resilience.attribution):
     its error record, its last heartbeat's peak RSS, and whether the OOM killer killed meanwhile (the count
-    was ``oom_before`` when its generation started). ``plan``: the plan's host memory of a rank, asked for
-    only when the OOM killer killed it."""
+    was ``oom_before`` when its generation started). ``plan``: the plan's figures of a rank, asked for only
+    after an out-of-memory."""
     record = read_error_record(run_dir, rank) if code >= 0 else None
     symptom = record is not None and is_peer_symptom(str(record.get("message", "")))
     full = storage_full(run_dir) if code >= 0 and record is None else ""  # no record: no room for one?
@@ -79,9 +81,14 @@ def exit_outcome(
     peak = beat.peak_rss if beat is not None and beat.pid == pid and beat.peak_rss else None
     now = oom_kills() if code < 0 else None
     oom = oom_before is not None and now is not None and now > oom_before
-    planned = plan() if plan is not None and oom and code == -signal.SIGKILL else None
-    found = classify(ExitFacts(code, record, oom, peak, symptom, full, planned))
+    killed = plan is not None and oom and code == -signal.SIGKILL
+    found = classify(ExitFacts(code, record, oom, peak, symptom, full, plan().host if killed else None))
     detail = found.detail
+    if found.kind == policy.OOM and code >= 0:  # raised on a GPU: what filled it, when the history was armed
+        summary = read_summary(run_dir, rank)
+        gpu = plan().gpu if plan is not None and summary else None
+        beside = f" (plan: {gpu / 1024**3:.2f} GiB per GPU)" if gpu else ""
+        detail = f"{detail}: {summary}{beside}" if summary else detail
     if found.kind == policy.STORAGE and not full and not (record or {}).get("filename"):
         detail += f"; the run directory {run_dir} has {free_bytes(run_dir) // 1024} KiB free now"
     return Outcome(rank, host, found.cause, symptom, found.kind, detail=detail)

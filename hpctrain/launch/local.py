@@ -53,7 +53,7 @@ from hpctrain.launch.supervision import (
     is_final,
     worker_restart_env,
 )
-from hpctrain.plan.host import planned_rank_bytes
+from hpctrain.plan.host import planned
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import job_key
@@ -173,7 +173,7 @@ class LocalLauncher:
                 stalls = Stalls(run_dir, None, self._job_id, generation, generation < c.max_restarts)
                 failures = self._supervise(workers, grace, run_dir, stalls)
                 host = socket.gethostname()
-                plan = functools.partial(planned_rank_bytes, cfg)  # asked for only after an OOM kill
+                plan = functools.partial(planned, cfg)  # asked for only after an OOM kill
                 outcomes = [
                     exit_outcome(run_dir, f.rank, host, f.returncode, f.pid, oom_before, plan)
                     for f in failures

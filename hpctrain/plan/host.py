@@ -100,13 +100,23 @@ def host_table(cfg: Config, est: Estimate) -> list[str]:
     return lines
 
 
-def planned_rank_bytes(cfg: Config) -> int | None:
-    """The plan's host memory of the largest rank, from the config alone; None where the plan needs the
-    user's model measured (a ``_target_`` without declared shapes: torch, which no supervisor loads)."""
+@dataclass(frozen=True)
+class Planned:
+    """The plan's memory of the largest rank: in host memory, and on its GPU (None: no GPU, or unknown)."""
+
+    host: int | None
+    gpu: int | None
+
+
+def planned(cfg: Config) -> Planned:
+    """The plan's figures of a rank, from the config alone (both None where the plan needs the user's model
+    measured: a ``_target_`` without declared shapes, torch, which no supervisor loads)."""
     from hpctrain.errors import ConfigError
     from hpctrain.plan.estimate import estimate
 
     try:
-        return host_memory(cfg, estimate(cfg)).rank_total
+        est = estimate(cfg)
     except (ConfigError, ValueError, ZeroDivisionError):
-        return None
+        return Planned(None, None)
+    gpu = est.largest.total if cfg.cluster.gpus_per_node > 0 else None
+    return Planned(host_memory(cfg, est).rank_total, gpu)

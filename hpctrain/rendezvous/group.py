@@ -12,6 +12,7 @@ timeout, so that a peer that never arrives (or dies) fails the run instead of ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -38,6 +39,8 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
     if device.type == "cuda":
         torch.cuda.set_device(device)
     check_device(device, env.hostname)  # before the rendezvous: a bad device never joins
+    if backend == "nccl" and run_dir is not None:
+        arm_flight_recorder(run_dir)
     port = env.master_port
     try:
         if env.port_key is not None and run_dir is not None:
@@ -72,6 +75,26 @@ def init_distributed(env: DistEnv, timeout_s: float, run_dir: RunDir | None = No
             f"{err}"
         ) from err
     return device
+
+
+# The NCCL flight recorder (PyTorch's "Flight Recorder" for NCCL): each rank keeps its last collectives in a
+# ring, and dumps them when one times out, under the run directory; a hang hpctrain's watchdog declares dumps
+# them beside its stacks (hpctrain.resilience.stacks.dump_flight_record). A value the user set wins.
+FLIGHT_RECORDER = {
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",  # collectives kept per rank: on
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+}
+FLIGHT_PREFIX_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # newer name, older name
+
+
+def arm_flight_recorder(run_dir: RunDir) -> None:
+    """Before an NCCL process group starts: its flight recorder on, dumping into ``flight/rank<R>``."""
+    with contextlib.suppress(OSError):
+        run_dir.flight.mkdir(parents=True, exist_ok=True)
+    for name, value in FLIGHT_RECORDER.items():
+        os.environ.setdefault(name, value)
+    for name in FLIGHT_PREFIX_ENV:
+        os.environ.setdefault(name, str(run_dir.flight / "rank"))
 
 
 class NodeUnhealthy(RuntimeError):

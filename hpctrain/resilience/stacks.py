@@ -204,3 +204,18 @@ def newest(run_dir: Path) -> tuple[Path, dict[int, str]] | None:
         if found:
             return folder, found
     return None
+
+
+def dump_flight_record(run_dir: Path, name: str, rank: int) -> None:
+    """On an NCCL run: the flight recorder's record of this rank's last collectives, beside its stacks of
+    request ``name`` (hpctrain.rendezvous.group.arm_flight_recorder turned it on). Nothing where there is
+    none (a gloo run, a torch without NCCL)."""
+    from hpctrain import torchapi
+
+    try:
+        record = torchapi.nccl_flight_record()
+    except RuntimeError:  # the recorder was not on
+        return
+    if record:
+        with contextlib.suppress(OSError):
+            atomic_write(RunDir(run_dir).flight_dump(name, rank), record)

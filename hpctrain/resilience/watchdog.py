@@ -173,6 +173,7 @@ class Watchdog:
         self.resumed_from = 0  # the step this process's training started from (its checkpoint's)
         self.load_s = 0.0  # seconds the checkpoint's load took
         self.on_beat: Callable[[], None] | None = None  # called by the thread after each heartbeat
+        self.flight_record = False  # an NCCL run: a hang's dump holds the flight recorder's record too
         self.step_started = self.since  # when the current step's armed phases began
         self.first_step: int | None = None  # the first step this process trained
         self.closed = False
@@ -290,6 +291,8 @@ class Watchdog:
         with contextlib.suppress(OSError):
             name = stacks.ask(self.run_dir, f"hang-{time.strftime('%Y%m%d-%H%M%S')}-rank{self.rank}")
             self._stacks.dump(name)
+            if self.flight_record:
+                stacks.dump_flight_record(self.run_dir, name, self.rank)
         # Every live rank's thread writes its (step, phase) once a beat: one beat and a little, and each shows
         # where it waits. A stopped or dead rank needs no more: its last beat is the earliest (step, phase),
         # or already stale (a step ran over the limit since it stopped).

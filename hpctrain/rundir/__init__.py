@@ -62,6 +62,10 @@ LOGS_DIR = "logs"
 HEARTBEATS_DIR = "heartbeats"
 ATTEMPTS_DIR = "attempts"  # the goodput ledger's evidence: one record per started worker of rank 0
 GOODPUT_FILE = "goodput.json"
+MEMORY_DIR = (
+    "memory"  # trainer.memory_history: a rank's allocator snapshot and summary when it ran out of memory
+)
+FLIGHT_DIR = "flight"  # the NCCL flight recorder's dumps (a CUDA run's collectives timing out)
 CHECKPOINTS_DIR = "checkpoints"
 PROFILE_DIR = "profile"
 TENSORBOARD_DIR = "tensorboard"
@@ -88,6 +92,10 @@ LAYOUT: dict[str, str] = {
     f"{HEARTBEATS_DIR}/": "the hang watchdog's heartbeats, rank<R>.json",
     f"{ATTEMPTS_DIR}/": "rank 0's timeline of each attempt (each job start and restart): <job key>.json",
     GOODPUT_FILE: "where the run's wall time went since its first submission, by bucket (hpctrain status)",
+    f"{MEMORY_DIR}/": "a CUDA rank that ran out of memory: rank<R>.pickle (the allocator's snapshot) and "
+    "rank<R>.json (the largest live allocations, the plan's figure)",
+    f"{FLIGHT_DIR}/": "a CUDA run: the NCCL flight recorder's record of each rank's last collectives, "
+    "rank<R> (on a collective's timeout) and beside a hang's stacks",
     FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
     RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
     f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
@@ -190,8 +198,27 @@ class RunDir:
         return sorted(self.attempts.glob("*.json")) if self.attempts.is_dir() else []
 
     @property
+    def memory(self) -> Path:
+        return self.path / MEMORY_DIR
+
+    def memory_snapshot(self, rank: int) -> Path:
+        return self.memory / f"rank{rank}.pickle"
+
+    def memory_summary(self, rank: int) -> Path:
+        return self.memory / f"rank{rank}.json"
+
+    @property
+    def flight(self) -> Path:
+        """The NCCL flight recorder's folder; torch appends the rank to ``flight/rank`` (its dump prefix)."""
+        return self.path / FLIGHT_DIR
+
+    @property
     def goodput(self) -> Path:
         return self.path / GOODPUT_FILE
+
+    def flight_dump(self, request: str, rank: int) -> Path:
+        """A hang's NCCL flight record of ``rank``, beside its stacks (plain data, pickled by torch)."""
+        return self.stacks / request / f"rank{rank}.nccl.pickle"
 
     def heartbeat(self, rank: int) -> Path:
         return self.heartbeats / f"rank{rank}.json"

@@ -61,10 +61,12 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     """hpctrain's trainer on this rank: join the process group, train, and answer a stop or a fault.
     Whether training reached ``trainer.max_steps`` (False: stopped early, saved). ``cfg``: the run's
     config.yaml as the worker read it (once per process)."""
+    import torch
     from omegaconf import OmegaConf
 
     from hpctrain.config.shape import run_shape
     from hpctrain.errors import CheckpointMismatch
+    from hpctrain.observe import memory
     from hpctrain.observe.goodput import AttemptRecorder, write_ledger
     from hpctrain.observe.loggers import RANK_LOG_ONLY, ConsoleLogHandler, Observer, open_console
     from hpctrain.parallel.compile import open_compile_cache
@@ -85,6 +87,12 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     device = init_distributed(env, cfg.cluster.dist_timeout_s, RunDir(run_dir))
     joined = time.time()
     log.info("rank %d/%d on %s (%s), pid %d", env.rank, env.world_size, env.hostname, device, os.getpid())
+    # What fills the GPU's memory, recorded before the model is built (trainer.memory_history).
+    history = memory.wanted(cfg.trainer.memory_history, device.type == "cuda", run_dir)
+    if history:
+        memory.arm()
+    elif cfg.trainer.memory_history and env.is_main:
+        log.warning("trainer.memory_history=true: this run has no GPU (%s): nothing to record", device)
     record_topology(env, RunDir(run_dir))
     amp.set_matmul_precision(device, cfg.trainer.precision)
     end_time = commands.end_time(job_id) if job_id and env.is_main else None
@@ -105,6 +113,7 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     attempt = AttemptRecorder(run_dir, watchdog.job, raw_job, rendezvous_at, joined) if env.is_main else None
     if attempt is not None:
         attempt.attach(watchdog)
+    watchdog.flight_record = device.type == "cuda"  # NCCL's flight recorder is on (rendezvous.group)
     ended = False
     try:
         stop = StopCheck(signals, end_time, env.is_main, device, run_dir)
@@ -114,7 +123,14 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
         on_commit = EvalJobs(run_dir, job_id) if cfg.trainer.eval_job and job_id and env.is_main else None
         skip: frozenset[int] = frozenset()
         while True:  # trainer.nonfinite=rollback: again from the newest checkpoint, past the bad batches
-            result = fit(cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit, skip)
+            try:
+                result = fit(
+                    cfg, run_shape(cfg), env, device, run_dir, observer, stop, watchdog, on_commit, skip
+                )
+            except torch.OutOfMemoryError:
+                if history:  # what filled the GPU, then the error as raised (the exit status is never 0)
+                    memory.write_oom(run_dir, env.rank)
+                raise
             if result.rollback is None:
                 break
             skip = skip | {result.rollback}

@@ -9,7 +9,9 @@ tests/unit (precision: scaler and regime; rendezvous: device_for; plan: fp8 pric
 
 from __future__ import annotations
 
+import json
 import socket
+import statistics
 import time
 from pathlib import Path
 
@@ -209,3 +211,64 @@ def test_fp16_with_async_checkpoints_resumes_on_the_gpu(tmp_path: Path) -> None:
     assert steps == [1, 2, 3, 4, 5, 6]  # every step logged once
     end = {run: metrics(run)[-1]["loss"] for run in (whole, part)}
     assert end[part] == pytest.approx(end[whole], rel=1e-3)
+
+
+def test_an_out_of_memory_names_what_filled_the_gpu(tmp_path: Path) -> None:
+    """Issue 43, item 3: GPT-2 medium at a micro-batch that cannot fit, with the allocator's history armed:
+    the rank writes its snapshot and the largest live allocations, the run fails (never exit 0), and the
+    verdict in status names them beside the plan's figure. Also the cost of arming the history: the same
+    fitting run's step time with and without it (printed, not asserted)."""
+    run = tmp_path / "oom"
+    overrides = [
+        "model=gpt2_350m",
+        "data=synthetic",
+        "parallel=none",
+        "cluster.nproc=1",
+        "trainer.precision=bf16",
+        "trainer.max_steps=3",
+        "trainer.eval_every=0",
+        "trainer.ckpt_every=0",
+        "logger=jsonl",
+        "plan_check=false",  # the plan would refuse it, rightly: this run is meant to run out
+        "trainer.memory_history=true",
+    ]
+    done = hpctrain(*overrides, "trainer.micro_batch_size=512", f"hydra.run.dir={run}", timeout=600)
+    assert done.returncode != 0
+    summary = json.loads((run / "memory" / "rank0.json").read_text())
+    assert summary["allocated"] > 2**30 and summary["top"] and "in " in summary["top"][0]["where"], summary
+    assert (run / "memory" / "rank0.pickle").stat().st_size > 0
+    status = hpctrain("status", str(run)).stdout
+    assert "GiB allocated; largest:" in status and "(plan: " in status, status
+    timing = {}
+    for history in ("true", "false"):
+        fit = tmp_path / f"fit-{history}"
+        args = [
+            *overrides[:-1],
+            f"trainer.memory_history={history}",
+            "trainer.max_steps=20",
+            "trainer.log_every=1",
+        ]
+        ok = hpctrain(*args, "trainer.micro_batch_size=4", f"hydra.run.dir={fit}", timeout=600)
+        assert ok.returncode == 0, ok.stderr[-3000:]
+        timing[history] = statistics.median(r["step_time_s"] for r in metrics(fit)[5:])
+    print(f"memory history: step {timing['true']:.4f} s armed, {timing['false']:.4f} s not")
+
+
+def test_the_nccl_flight_recorder_records_the_last_collectives(tmp_path: Path) -> None:
+    """Issue 43, item 2: with hpctrain's settings the flight recorder holds a one-rank NCCL group's
+    collectives, and the hang dump's writer puts them beside the stacks."""
+    from hpctrain.resilience import stacks
+    from hpctrain.rundir import RunDir
+
+    env = DistEnv(0, 0, 1, 1, "127.0.0.1", _free_port(), socket.gethostname())
+    device = init_distributed(env, 60, RunDir(tmp_path))
+    try:
+        t = torch.ones(4, device=device)
+        for _ in range(3):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        stacks.dump_flight_record(tmp_path, "hang-x", 0)
+        record = RunDir(tmp_path).flight_dump("hang-x", 0)
+        assert record.stat().st_size > 0
+    finally:
+        dist.destroy_process_group()

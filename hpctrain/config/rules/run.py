@@ -186,6 +186,13 @@ def check_trainer(cfg: Config) -> None:
     for key in ("watchdog_factor", "watchdog_min_s"):
         at_least(f"trainer.{key}", getattr(t, key), 0.0)
     at_least("trainer.straggler_every", t.straggler_every, 0)
+    if t.memory_history and cfg.cluster.kind == "slurm" and cfg.cluster.gpus_per_node == 0:
+        raise ConfigError(
+            "trainer.memory_history",
+            t.memory_history,
+            "the CUDA allocator's history needs a GPU, and cluster.gpus_per_node=0",
+            valid="null (armed after an out-of-memory on a GPU), false, or true with GPUs",
+        )
     one_of("trainer.nonfinite", t.nonfinite, NONFINITE)
     at_least("trainer.max_nonfinite_skips", t.max_nonfinite_skips, 0)
     if t.profile is not None:

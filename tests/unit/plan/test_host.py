@@ -13,7 +13,7 @@ from hpctrain.plan.host import (
     WRITER_BYTES,
     host_memory,
     host_table,
-    planned_rank_bytes,
+    planned,
 )
 from tests.support.configs import typed
 
@@ -24,7 +24,7 @@ def test_a_cpu_run_keeps_everything_in_host_memory():
     host = host_memory(cfg, est)
     assert host.per_rank == {"process": PROCESS_BYTES, "model, activations, buffers": est.largest.total}
     assert host.ranks_per_node == 2 and host.node_total == 2 * host.rank_total + NODE_BYTES
-    assert planned_rank_bytes(cfg) == host.rank_total
+    assert planned(cfg).host == host.rank_total and planned(cfg).gpu is None
 
 
 def test_staging_the_fast_tier_and_loaders_add_their_copies():
