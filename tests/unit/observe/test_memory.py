@@ -101,3 +101,24 @@ def test_the_flight_recorder_dumps_into_the_run_directory_unless_the_user_says_o
     )
     assert all(os.environ[name] == str(tmp_path / "flight" / "rank") for name in FLIGHT_PREFIX_ENV)
     assert (tmp_path / "flight").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        (
+            "trainer.memory_history=true",
+            "trainer.memory_history=True: the CUDA allocator's history needs a GPU",
+        ),
+        ("trainer.memory_history=maybe", "trainer.memory_history"),
+    ],
+)
+def test_bad_values_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, override: str, words: str
+):
+    from hpctrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["cluster=slurm_test", override, "dry_run=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err and "Traceback" not in err, err
