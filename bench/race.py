@@ -17,7 +17,8 @@ A step time is the wall time of ``--window`` steps divided by it: for hpctrain t
 metrics.jsonl records (logger=jsonl, trainer.log_every=window: its logging, loss all-reduce, straggler
 checks are counted), for the rivals the same windows timed in their loops, which read the logged loss at the
 same steps. The first window (warm-up) and the last (hpctrain evaluates there) are dropped. The three runs
-alternate, ``--rounds`` times. Prints each round, the median step time of each, the ratios hpctrain/raw,
+alternate, ``--rounds`` times, each first in turn (an even number of rounds balances the order). Prints
+each round, the median step time of each, the ratios hpctrain/raw,
 hpctrain/Fabric and Fabric/raw, and the losses logged at every window and the last step: whether they are
 bitwise equal to the raw loop's, else their largest absolute difference (Fabric's clip_gradients sums the
 gradient norms in the optimizer's parameter order, not the model's: an ulp apart at some steps, see
@@ -153,11 +154,16 @@ def main() -> None:
     last: dict[str, LoopResult] = {}
     with tempfile.TemporaryDirectory(prefix="race-") as tmp:
         project = write_project(Path(tmp) / "project", race)
+        runners = {
+            "hpctrain": lambda r: run_hpctrain(race, project, Path(tmp) / f"run{r}")[0],
+            "raw": lambda r: run_raw(race),
+            "Fabric": lambda r: run_fabric(race),
+        }
         for round_ in range(opts.rounds):
-            last["hpctrain"] = run_hpctrain(race, project, Path(tmp) / f"run{round_}")[0]
-            last["raw"] = run_raw(race)
-            if fabric:
-                last["Fabric"] = run_fabric(race)
+            # Each goes first in turn (hpctrain, raw, Fabric; then the other way round): on this machine the
+            # first run of a round was the slower one, whichever it was.
+            for n in names if round_ % 2 == 0 else names[::-1]:
+                last[n] = runners[n](round_)
             for n in names:
                 times[n] += measured(last[n])
             line = ", ".join(f"{n} {statistics.median(measured(last[n])) * 1e3:.0f}" for n in names)

@@ -23,6 +23,7 @@ What follows a bad step (:class:`Guard`):
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -44,15 +45,22 @@ class Rollback(Exception):
         self.step = step
 
 
-def agree_bad(loss: torch.Tensor, grad_norm: torch.Tensor, judge_grads: bool) -> bool:
-    """Whether any rank's loss (or, with ``judge_grads``, gradient norm) is not finite: one all-reduce."""
+def agree_bad(
+    loss: torch.Tensor, grad_norm: torch.Tensor, judge_grads: bool, codes: Sequence[int] = ()
+) -> tuple[bool, tuple[int, ...]]:
+    """Whether any rank's loss (or, with ``judge_grads``, gradient norm) is not finite, and the maximum over
+    the ranks of each of ``codes`` (the stop check's: hpctrain.resilience.stop), in one all-reduce: the
+    step's one collective of its own."""
     bad = ~torch.isfinite(loss.detach().float())
     if judge_grads:
         bad = bad | ~torch.isfinite(grad_norm.detach().float())
-    flag = bad.to(torch.int32).reshape(1)
+    flag = torch.cat(
+        [bad.to(torch.int64).reshape(1), torch.tensor(codes, dtype=torch.int64, device=bad.device)]
+    )
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    first, *rest = (int(v) for v in flag.tolist())
+    return bool(first), tuple(rest)
 
 
 class Guard:

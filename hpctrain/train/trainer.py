@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ class StepResult:
     loss: torch.Tensor  # this rank's mean loss over its micro-batches (not synchronised: no host sync)
     grad_norm: torch.Tensor  # global norm of the (unscaled) gradients before clipping
     skipped: bool = False  # not finite on some rank: no update applied (hpctrain.train.nonfinite)
+    agreed: tuple[int, ...] | None = None  # the stop check's codes, agreed in the step's all-reduce
 
 
 @dataclass
@@ -265,7 +266,8 @@ def fit(
     step_start = time.perf_counter()
     while state.step < t.max_steps:
         passes = monitors.next_batch(state.step + 1, run.batches.next_step)
-        result = _step(run, passes, state.step + 1, skip_steps)
+        codes = stop.codes(monitors.step_s, save_s)  # sent in the step's own all-reduce
+        result = _step(run, passes, state.step + 1, skip_steps, codes)
         lr = run.scheduler.get_last_lr()[0]
         if result.skipped and state.step + 1 not in skip_steps:
             try:
@@ -283,7 +285,9 @@ def fit(
         monitors.step_done(state.step, time.perf_counter() - step_start)
         record = monitors.record(state.step, result.loss, result.grad_norm, lr, skipped=result.skipped)
         _log(run, observer, record, state.step)
-        stopped_by = stop(monitors.step_s, save_s)
+        stopped_by = (
+            stop.decide(result.agreed) if result.agreed is not None else stop(monitors.step_s, save_s)
+        )
         took = checkpoints.after_step(state.step, monitors.step_s, bool(stopped_by) or stop.save_requested)
         if took is not None:
             save_s = took
@@ -331,9 +335,10 @@ def _begin(
     return monitors
 
 
-def _step(run: Run, passes: Any, step: int, skip_steps: frozenset[int]) -> StepResult:
+def _step(run: Run, passes: Any, step: int, skip_steps: frozenset[int], codes: list[int]) -> StepResult:
     """Step ``step``: one optimizer step over its passes; a batch that went bad before a rollback
-    (``skip_steps``) is consumed, not trained."""
+    (``skip_steps``) is consumed, not trained. ``codes``: the stop check's, agreed in the step's own
+    all-reduce."""
     if step in skip_steps:
         return StepResult(torch.tensor(float("nan")), torch.tensor(float("nan")), skipped=True)
     t = run.cfg.trainer
@@ -348,6 +353,7 @@ def _step(run: Run, passes: Any, step: int, skip_steps: frozenset[int]) -> StepR
         run.objective,
         judge_grads=t.precision != "fp16",
         poison=run.faults.nan_loss(step),
+        codes=codes,
     )
 
 
@@ -382,11 +388,13 @@ def train_step(
     objective: Objective | None = None,
     judge_grads: bool | None = None,
     poison: bool = False,
+    codes: Sequence[int] = (),
 ) -> StepResult:
     """One optimizer step over this rank's passes (gradient accumulation when there are several).
     ``judge_grads``: the non-finite guard (None: off; True: loss and gradient norm; False: the loss only,
     under fp16 whose scaler judges the gradients); when any rank's are not finite, no update is applied.
-    ``poison``: this rank's loss is NaN (``faults.nan_at``)."""
+    ``poison``: this rank's loss is NaN (``faults.nan_at``). ``codes``: more integers agreed (their maximum
+    over the ranks) in the guard's all-reduce, returned in the result's ``agreed``."""
     model = par.model
     if not model.training:  # after an evaluation; train() visits every module (~0.2 ms for a 4-layer GPT)
         model.train()
@@ -431,15 +439,18 @@ def train_step(
             grad_norm = nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
     else:
         grad_norm = clip_grad_norm_(params, grad_clip, par.dims.pp_group, par.uncounted)
-    if judge_grads is not None and agree_bad(total_loss, grad_norm, judge_grads):
+    bad, agreed = (
+        agree_bad(total_loss, grad_norm, judge_grads, codes) if judge_grads is not None else (False, None)
+    )
+    if bad:
         if scaler.is_enabled():
             scaler.update()  # its per-step record of this unscale_ is cleared; no optimizer step
         optimizer.zero_grad(set_to_none=True)
-        return StepResult(total_loss / len(passes), grad_norm, skipped=True)
+        return StepResult(total_loss / len(passes), grad_norm, skipped=True, agreed=agreed)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(total_loss / len(passes), grad_norm)
+    return StepResult(total_loss / len(passes), grad_norm, agreed=agreed)
 
 
 def loss_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
