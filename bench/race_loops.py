@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -198,7 +199,7 @@ def raw_worker(rank: int, race: Race, port: int, out: str) -> None:
             clock.lap(race.window)
     if rank == 0:
         torch.save(asdict(LoopResult(clock.times, losses)), out)
-    dist.destroy_process_group()
+    _end()
 
 
 def fabric_worker(rank: int, race: Race, port: int, out: str) -> None:
@@ -262,7 +263,16 @@ def fabric_worker(rank: int, race: Race, port: int, out: str) -> None:
             clock.lap(race.window)
     if fabric.global_rank == 0:
         torch.save(asdict(LoopResult(clock.times, losses)), out)
-    dist.destroy_process_group()
+    _end()
+
+
+def _end() -> None:
+    """End a worker without Python's teardown: the race with Fabric hung for minutes after both workers'
+    last step, one of them deadlocked freeing its gloo process group (as bench/reference_ddp.py did; a
+    torch teardown race). Its result is saved; a barrier first, so neither leaves a collective half-done."""
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def _spawn(worker: Callable[[int, Race, int, str], None], race: Race) -> LoopResult:
