@@ -95,6 +95,7 @@ class AttemptRecorder:
         self.rendezvous_at, self.joined = rendezvous_at, joined
         self._lock = threading.Lock()
         self._written = 0.0
+        self._closed = False  # the last record is written: a beat of the watchdog thread after it writes none
         self.watchdog: Any = None  # hpctrain.resilience.watchdog.Watchdog, once it runs
 
     def attach(self, watchdog: Any) -> None:
@@ -111,6 +112,9 @@ class AttemptRecorder:
         if w is None:
             return
         with self._lock:
+            if self._closed:
+                return
+            self._closed = closed
             now = time.time()
             record = Attempt(
                 self.key,

@@ -6,7 +6,10 @@ RUN_DIR/control.json, which rank 0 looks at when its modification time changed),
 saves and trains on, at the same step boundary. The trainer sends them in its step's own all-reduce, its
 non-finite guard's (:meth:`StopCheck.codes` before the step, :meth:`StopCheck.decide` after it): a second
 collective per step cost the race against a hand-written loop 0.5 % (a profile of bench/race.py's run).
-Rank 0 answers the request in the same file once the checkpoint is committed.
+So the codes are taken before a step and acted on after it: a signal that arrives during a step stops the
+run one step later than it would be seen at the step's end (``cluster.signal_lead_s``, 120 s, leaves room
+for it), and the walltime guard, which keeps two steps and one and a half saves free, counts the step in
+flight as one of its two. Rank 0 answers the request in the same file once the checkpoint is committed.
 """
 
 from __future__ import annotations
