@@ -145,7 +145,14 @@ def test_the_queue_in_view(slurm_cluster, tmp_path: Path) -> None:
             job = read_job(soonest)
             assert job is not None
             assert wait_final([job.job_id], timeout=120)[job.job_id].state == "COMPLETED"
-            shown = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", job.job_id, "-o", "Partition"]).stdout
+
+            # Slurm's accounting takes the job's record a moment after the job ends (CI once read none yet).
+            def partition() -> str:
+                args = ["sacct", "-n", "-X", "-P", "-j", job.job_id, "-o", "Partition"]
+                return slurm_cluster.run(args).stdout
+
+            wait_for("the job's accounting record", lambda: partition().strip() != "", timeout=30)
+            shown = partition()
             assert shown.split() == ["spare"], shown
 
             unknown = hpctrain(*TINY, "cluster.partition='busy,nope'", f"hydra.run.dir={tmp_path / 'x'}")
