@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -23,7 +22,6 @@ from hpctrain.jobs.targets import JobsError
 from hpctrain.resilience import stacks
 from hpctrain.resilience.watchdog import read_heartbeats
 from hpctrain.rundir import RunDir
-from hpctrain.rundir.files import atomic_write
 
 POLL_S = 0.05
 
@@ -89,25 +87,16 @@ def report(run_dir: Path, wait_s: float) -> tuple[list[str], bool]:
 
 
 def _read_here(run_dir: Path, name: str, silent: list[dict]) -> dict[int, str]:
-    """The stacks py-spy reads of the silent ranks that run on this machine (their pid alive here), each
-    also written beside the others' answers."""
+    """The stacks py-spy reads of the silent ranks that run on this machine (a pid gone reads as nothing),
+    each also written beside the others' answers."""
     here = socket.gethostname()
     read = {}
     for entry in silent:
         pid = entry.get("pid")
-        if entry.get("host") != here or not isinstance(pid, int) or not _alive(pid):
+        if entry.get("host") != here or not isinstance(pid, int):
             continue
         text = stacks.read_stopped(pid)
         if text is not None:
             read[entry["rank"]] = text
-            with contextlib.suppress(OSError):
-                atomic_write(RunDir(run_dir).stack_dump(name, entry["rank"]), text)
+            stacks.save(run_dir, name, entry["rank"], text)
     return read
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

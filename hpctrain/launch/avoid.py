@@ -14,6 +14,7 @@ caught by the health check and the fault policy, and excluded by that run.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -39,10 +40,7 @@ def job_exclude(cluster: ClusterConfig) -> str | None:
     fresh = {node: e for node, e in fresh.items() if node not in typed}
     if not fresh:
         return cluster.exclude
-    try:
-        pool: set[str] | None = commands.partition_pool(cluster.partition)
-    except (commands.SlurmUnavailable, RuntimeError, OSError):
-        pool = None
+    pool = _pool(cluster.partition)
     chosen, kept = choose(list(fresh), pool, set(typed), allocation_nodes(cluster))
     now = time.time()
     for node in chosen:
@@ -72,6 +70,16 @@ def choose(
     room = min(len(pool) // 2, len(pool - typed) - needed)
     chosen = ours[: max(0, room)]
     return chosen, [node for node in ours if node not in chosen]
+
+
+@functools.cache
+def _pool(partition: str | None) -> set[str] | None:
+    """The partition's nodes (sinfo), asked once per command however many jobs a sweep submits; None when
+    no Slurm client can say."""
+    try:
+        return commands.partition_pool(partition)
+    except (commands.SlurmUnavailable, RuntimeError, OSError):
+        return None
 
 
 def _say(line: str) -> None:

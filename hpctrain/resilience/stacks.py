@@ -68,12 +68,9 @@ class Answerer:
 
     def dump(self, name: str) -> None:
         """This process's threads' stacks, the main thread's first, into ``stacks/<name>/rank<R>.txt``."""
-        path = self.rd.stack_dump(name, self.rank)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, format_threads())
-        except OSError:  # a full disk: the rank's log has the hang's own dump
-            pass
+        save(
+            self.rd.path, name, self.rank, format_threads()
+        )  # not saved (a full disk): the log has the hang's
 
 
 def format_threads() -> str:
@@ -148,6 +145,12 @@ def dump_stopped(run_dir: Path, name: str, rank: int, pid: int) -> Path | None:
         f"{UNREAD}rank {rank} (pid {pid}) does not run (stopped or frozen): its stacks can be read from "
         "outside with py-spy (pip install py-spy), which was not found\n"
     )
+    return save(run_dir, name, rank, text)
+
+
+def save(run_dir: Path, name: str, rank: int, text: str) -> Path | None:
+    """Rank ``rank``'s stacks as request ``name``'s answer, ``stacks/<name>/rank<R>.txt``; None when it
+    cannot be written (a full disk)."""
     path = RunDir(run_dir).stack_dump(name, rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -195,7 +195,7 @@ class Watchdog:
             self.step_started = now
         if self.first_step is None and phase == "data":
             self.first_step = step
-        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (now - self.since)
+        self._count_phase(now)
         self.step, self.phase, self.since = step, phase, now
 
     def resumed(self, step: int, load_s: float) -> None:
@@ -208,6 +208,10 @@ class Watchdog:
         if not self.closed:
             spent[self.phase] = spent.get(self.phase, 0.0) + max(0.0, now - self.since)
         return spent
+
+    def _count_phase(self, now: float) -> None:
+        """The current phase's seconds, up to ``now``, into :attr:`spent`."""
+        self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (now - self.since)
 
     def made_progress(self) -> bool:
         """Whether this process finished a training step (for cluster.max_no_progress)."""
@@ -226,7 +230,7 @@ class Watchdog:
     def close(self) -> None:
         self._stop.set()
         if not self.closed:  # the last phase's time, once
-            self.spent[self.phase] = self.spent.get(self.phase, 0.0) + (time.time() - self.since)
+            self._count_phase(time.time())
         self.closed = True
         # The step this rank ended in, on file now: the thread writes once a second, and a step that raised
         # within that second would leave an older one (the restart policy compares where attempts failed).
