@@ -132,7 +132,7 @@ def step_time(run: Path) -> float:
 
 
 def tensors(checkpoint: Path) -> dict:
-    from hpctrain.checkpoint.reader import read_checkpoint
+    from hpctrain.checkpoint.tiers import read_checkpoint
 
     out: dict = {}
 

@@ -25,7 +25,7 @@ import torch
 import torch.multiprocessing as mp
 from reference_ddp import reference_worker
 
-from hpctrain.checkpoint.reader import read_checkpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from hpctrain.launch.local import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -63,7 +63,7 @@ def _record_torchrun_restart(run_dir: Path, generation: int) -> None:
     from hpctrain.resilience.requeue import slurm_job_id
     from hpctrain.rundir import checkpoints as layout
 
-    found = layout.committed(RunDir(run_dir).checkpoints)
+    found = layout.committed(RunDir(run_dir).shared_checkpoints)
     RunDir(run_dir).append_restart(
         {
             "time": time.time(),

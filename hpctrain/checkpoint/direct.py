@@ -84,31 +84,39 @@ class DirectWriter(FileSystemWriter):
             nice_this_thread()
         name = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         stream = ShardStream(Path(self.path) / name, direct=self.direct, progress=self.progress)
-        results: list[WriteResult] = []
-        try:
-            for item in plan.items:
-                data = planner.resolve_data(item)
-                if item.type == WriteItemType.BYTE_IO:
-                    assert isinstance(data, io.BytesIO)
-                    offset = stream.tell()
-                    stream.write(data.getbuffer())
-                    info = torchapi.storage_info(name, offset, stream.tell() - offset)
-                else:
-                    assert isinstance(data, torch.Tensor)
-                    tensor = tensor_bytes(data.detach())
-                    offset = stream.place(tensor)
-                    stream.write_tensor(tensor)
-                    info = torchapi.storage_info(
-                        name, offset, stream.tell() - offset, transform_descriptors=[RAW]
-                    )
-                results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
-            stream.close()
-        except BaseException:
-            stream.abandon()
-            raise
+        results = write_items(plan, planner, name, stream)
         done: Future[list[WriteResult]] = Future()
         done.set_result(results)
         return done
+
+
+def write_items(plan: SavePlan, planner: SavePlanner, name: str, stream: Any) -> list[WriteResult]:
+    """Write a rank's items into its shard ``name`` through ``stream`` (:class:`ShardStream`, or the object
+    tier's stream of the same face), in hpctrain's raw format; closed when all are written, abandoned (no
+    checksum recorded, never committed) when one fails."""
+    results: list[WriteResult] = []
+    try:
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                assert isinstance(data, io.BytesIO)
+                offset = stream.tell()
+                stream.write(data.getbuffer())
+                info = torchapi.storage_info(name, offset, stream.tell() - offset)
+            else:
+                assert isinstance(data, torch.Tensor)
+                tensor = tensor_bytes(data.detach())
+                offset = stream.place(tensor)
+                stream.write_tensor(tensor)
+                info = torchapi.storage_info(
+                    name, offset, stream.tell() - offset, transform_descriptors=[RAW]
+                )
+            results.append(WriteResult(index=item.index, size_in_bytes=info.length, storage_data=info))
+        stream.close()
+    except BaseException:
+        stream.abandon()
+        raise
+    return results
 
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:

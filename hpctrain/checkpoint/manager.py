@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-import threading
 import time
 import uuid
 import warnings
@@ -62,11 +60,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from hpctrain.checkpoint import ranks
-from hpctrain.checkpoint.direct import DirectWriter
 from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.mismatch import refuse_mismatch
 from hpctrain.checkpoint.pins import pinned
-from hpctrain.checkpoint.reader import CheckpointNotLoadable, FastReader
+from hpctrain.checkpoint.reader import CheckpointNotLoadable
 from hpctrain.checkpoint.safe import SafeLoadPlanner
 from hpctrain.checkpoint.staging import (
     EncodingSavePlanner,
@@ -76,11 +73,11 @@ from hpctrain.checkpoint.staging import (
     state_signature,
 )
 from hpctrain.checkpoint.state import allocate_optimizer_state
+from hpctrain.checkpoint.tiers import FileTier, SharedTier, reader_for
 from hpctrain.checkpoint.writer import SaveRequest, Writer, WriterSetup, describe, store_for_writers
 from hpctrain.errors import CheckpointMismatch
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rundir import checkpoints as layout
-from hpctrain.rundir.files import fsync_dir
 from hpctrain.rundir.records import is_peer_symptom
 
 log = logging.getLogger(__name__)
@@ -119,8 +116,10 @@ class CheckpointManager:
         on_writer_failure: str = "warn",
         store_host: str = "127.0.0.1",
         timeout_s: float = 300.0,
+        tier: SharedTier | None = None,
     ) -> None:
-        self.root = root
+        self.root = root  # the run's checkpoints folder: its records (lineage, evaluation pins)
+        self.tier = tier if tier is not None else FileTier(root)  # where the shared checkpoints are stored
         self.keep_last = keep_last
         self.rank = rank
         self.config_file = config_file
@@ -138,7 +137,6 @@ class CheckpointManager:
         self._store_address: tuple[str, int] | None = None
         self._generation = 0
         self._requests = 0
-        self._deleting: list[threading.Thread] = []  # pruned checkpoints being deleted
         self.lineage = uuid.uuid4().hex[:12]
         self._own_lineages: set[str | None] = {self.lineage}
         self._written: set[str] = set()  # names of the checkpoints this manager committed itself
@@ -162,21 +160,19 @@ class CheckpointManager:
         and leaves the writing to the writer process (committed by :meth:`poll` or :meth:`wait`). ``local``:
         also a copy into the fast tier (always by the writer). A save still pending is finished first."""
         self.wait()
-        final = self.root / layout.checkpoint_name(step)
-        tmp = self.root / f"{layout.TMP_PREFIX}{final.name}"
+        final, tmp = self.tier.final(step), self.tier.target(step)
         local = local and self.fast is not None
         in_background = (shared and not blocking) or local
         if shared:
             if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)  # an earlier attempt at this step that never committed
-                tmp.mkdir(parents=True)
+                self.tier.begin(step, self._displace)
             ranks.barrier()
         if shared and blocking:
             # Returns once every rank's shards are written.
             try:
-                dcp.save(dict(state), storage_writer=DirectWriter(tmp), planner=EncodingSavePlanner())
+                dcp.save(dict(state), storage_writer=self.tier.writer(tmp), planner=EncodingSavePlanner())
             except BaseException:  # no checkpoint: its shards go (on a full disk, room for the run's records)
-                shutil.rmtree(tmp, ignore_errors=True)
+                self.tier.abandon(tmp)
                 raise
             self._commit(step, tmp, final)
             ranks.barrier()
@@ -185,7 +181,7 @@ class CheckpointManager:
         return final
 
     def _save_in_background(
-        self, step: int, state: Mapping[str, Any], tmp: Path | None, final: Path, local: bool
+        self, step: int, state: Mapping[str, Any], tmp: Any, final: Any, local: bool
     ) -> None:
         writer = self.start_writer()  # a writer still booting reads the request once it is up
         self._requests += 1
@@ -214,6 +210,7 @@ class CheckpointManager:
                     plan=staged.plan if new_layout else None,
                     segment=staged.segment if new_layout else None,
                     shared=str(tmp) if tmp is not None else None,
+                    store=self.tier.store,
                     local=fast_request,
                 )
             )
@@ -331,10 +328,10 @@ class CheckpointManager:
         what = pending.final.name if pending.tmp is not None else f"the fast-tier copy of step {pending.step}"
         failed = sorted((is_peer_symptom(text), r, text) for r, text in enumerate(every) if text)
         why = "; ".join(f"rank {r}: {text}" for _, r, text in failed)  # causes before their symptoms
-        newest = layout.committed(self.root)
+        newest = layout.committed(self.tier.root)
         kept = f"{newest[0].name} stays the newest checkpoint" if newest else "there is no checkpoint yet"
         if self.rank == 0 and pending.tmp is not None:
-            shutil.rmtree(pending.tmp, ignore_errors=True)
+            self.tier.abandon(pending.tmp)
         ranks.barrier()
         if self.on_writer_failure == "stop":
             raise CheckpointWriterFailed(
@@ -359,39 +356,32 @@ class CheckpointManager:
             self._writer.stop()
             self._writer = None
         self._stager.close()
-        for deleting in self._deleting:
-            deleting.join()
-        self._deleting = []
+        self.tier.wait()
         if end_of_job and self.fast is not None:
             self.fast.end_of_job()
 
-    def _commit(self, step: int, tmp: Path, final: Path) -> None:
+    def _commit(self, step: int, tmp: Any, final: Any) -> None:
         if self.rank != 0:
             return
         self.faults.at("commit", step)
-        if self.config_file is not None:
-            shutil.copy2(self.config_file, tmp / self.config_file.name)
-        layout.write_manifest(tmp, step, lineage=self.lineage, **self.manifest_info)
-        if final.exists():
-            if final.name in self._written:  # saved twice at one step (a periodic save, then a stop's)
-                shutil.rmtree(final)
-            else:  # never overwritten: another lineage's, or one this run skipped (damaged) or did not load
-                aside = self.root / layout.aside_name(final)
-                why = (
-                    "another run's lineage"
-                    if layout.lineage_of(final) not in self._own_lineages
-                    else "no load"
-                )
-                log.warning(
-                    "Moving %s aside to %s: this run did not write it (%s)", final.name, aside.name, why
-                )
-                final.rename(aside)
-        tmp.rename(final)
+        info = {"lineage": self.lineage, **self.manifest_info}
+        final = self.tier.commit(step, tmp, info, self.config_file, self._displace)
         self._written.add(final.name)
-        fsync_dir(self.root)
         self._prune()
         if self.on_commit is not None:
             self.on_commit(step)
+
+    def _displace(self, final: Any) -> None:
+        """A committed checkpoint where this save goes: removed when this manager wrote it (saved twice at
+        one step: a periodic save, then a stop's), else moved aside, never overwritten (another lineage's,
+        or one this run skipped as damaged or did not load)."""
+        if final.name in self._written:
+            self.tier.remove(final)
+            return
+        aside = layout.aside_name(final)
+        why = "another run's lineage" if layout.lineage_of(final) not in self._own_lineages else "no load"
+        log.warning("Moving %s aside to %s: this run did not write it (%s)", final.name, aside, why)
+        self.tier.move_aside(final, aside)
 
     def _background_group(self) -> dist.ProcessGroup | None:
         """A gloo group of all ranks for the manager's own collectives (made on first use: collective)."""
@@ -451,7 +441,7 @@ class CheckpointManager:
         self, state: Mapping[str, Any], policy: str, check: Callable[[Path], None] | None
     ) -> Path | None:
         explicit = policy != "auto"
-        candidates = [Path(policy)] if explicit else layout.committed(self.root)
+        candidates = [Path(policy)] if explicit else layout.committed(self.tier.root)
         if not explicit and self.fast is not None:
             newest_shared = next(
                 (c for c in candidates if layout.problem_with(c, checksums=False) is None), None
@@ -482,7 +472,7 @@ class CheckpointManager:
             if explicit:
                 raise CheckpointNotLoadable(f"trainer.resume={candidate}: {problem}")
         if candidates:
-            log.warning("No loadable checkpoint in %s: starting from scratch", self.root)
+            log.warning("No loadable checkpoint in %s: starting from scratch", self.tier.root)
         self._discard_uncommitted()
         return None
 
@@ -522,7 +512,7 @@ class CheckpointManager:
     ) -> str | None:
         reader = None
         try:
-            reader = FastReader(directory, rank=self.rank)
+            reader = reader_for(directory, rank=self.rank)
             metadata = reader.read_metadata()
             saved = {key.split(".", 1)[0] for key in metadata.state_dict_metadata}
             if fits:
@@ -568,29 +558,19 @@ class CheckpointManager:
         return None
 
     def _prune(self) -> None:
-        """Delete this lineage's checkpoints beyond ``keep_last``: renamed out of the committed ones at once,
-        deleted by a thread (unlinking a 1.4 GiB shard took 0.27 s here, on the training thread otherwise).
-        A crash mid-delete leaves a ``.tmp-`` directory, which the next run's resume removes."""
-        own = [c for c in layout.committed(self.root) if layout.lineage_of(c) in self._own_lineages]
+        """Delete this lineage's checkpoints beyond ``keep_last`` (the tier uncommits them at once and deletes
+        them beside training); never one of another lineage or one that was not committed."""
+        own = [c for c in layout.committed(self.tier.root) if layout.lineage_of(c) in self._own_lineages]
         beyond = own[self.keep_last :]
         # trainer.eval_job: a checkpoint whose evaluation job has not read it yet stays, whatever keep_last
         # says (the job may wait in the queue for hours); it goes at the first prune after the job read it.
         kept = pinned(self.root, [layout.step_of(c) for c in beyond]) if beyond else set()
-        for old in beyond:
-            if layout.step_of(old) in kept:
-                continue
-            doomed = old.with_name(layout.PRUNED_PREFIX + old.name)
-            shutil.rmtree(doomed, ignore_errors=True)  # a leftover of an earlier crash: same name
-            old.rename(doomed)
-            deleting = threading.Thread(target=shutil.rmtree, args=(doomed,), kwargs={"ignore_errors": True})
-            deleting.start()
-            self._deleting.append(deleting)
-        self._deleting = [t for t in self._deleting if t.is_alive()]
+        self.tier.prune([old for old in beyond if layout.step_of(old) not in kept])
 
     def _discard_uncommitted(self) -> None:
-        if self.rank == 0 and self.root.is_dir():
-            for tmp in self.root.glob(f"{layout.TMP_PREFIX}*"):
+        if self.rank == 0:
+            for tmp in self.tier.uncommitted():
                 if not tmp.name.startswith(layout.PRUNED_PREFIX):
                     log.info("Removing %s: a checkpoint that was never committed", tmp.name)
-                shutil.rmtree(tmp, ignore_errors=True)
+                self.tier.abandon(tmp)
         ranks.barrier()

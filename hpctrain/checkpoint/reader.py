@@ -241,6 +241,23 @@ class _Shard:
             mapping.close()
             raise
 
+    @classmethod
+    def of_bytes(cls, name: str, data: bytes, expected: layout.Expected) -> _Shard:
+        """A file fetched whole (an object store's), checked as :meth:`open` checks a mapped one."""
+        if len(data) != expected.size:
+            raise CheckpointDamaged(f"{name} has {len(data)} bytes, the manifest says {expected.size}")
+        if expected.kind is not None and expected.update(data, 0) != expected.value:
+            raise CheckpointDamaged(
+                f"{name} does not match its checksum (the object changed after it was written)"
+            )
+        shard = cls(name, 0, None)
+        shard.size = len(data)
+        if data:
+            with warnings.catch_warnings():  # read only: torch's note that the buffer is not writable
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                shard.whole = torch.frombuffer(data, dtype=torch.uint8)
+        return shard
+
     def close(self) -> None:
         del self.whole
         if self._mapping is not None:
@@ -250,21 +267,3 @@ class _Shard:
 
 class CheckpointNotLoadable(RuntimeError):
     """A checkpoint that is not there whole (missing, uncommitted, damaged), named with what is wrong."""
-
-
-def read_checkpoint(directory: Path) -> dict[str, Any]:
-    """A committed checkpoint as one plain (unsharded) dict, in this process, through the safe reader: for
-    inspection and export."""
-    from hpctrain.checkpoint.safe import SafeEmptyStatePlanner
-
-    problem = layout.problem_with(directory, checksums=False)
-    if problem:
-        raise CheckpointNotLoadable(f"{directory}: {problem}")
-    state: dict[str, Any] = {}
-    with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        # DCP's own converter (dcp_to_torch_save) calls this: dcp.load would fill a copy of ``state``.
-        torchapi.load_state_dict_here(
-            state, storage_reader=FastReader(directory), planner=SafeEmptyStatePlanner()
-        )
-    return state

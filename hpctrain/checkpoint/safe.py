@@ -79,10 +79,14 @@ def load_metadata(data: bytes) -> Metadata:
 
 
 class SafeFileSystemReader(FileSystemReader):
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = torchapi.metadata_path(self, kwargs.get("rank"))
+    def metadata_bytes(self, rank: int | None) -> bytes:
+        """The bytes of DCP's ``.metadata`` (for ``rank``: DCP's per-rank name where it uses one)."""
+        path = torchapi.metadata_path(self, rank)
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = load_metadata(stream.read())
+            return bytes(stream.read())
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        metadata = load_metadata(self.metadata_bytes(kwargs.get("rank")))
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

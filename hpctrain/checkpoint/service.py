@@ -30,12 +30,14 @@ from hpctrain.checkpoint.cadence import Cadence
 from hpctrain.checkpoint.fast import FastTier
 from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.staging import state_bytes
+from hpctrain.checkpoint.tiers import shared_tier
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 from hpctrain.faults import NO_FAULTS, FaultInjector
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
+from hpctrain.rundir.objects import Store, record_store
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,15 @@ class Checkpointer:
         self.cfg, self.env, self.run_dir, self.faults = cfg, env, run_dir, faults
         self.entering = entering
         self.fast = build_fast_tier(cfg, env, run_dir)
-        # What the shared tier would continue (a directory listing, once): model.init_from reads it too.
-        self.shared_resume = layout.continued(cfg.trainer.resume, RunDir(run_dir).checkpoints)
+        # Where the shared checkpoints are (checkpoint.path: an object store), and what the shared tier would
+        # continue (a listing, once): model.init_from reads it too.
+        c = cfg.checkpoint
+        self.store = (
+            Store(c.path, dict(c.storage_options), float(c.store_timeout_s)) if c.path is not None else None
+        )
+        checkpoints = RunDir(run_dir).checkpoints
+        self.tier = shared_tier(checkpoints, self.store)
+        self.shared_resume = layout.continued(cfg.trainer.resume, self.tier.root)
         self.cadence = Cadence(cfg, run_dir, device, local=self.fast is not None)
         self.manifest_info: dict[str, Any] = {}  # further facts for each manifest (e.g. lr_anchor)
         self._manager: CheckpointManager | None = None
@@ -105,6 +114,8 @@ class Checkpointer:
         t = self.cfg.trainer
         rd = RunDir(self.run_dir)
         self._state = state
+        if self.store is not None and self.env.rank == 0:  # every reader of the run finds the store
+            record_store(rd.checkpoints, self.store)
         manager = CheckpointManager(
             rd.checkpoints,
             t.keep_last,
@@ -115,6 +126,7 @@ class Checkpointer:
             on_writer_failure=self.cfg.checkpoint.on_writer_failure,
             store_host=self.env.master_addr,
             timeout_s=self.cfg.cluster.dist_timeout_s,
+            tier=self.tier,
         )
         manager.manifest_info = self.manifest_info
         manager.on_commit = self._on_commit

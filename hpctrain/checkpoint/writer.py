@@ -46,9 +46,11 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
 from hpctrain.checkpoint import replica
-from hpctrain.checkpoint.direct import DirectWriter, nice_this_thread
+from hpctrain.checkpoint.direct import nice_this_thread
 from hpctrain.checkpoint.staging import Slot
+from hpctrain.checkpoint.tiers import storage_writer
 from hpctrain.faults import FaultInjector, FaultsConfig
+from hpctrain.rundir.objects import Store
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,8 @@ class SaveRequest:
     blobs: dict[str, bytes]
     plan: SavePlan | None = None
     segment: torch.Tensor | None = None
-    shared: str | None = None  # write DCP's shards here (a .tmp- directory the trainer commits)
+    shared: str | None = None  # write DCP's shards here (a .tmp- directory the trainer commits, or a URL)
+    store: Store | None = None  # the object store, for a URL (its options and timeout)
     local: replica.LocalSave | None = None  # and/or a copy into the fast tier
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -298,7 +301,7 @@ def _save(
         # First: the fast tier is in memory, and a restart wants it soonest.
         replica.save_local(request.local, request.step, StagedPlanner(plan, buffers, request.blobs), progress)
     if request.shared is not None:
-        writer = DirectWriter(request.shared, background=True, progress=progress)
+        writer = storage_writer(request.shared, request.store, background=True, progress=progress)
         planner = StagedPlanner(plan, buffers, request.blobs)
         dcp.save({}, storage_writer=writer, planner=planner, no_dist=setup.store is None)
 

@@ -433,6 +433,16 @@ class CheckpointConfig:
     # A checkpoint writer process that died or failed: its checkpoint is never committed; warn: go on with
     # new writers and a warning; stop: end the run.
     on_writer_failure: str = "warn"
+    # Where the shared checkpoints go: null: <run>/checkpoints; an object store's URL (s3://bucket/prefix,
+    # gs://…: any fsspec scheme whose package is installed; pip install 'hpctrain[s3]' for s3://). The run
+    # directory, logs and metrics stay where they are (hpctrain.rundir.objects).
+    path: str | None = None
+    # The store's file-system options (fsspec's storage_options), e.g. {endpoint_url: http://host:9000} for a
+    # site's own S3-compatible server; never credentials (the client reads them from the environment).
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    # A call of the store (a part of a shard, a listing, the manifest) that takes longer failed: a store that
+    # stops reading mid-upload would otherwise hold a save forever (a save is never timed as a hang).
+    store_timeout_s: float = 300.0
 
 
 @dataclass

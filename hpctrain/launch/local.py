@@ -426,4 +426,5 @@ def _print_outputs(run_dir: Path) -> None:
         (rd.logs, "logs"),
     ):
         if path.exists():
-            log.info("  %-12s %s", what, path)
+            shown = rd.shared_checkpoints if path == rd.checkpoints else path  # checkpoint.path: the store
+            log.info("  %-12s %s", what, shown)

@@ -105,7 +105,7 @@ class RestartBook:
     def resume_step(self) -> int:
         """The step the next generation resumes from: the newest committed shared checkpoint (0: none). A
         newer fast-tier copy, when there is one, is what the workers load; they log which."""
-        found = checkpoint_layout.committed(self.rd.checkpoints)
+        found = checkpoint_layout.committed(self.rd.shared_checkpoints)
         return checkpoint_layout.step_of(found[0]) if found else 0  # newest first
 
     def ended_without_restart(self, generation: int) -> bool:
@@ -250,7 +250,7 @@ def attempt_progress(run_dir: Path, key: str, first_step: int) -> bool:
         # A rank in step s's data or compute phase finished s - 1; in its report or checkpoint, s.
         finished = beat.step if beat.phase in PHASES[3:] else beat.step - 1
         done = max(done, finished)
-    found = checkpoint_layout.committed(RunDir(run_dir).checkpoints)
+    found = checkpoint_layout.committed(RunDir(run_dir).shared_checkpoints)
     if found:
         done = max(done, checkpoint_layout.step_of(found[0]))
     return done > first_step

@@ -18,7 +18,8 @@ EIO, ESTALE                                io                   the node's mount
 a refusal (ConfigError, a checkpoint       refused              stop: a restart is refused again
 that does not fit)
 a connection refused or a store timeout    network              restart
-in the rendezvous
+in the rendezvous; an object store
+(checkpoint.path) that does not answer
 a peer's connection reset                  peer                 the cause is another rank's
 an error hpctrain's own code raised        hpctrain's bug       stop, with the frame
 an error raised in the user's or a         raised               restart; the same one at the same step
@@ -57,6 +58,18 @@ OOM_TYPES = ("OutOfMemoryError", "MemoryError")
 # The rendezvous could not reach its store or its peers (torch.distributed's DistNetworkError,
 # DistStoreError; a refused or timed-out connection while joining).
 NETWORK_TYPES = ("DistNetworkError", "DistStoreError", "ConnectionRefusedError")
+# An object store's client that got no answer (botocore's and aiohttp's, as s3fs raises them; fsspec's own
+# timeout): the store or the way to it, not this node or the run.
+STORE_TYPES = (
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ServerTimeoutError",
+    "ClientConnectorError",
+    "FSTimeoutError",
+    "StoreTimeout",  # hpctrain's own bound on a call (hpctrain.rundir.objects.within)
+)
 # hpctrain's deliberate refusals (errors.ConfigError and its kinds, errors.CheckpointMismatch).
 REFUSAL = "refusal"
 # Whose frame raised an error (the worker's error record, ``origin``).
@@ -120,6 +133,8 @@ def classify(facts: ExitFacts) -> Attributed:
         return Attributed(policy.REFUSED, cause, "hpctrain refused the run")
     if kind in NETWORK_TYPES:
         return Attributed(policy.NETWORK, cause, "the rendezvous could not reach its peers")
+    if kind in STORE_TYPES:
+        return Attributed(policy.NETWORK, cause, "the checkpoint store did not answer")
     frame = str(record.get("frame") or "")
     if record.get("origin") == HPCTRAIN:
         return Attributed(policy.OWN_BUG, cause, f"in hpctrain's code at {frame}" if frame else "in hpctrain")

@@ -22,6 +22,7 @@ from typing import Any
 
 from hpctrain.rundir.files import JsonlWriter, atomic_json, atomic_write, read_json, read_jsonl
 from hpctrain.rundir.lock import LOCK_FILE, RunLock
+from hpctrain.rundir.objects import ObjectDir, shared_root
 
 RUN_CONFIG = "config.yaml"
 JOB_RECORD = "job.json"
@@ -229,6 +230,12 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS_DIR
+
+    @property
+    def shared_checkpoints(self) -> Path | ObjectDir:
+        """Where the shared tier's committed checkpoints are: :attr:`checkpoints`, or the object store it
+        records (``checkpoint.path``: :mod:`hpctrain.rundir.objects`)."""
+        return shared_root(self.checkpoints)
 
     @classmethod
     def of_checkpoints(cls, root: Path) -> RunDir | None:
@@ -555,7 +562,7 @@ class RunDir:
         leave the refused command's config as the run's); the checkpoint it came from, or None."""
         from hpctrain.rundir import checkpoints as layout
 
-        for checkpoint in layout.committed(self.checkpoints):
+        for checkpoint in layout.committed(self.shared_checkpoints):
             saved = layout.config_copy(checkpoint)
             if saved.is_file():
                 text = saved.read_text()

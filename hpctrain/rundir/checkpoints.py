@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.rundir.files import atomic_json, read_json
+from hpctrain.rundir.objects import ObjectDir
 
 PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
@@ -81,7 +82,12 @@ def step_of(path: Path) -> int:
 
 
 def committed(root: Path) -> list[Path]:
-    """Committed checkpoint directories under ``root``, newest (highest step) first."""
+    """Committed checkpoint directories under ``root``, newest (highest step) first. ``root`` may be a prefix
+    of an object store (:class:`~hpctrain.rundir.objects.ObjectDir`): there a checkpoint is committed once
+    its manifest is written, and one listing finds every manifest."""
+    if isinstance(root, ObjectDir):
+        found = [m.parent for m in root.glob(f"{PREFIX}*/{MANIFEST}")]
+        return sorted((p for p in found if p.name[len(PREFIX) :].isdigit()), key=step_of, reverse=True)  # type: ignore[misc]
     if not root.is_dir():
         return []
     found = [
@@ -116,7 +122,7 @@ def checksum(data: Any, value: int = 0) -> int:
 def crc32c(path: Path) -> int:
     """CRC-32C of a file, read in 8 MiB chunks."""
     value = 0
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(CHUNK):
             value = checksum(chunk, value)
     return value
@@ -125,7 +131,7 @@ def crc32c(path: Path) -> int:
 def crc32(path: Path) -> int:
     """zlib's CRC-32 of a file (as in zip and gzip): what version-2 manifests record."""
     value = 0
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(CHUNK):
             value = zlib.crc32(chunk, value)
     return value

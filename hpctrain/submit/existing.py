@@ -20,7 +20,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from hpctrain.config.schema import Config
 from hpctrain.errors import START_FRESH, ConfigError
-from hpctrain.rundir import CHECKPOINTS_DIR, HYDRA_DIR, LOCK_FILE, RUNS_ROOT, SUBMIT_LOG, SWEEPS_ROOT, RunDir
+from hpctrain.rundir import (
+    CHECKPOINTS_DIR,
+    HYDRA_DIR,
+    LOCK_FILE,
+    RUNS_ROOT,
+    SUBMIT_LOG,
+    SWEEPS_ROOT,
+    RunDir,
+    objects,
+)
 from hpctrain.rundir import checkpoints as layout
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -74,7 +83,8 @@ def check_existing(run_dir: Path, cfg: Config, composed: DictConfig) -> None:
             f"holds files that are not an hpctrain run ({shown})",
             valid="a new or empty folder, or an hpctrain run directory to continue (run=NAME: outputs/NAME)",
         )
-    checkpoints = layout.committed(run.checkpoints)
+    check_same_store(run, cfg)
+    checkpoints = layout.committed(run.shared_checkpoints)
     resume = cfg.trainer.resume
     if resume == "never" and (checkpoints or run.metrics.is_file()):
         what = f"checkpoints (newest: step {layout.step_of(checkpoints[0])})" if checkpoints else "metrics"
@@ -91,6 +101,29 @@ def check_existing(run_dir: Path, cfg: Config, composed: DictConfig) -> None:
         check_resumable(Path(resume), composed)
 
 
+def check_same_store(run: RunDir, cfg: Config) -> None:
+    """A run continues with its checkpoints where they are: ``checkpoint.path`` must name the store its
+    ``checkpoints/store.json`` records (or none, when its checkpoints are in its folder), else it would
+    start over without them, unseen."""
+    recorded = objects.recorded_store(run.checkpoints)
+    wanted = cfg.checkpoint.path
+    if recorded is not None and recorded.url.rstrip("/") != (wanted or "").rstrip("/"):
+        raise ConfigError(
+            "checkpoint.path",
+            wanted,
+            f"{run.path}'s checkpoints are in {recorded.url} (checkpoints/{objects.STORE_RECORD}): "
+            "this run would continue without them",
+            valid=f"checkpoint.path={recorded.url}, or a new run (run=NAME)",
+        )
+    if recorded is None and wanted is not None and layout.committed(run.checkpoints):
+        raise ConfigError(
+            "checkpoint.path",
+            wanted,
+            f"{run.path}'s checkpoints are in its folder (checkpoints/): this run would go on without them",
+            valid="checkpoint.path=null to continue it, or a new run (run=NAME) for the store",
+        )
+
+
 def check_resumable(checkpoint: Path, composed: DictConfig) -> None:
     """Refuse, before anything is written, a resume that changes what the checkpoint's run cannot change
     (its saved config.yaml against this command's); model shapes are checked when the checkpoint loads."""
@@ -101,7 +134,7 @@ def check_resumable(checkpoint: Path, composed: DictConfig) -> None:
     if not saved_file.is_file():
         return
     try:
-        saved = OmegaConf.load(saved_file)
+        saved = OmegaConf.create(saved_file.read_text())  # a file, or an object of a store
     except Exception:  # damaged: the trainer skips this checkpoint and says why
         return
     current = OmegaConf.create(run_config_text(composed))

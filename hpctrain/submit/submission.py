@@ -201,23 +201,37 @@ def _shadowed(sub: Submission, m: Member) -> None:
 def _run_directory(sub: Submission, m: Member) -> None:
     from hpctrain.config.validate import check_writable_dir
     from hpctrain.submit.existing import check_existing, check_not_in_checkpoint
+    from hpctrain.submit.store import check_store_answers
 
     run_dir = sub.run_dir(m)
     if run_dir is None:  # a sweep member
         sweep_dir = rooms.resolved_dir(m.composed, "hydra.sweep.dir")
         check_not_in_checkpoint("hydra.sweep.dir", sweep_dir)
         check_writable_dir("hydra.sweep.dir", sweep_dir)
+        check_store_answers(m.cfg)
         return
     check_not_in_checkpoint("hydra.run.dir", run_dir)
     check_writable_dir("hydra.run.dir", run_dir)
     rooms.check_unlocked(run_dir)
+    check_store_answers(m.cfg)  # checkpoint.path: the store takes a write (before its listing is read)
     check_existing(run_dir, m.cfg, m.composed)  # new, empty, or a run this one continues
 
 
 def _sweep_name(sub: Submission) -> None:
     from hpctrain.submit.existing import check_sweep_reuse
 
-    if sub.multirun:  # a sweep's name reused with other values would relabel its results
+    if sub.multirun:
+        # checkpoint.path: one store prefix per member (in one, each would move the others' aside).
+        paths = [m.cfg.checkpoint.path.rstrip("/") for m in sub.members if m.cfg.checkpoint.path]
+        shared = next((p for p in paths if paths.count(p) > 1), None)
+        if shared is not None:
+            raise ConfigError(
+                "checkpoint.path",
+                shared,
+                f"shared by {paths.count(shared)} members of the sweep: each run needs its own prefix",
+                valid="a swept value, e.g. checkpoint.path=s3://bucket/sweep/a,s3://bucket/sweep/b",
+            )
+        # A sweep's name reused with other values would relabel its results.
         first = sub.members[0]
         sweep_dir = rooms.resolved_dir(first.composed, "hydra.sweep.dir").absolute()
         check_sweep_reuse(sweep_dir, sub.overrides, first.cfg.run)
@@ -260,7 +274,11 @@ STAGES = (
     Stage("probe and fits", "the user's code on the meta device, init_from, the memory fit", _probe_and_fits),
     Stage("site", "a Slurm run: ssh, a Slurm client here, not an example profile", _site),
     Stage("shadowed options", "a warning for a --config-dir file an option of hpctrain hides", _shadowed),
-    Stage("run directory", "not in a checkpoint, writable, not held, new or continued", _run_directory),
+    Stage(
+        "run directory",
+        "not in a checkpoint, writable, not held, its checkpoint store answers, new or continued",
+        _run_directory,
+    ),
 )
 # Then the submission as a whole.
 WHOLE = (

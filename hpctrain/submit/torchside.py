@@ -136,7 +136,7 @@ def _check_init_from(cfg: Config, run_dir: Path, probed: set[str]) -> None:
     from hpctrain.rundir import checkpoints as layout
 
     key = repr(("init_from", cfg.model, cfg.data))
-    own = cfg.trainer.resume != "never" and layout.committed(RunDir(run_dir).checkpoints)
+    own = cfg.trainer.resume != "never" and layout.committed(RunDir(run_dir).shared_checkpoints)
     if key in probed or own or cfg.trainer.resume not in ("auto", "never"):
         return
     from hpctrain.submit.probe import check_init_from_fits

@@ -40,7 +40,8 @@ def config_changes(checkpoint: Path, cfg_file: Path) -> dict[str, tuple[Any, Any
     saved_file = layout.config_copy(checkpoint)
     if not saved_file.is_file():
         return {}
-    return changes_between(OmegaConf.load(saved_file), load_yaml(cfg_file))
+    # read_text: a file, or an object of a store (checkpoint.path)
+    return changes_between(OmegaConf.create(saved_file.read_text()), load_yaml(cfg_file))
 
 
 def check_changes(checkpoint: Path, changes: dict[str, tuple[Any, Any]]) -> None:
@@ -77,7 +78,7 @@ def continue_schedule(
     saved_file = layout.config_copy(checkpoint)
     if not saved_file.is_file() or step < schedule.warmup_steps:
         return _anchor(schedule)
-    saved = OmegaConf.load(saved_file)
+    saved = OmegaConf.create(saved_file.read_text())  # a file, or an object of a store
     before = Schedule(
         int(OmegaConf.select(saved, "optim.warmup_steps", default=schedule.warmup_steps)),
         int(OmegaConf.select(saved, "trainer.max_steps", default=schedule.total_steps)),
@@ -140,7 +141,9 @@ def keep_global_batch(cfg: Config, run_dir: Path) -> Config:
     t = cfg.trainer
     if t.global_batch_size is not None or t.resume == "never":
         return cfg
-    candidates = layout.committed(RunDir(run_dir).checkpoints) if t.resume == "auto" else [Path(t.resume)]
+    candidates = (
+        layout.committed(RunDir(run_dir).shared_checkpoints) if t.resume == "auto" else [Path(t.resume)]
+    )
     for candidate in candidates:
         # Sizes only: reading every file for its checksum here would read the checkpoint twice per resume.
         if layout.problem_with(candidate, checksums=False) is None:

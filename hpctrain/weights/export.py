@@ -35,7 +35,7 @@ def checkpoint_of(run_dir: Path, step: int | None, key: str = "RUN_DIR") -> Path
 
     if not RunDir(run_dir).config.is_file():
         raise ConfigError(key, str(run_dir), "not a run directory (no config.yaml)")
-    committed = layout.committed(RunDir(run_dir).checkpoints)
+    committed = layout.committed(RunDir(run_dir).shared_checkpoints)
     if step is not None:
         chosen = [c for c in committed if layout.step_of(c) == step]
         if not chosen:

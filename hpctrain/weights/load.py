@@ -109,14 +109,14 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from hpctrain.checkpoint.reader import FastReader
     from hpctrain.checkpoint.safe import SafeLoadPlanner
+    from hpctrain.checkpoint.tiers import reader_for  # a folder, or a store's prefix (checkpoint.path)
 
     # Sizes here; the reader verifies each file's checksum as it reads it, before its bytes are used.
     problem = layout.problem_with(directory, checksums=False)
     if problem:
         raise ConfigError(key, str(directory), problem)
-    metadata = FastReader(directory).read_metadata()
+    metadata = reader_for(directory).read_metadata()
     model: dict[str, torch.Tensor] = {}
     for name, meta in metadata.state_dict_metadata.items():
         if name.startswith(CHECKPOINT_MODEL) and isinstance(meta, TensorStorageMetadata):
@@ -127,7 +127,7 @@ def read_checkpoint_model(directory: Path, key: str = "model.init_from") -> dict
     with warnings.catch_warnings():  # one process by design: DCP's note that no process group is up
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         try:
-            dcp.load(state, storage_reader=FastReader(directory), planner=SafeLoadPlanner(), no_dist=True)
+            dcp.load(state, storage_reader=reader_for(directory), planner=SafeLoadPlanner(), no_dist=True)
         except BaseException as err:  # DCP's CheckpointException: one line naming the file
             from hpctrain.checkpoint.writer import describe
 

@@ -93,7 +93,7 @@ def flat_tensors(tree: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 def model_and_optimizer(checkpoint: Path) -> dict[str, torch.Tensor]:
     """Every model and optimizer tensor of a committed checkpoint, by flattened key."""
-    from hpctrain.checkpoint.reader import read_checkpoint
+    from hpctrain.checkpoint.tiers import read_checkpoint
 
     state = read_checkpoint(checkpoint)["model_optim"]
     tensors = flat_tensors(state)
@@ -116,7 +116,7 @@ def assert_same_state(run: Path, reference: Path, step: int) -> None:
 def checkpoint_values(run_dir: Path, step: int) -> dict[str, object]:
     """Every tensor and plain value of the weights, optimizer and scheduler in the run's checkpoint of
     ``step``, by flattened key."""
-    from hpctrain.checkpoint.reader import read_checkpoint
+    from hpctrain.checkpoint.tiers import read_checkpoint
     from hpctrain.rundir import RunDir
     from hpctrain.rundir import checkpoints as layout
 

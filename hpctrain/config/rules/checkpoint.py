@@ -11,8 +11,10 @@ from hpctrain.config.sanity import one_of
 from hpctrain.config.schema import Config
 from hpctrain.errors import ConfigError
 from hpctrain.rundir import checkpoints as checkpoint_layout
+from hpctrain.rundir import objects
 
 WRITER_FAILURE = ("warn", "stop")
+STORE_URL = "s3://bucket/prefix (any fsspec URL), or null for <run>/checkpoints"
 
 
 def check_checkpoint(cfg: Config) -> None:
@@ -20,6 +22,7 @@ def check_checkpoint(cfg: Config) -> None:
     machine can write; a Slurm node's is checked by the job, with the state's size)."""
     c = cfg.checkpoint
     one_of("checkpoint.on_writer_failure", c.on_writer_failure, WRITER_FAILURE)
+    check_store(cfg)
     given = os.environ.get(checkpoint_layout.JOB_ID_ENV)
     if given is not None and not checkpoint_layout.valid_job_id(given):
         raise ConfigError(
@@ -58,3 +61,65 @@ def check_checkpoint(cfg: Config) -> None:
         except OSError as err:
             reason = f"not writable: {err.strerror or err}"
             raise ConfigError("checkpoint.local_path", c.local_path, reason, valid=valid) from None
+
+
+def check_store(cfg: Config) -> None:
+    """``checkpoint.path``: an object store's URL whose fsspec implementation is installed, and options that
+    carry no secret. Whether the store answers (credentials, the bucket) is asked at submit
+    (:func:`hpctrain.submit.store.check_store_reachable`)."""
+    c = cfg.checkpoint
+    for key in c.storage_options:
+        if str(key).lower() in objects.SECRET_OPTIONS:
+            raise ConfigError(
+                f"checkpoint.storage_options.{key}",
+                "***",
+                "a credential would be recorded in config.yaml and the run's records",
+                valid="the store's environment variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, …)",
+            )
+    if not c.store_timeout_s > 0:
+        raise ConfigError(
+            "checkpoint.store_timeout_s", c.store_timeout_s, "must be > 0", valid="seconds, e.g. 300"
+        )
+    if c.path is None:
+        if c.storage_options:
+            raise ConfigError(
+                "checkpoint.storage_options", dict(c.storage_options), "options of no store", valid=STORE_URL
+            )
+        return
+    url = c.path
+    if not isinstance(url, str) or not url.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in url):
+        raise ConfigError("checkpoint.path", url, "not a URL", valid=STORE_URL)
+    if not objects.is_url(url):
+        raise ConfigError(
+            "checkpoint.path",
+            url,
+            "a folder: the shared checkpoints are in <run>/checkpoints (null); an object store is a URL",
+            valid=STORE_URL,
+        )
+    if cfg.task.name != "train":
+        raise ConfigError(
+            "checkpoint.path",
+            url,
+            f"checkpoints are hpctrain's trainer's, not task={cfg.task.name}'s",
+            valid="null with task=script",
+        )
+    scheme = objects.scheme_of(url)
+    from fsspec.registry import get_filesystem_class, known_implementations
+
+    if scheme in ("file", "local", "memory") or scheme not in known_implementations:
+        valid = "s3, gs, gcs, az, abfs, … (fsspec's, with their package installed)"
+        why = "not a store other processes and nodes share" if scheme in ("file", "local", "memory") else None
+        raise ConfigError(
+            "checkpoint.path", url, why or f"no fsspec file system for {scheme}://", valid=valid
+        )
+    try:
+        get_filesystem_class(scheme)
+    except ImportError as err:
+        package = known_implementations[scheme].get("class", "").split(".")[0]
+        extra = " (pip install 'hpctrain[s3]')" if scheme in ("s3", "s3a") else ""
+        raise ConfigError(
+            "checkpoint.path", url, f"{scheme}:// needs the package {package}{extra}: {err}", valid=STORE_URL
+        ) from None
+    rest = url.split("://", 1)[1].strip("/")
+    if not rest or ".." in rest.split("/"):
+        raise ConfigError("checkpoint.path", url, "names no bucket, or climbs out of it", valid=STORE_URL)

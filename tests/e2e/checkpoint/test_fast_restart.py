@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from hpctrain.checkpoint.reader import read_checkpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
 from tests.support import FAST, assert_same_state, hpctrain, metrics
 

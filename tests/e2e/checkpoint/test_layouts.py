@@ -95,7 +95,7 @@ def _run(env: Any, device: torch.device, work: str, name: str, configs: Any) -> 
 def _layouts(env: Any, device: torch.device, work: str, configs: dict[tuple[str, str], Any]) -> None:
     import torch.distributed as dist
 
-    from hpctrain.checkpoint.reader import read_checkpoint
+    from hpctrain.checkpoint.tiers import read_checkpoint
     from hpctrain.train.trainer import train_step
 
     for name, _, background in LAYOUTS:

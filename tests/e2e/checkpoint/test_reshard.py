@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpctrain.checkpoint.reader import read_checkpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from hpctrain.data import GlobalBatchSampler, shard_for_rank
 from hpctrain.rundir import checkpoints as layout
 from tests.support import FAST, hpctrain, metrics

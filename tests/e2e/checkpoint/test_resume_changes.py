@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.checkpoint.reader import read_checkpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.train.optim import lr_factor
 from tests.support import FAST, hpctrain, metrics

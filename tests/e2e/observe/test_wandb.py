@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from hpctrain.checkpoint.reader import read_checkpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from tests.support import FAST, REPO, hpctrain, metrics, this_checkout_first, worker_pids
 
 

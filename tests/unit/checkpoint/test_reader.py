@@ -19,8 +19,9 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from hpctrain.checkpoint.direct import RAW, DirectWriter
-from hpctrain.checkpoint.reader import CheckpointDamaged, FastReader, read_checkpoint
+from hpctrain.checkpoint.reader import CheckpointDamaged, FastReader
 from hpctrain.checkpoint.safe import SafeLoadPlanner, UnsafeCheckpoint
+from hpctrain.checkpoint.tiers import read_checkpoint
 from hpctrain.rundir import checkpoints as layout
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

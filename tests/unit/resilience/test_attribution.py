@@ -71,6 +71,12 @@ TABLE = [
         "rendezvous",
     ),
     (
+        "an object store that does not answer",
+        ExitFacts(1, _record("ReadTimeoutError", 'Read timeout on endpoint URL: "http://s3/b/step_1/x"')),
+        policy.NETWORK,
+        "the checkpoint store did not answer",
+    ),
+    (
         "a peer's reset",
         ExitFacts(1, _record("RuntimeError", "Connection reset by peer"), peer_symptom=True),
         policy.PEER,

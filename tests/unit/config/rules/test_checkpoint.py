@@ -66,3 +66,48 @@ def test_the_fast_tier_is_the_trainers_and_a_job_id_is_checked(
     )
     monkeypatch.setenv("HPCTRAIN_JOB_ID", "restart-7")
     assert main(["--cfg", "job", "checkpoint.local_every=5"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (
+            ["checkpoint.path=/shared/ckpt"],
+            "checkpoint.path=/shared/ckpt: a folder: the shared checkpoints are",
+        ),
+        (
+            ["checkpoint.path=nosuch://b/p"],
+            "checkpoint.path=nosuch://b/p: no fsspec file system for nosuch://",
+        ),
+        (["checkpoint.path=file:///tmp/x"], "checkpoint.path=file:///tmp/x: not a store other processes and"),
+        (["checkpoint.path=memory://b/x"], "checkpoint.path=memory://b/x: not a store other processes and"),
+        (["checkpoint.path=s3://"], "checkpoint.path=s3://: names no bucket, or climbs out of it"),
+        (["checkpoint.path=s3://b/../other"], "checkpoint.path=s3://b/../other: names no bucket, or climbs"),
+        (["checkpoint.path=' '"], "checkpoint.path= : not a URL"),
+        (
+            ["checkpoint.path=s3://b/p", "+checkpoint.storage_options.secret=hunter2"],
+            "checkpoint.storage_options.secret=***: a credential would be recorded",
+        ),
+        (
+            ["+checkpoint.storage_options.endpoint_url=http://127.0.0.1:9"],
+            "checkpoint.storage_options={'endpoint_url': 'http://127.0.0.1:9'}: options of no store",
+        ),
+        (
+            ["task=script", "task.path=README.md", "checkpoint.path=s3://b/p"],
+            "checkpoint.path=s3://b/p: checkpoints are hpctrain's trainer's, not task=script's",
+        ),
+    ],
+)
+def test_a_bad_checkpoint_store_is_one_line(
+    overrides: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--cfg", "job", *overrides]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"hpctrain: {says}"), err
+    assert "hunter2" not in err
+
+
+def test_a_store_url_with_a_control_character_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cfg", "job", "checkpoint.path=s3://b/a\tb"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "checkpoint.path" in err and "control character" in err
