@@ -31,7 +31,11 @@ restart -> rank 0 up again (process start or fork, rendezvous), -> checkpoint lo
 the total (fault -> first step after), and steps lost (trained again). For the run: ETTR = the reference's
 step time x steps / (wall time from the first step to the last), and whether the weights equal the
 reference's (bitwise) at a checkpoint after the two restarts, and at the end (not expected: the skipped NaN
-step is one update fewer). A timing is a figure, never an assertion.
+step is one update fewer). A timing is a figure, never an assertion. ``--json PATH`` also writes the figures
+(each fault's costs, the run's wall time and ETTR, its saves) for ``bench/ettr_sim.py --validate``.
+
+Over 400 lines: one benchmark, read top to bottom: the jobs it submits, the faults it injects, each fault's
+measurement from the logs and the report; a split would scatter one schedule over files.
 """
 
 from __future__ import annotations
@@ -233,6 +237,9 @@ def main() -> None:
     parser.add_argument("--lose-node", type=int, default=20, help="lose node2 of the spare-node job (0: no)")
     parser.add_argument("--dir", type=Path, help="where the run directories go (kept)")
     parser.add_argument(
+        "--json", type=Path, help="also write the figures here (bench/ettr_sim.py --validate reads them)"
+    )
+    parser.add_argument(
         "--async-save", action="store_true", help="trainer.async_checkpoint=true in every job (default: sync)"
     )
     parser.add_argument(
@@ -379,6 +386,35 @@ def main() -> None:
             f"node lost, spare in its place: ETTR {spare['ettr']:.3f} ({spare['wall']:.1f} s from first step "
             f"to last); final weights bitwise equal to the uninterrupted run's: {spare['same']}"
         )
+    if opts.json is not None:
+        opts.json.write_text(
+            json.dumps(
+                {
+                    "steps": opts.steps,
+                    "reference_step_s": ref_step,
+                    "wall_s": wall,
+                    "ettr": ettr,
+                    "faults": [{k: v for k, v in r.items() if k != "same"} for r in rows if "ettr" not in r],
+                    "saves": saves_of(chaos, opts.steps),
+                },
+                indent=1,
+            )
+        )
+        print(f"figures in {opts.json}")
+
+
+AUTO = re.compile(r"ckpt_every=auto: a save every (\d+) steps \(.* ([\d.]+) s, MTBF")
+
+
+def saves_of(run: Path, steps: int) -> dict:
+    """The run's checkpoints and what ``ckpt_every=auto`` took a save to cost (its log's choices)."""
+    chosen = [m for _, line in log_lines(run, 0) if (m := AUTO.search(line))]
+    return {
+        "count": len(list((run / "checkpoints").glob("step_*"))),
+        "every": [int(m[1]) for m in chosen],
+        "cost_s": [float(m[2]) for m in chosen],
+        "steps": steps,
+    }
 
 
 if __name__ == "__main__":

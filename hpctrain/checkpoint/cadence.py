@@ -3,11 +3,13 @@ and on a stop; the node-local fast tier every ``checkpoint.local_every`` steps),
 ``trainer.ckpt_every=auto`` (:class:`AutoInterval`): the checkpoint interval from the measured cost of a save
 and the run's observed interruption rate.
 
-Young's first-order optimum (J. W. Young, "A first order approximation to the optimum checkpoint interval",
-Commun. ACM 17(9), 1974) is τ = √(2·δ·M) for a save of δ seconds and a mean time between interruptions M;
-Daly's refinement (J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart dumps",
-Future Generation Computer Systems 22(3), 2006, eq. 37 to first order) subtracts the save itself:
-τ = √(2·δ·M) − δ for δ < 2M, else τ = M. The interval in steps is τ over the step time, at least 1.
+The interval is the best for the expected ETTR of three rules (:mod:`hpctrain.checkpoint.intervals`, each
+cited there): Young's first-order optimum τ = √(2·δ·M) for a save of δ seconds and a mean time between
+interruptions M; Daly's refinement τ = √(2·δ·M) − δ for δ < 2M, else M (what this used alone until
+2026-12-07); and the availability optimum of arXiv 2410.18124, δ + √(2(M + R)δ + δ²), which counts the
+recovery R (a restart as bench/chaos.py measured it, plus a load as long as the save). Each is scored by
+Daly's closed form for exponential failures (FGCS 2006, eq. 20); the log names the rule chosen and what
+Young/Daly would have given. The interval in steps is τ over the step time, at least 1.
 
 δ is measured: each start of the workers (a fresh run, a restart, a requeue) saves its first step, and every
 rank takes the largest δ and step time of all ranks (one all-reduce, once per start), so all ranks agree on
@@ -26,7 +28,6 @@ inside the allocation in restarts.jsonl, and Slurm's requeues of this job); befo
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import time
@@ -35,17 +36,28 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hpctrain.checkpoint import intervals
 from hpctrain.config.schema import Config
 from hpctrain.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
+RULE_NAMES = {
+    "young": "Young sqrt(2*save*MTBF)",
+    "daly": "Young/Daly sqrt(2*save*MTBF) - save",
+    "availability": "availability (arXiv 2410.18124) save + sqrt(2*(MTBF+recovery)*save + save^2)",
+}
+
 
 def young_daly_s(save_s: float, mtbf_s: float) -> float:
     """The optimum time between checkpoints (Daly 2006, first order): √(2δM) − δ for δ < 2M, else M."""
-    if save_s >= 2 * mtbf_s:
-        return mtbf_s
-    return math.sqrt(2 * save_s * mtbf_s) - save_s
+    return intervals.daly_s(save_s, mtbf_s)
+
+
+# What a recovery costs, for the availability rule: a restart inside the allocation as bench/chaos.py
+# measured it (a killed rank training again 2.04 s after), plus the checkpoint's load, taken as long as its
+# save (the same bytes at the storage's speed).
+RESTART_S = 2.04
 
 
 def observed_mtbf_s(run_dir: Path, default_s: float, now: float) -> tuple[float, str]:
@@ -115,18 +127,26 @@ class AutoInterval:
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
         step_s, save_s = (float(v) for v in both.tolist())
         mtbf_s, source = observed_mtbf_s(self.run_dir, self.mtbf_default_s, time.time())
-        tau = young_daly_s(save_s, mtbf_s)
+        recovery_s = RESTART_S + save_s
+        rule, tau, ettr = intervals.best_rule(save_s, mtbf_s, recovery_s)
+        daly = intervals.daly_s(save_s, mtbf_s)
         self.every = max(1, round(tau / max(step_s, 1e-6)))
         log.info(
-            "trainer.ckpt_every=auto: a save every %d steps (%s %.3f s, MTBF %.0f s from %s, step %.3f s: "
-            "Young/Daly sqrt(2*save*MTBF) - save = %.1f s)",
+            "trainer.ckpt_every=auto: a save every %d steps (%s %.3f s, MTBF %.0f s from %s, step %.3f s, "
+            "recovery %.1f s: the %s rule's %.1f s, expected ETTR %.5f; Young/Daly's "
+            "sqrt(2*save*MTBF) - save = %.1f s, %.5f)",
             self.every,
             what,
             save_s,
             mtbf_s,
             source,
             step_s,
+            recovery_s,
+            RULE_NAMES[rule],
             tau,
+            ettr,
+            daly,
+            intervals.daly_ettr(max(daly, 1e-9), save_s, mtbf_s, recovery_s),
         )
 
 

@@ -327,6 +327,9 @@ class ClusterConfig:
     # all its NICs together (InfiniBand). None: unknown, no communication time in the estimate.
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
+    # What the shared file system (or checkpoint.path's store) writes and reads for the whole job, GB/s: the
+    # plan's checkpoint save and load, and so its projected ETTR (hpctrain.plan.ettr). None: not projected.
+    storage_gbps: float | None = None
 
     def resolve(self) -> None:
         """Fill in the defaults that depend on ``kind`` (the typed config's readers see plain ints)."""

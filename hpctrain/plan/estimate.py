@@ -158,7 +158,7 @@ def check_plan_inputs(cfg: Config) -> None:
     if not 0.0 < c.achievable_mfu <= 1.0:
         raise ConfigError("cluster.achievable_mfu", c.achievable_mfu, "must be in (0, 1]", valid="e.g. 0.45")
     peaks = tuple(PEAK_KEYS.values())
-    for key in ("intra_node_gbps", "inter_node_gbps", *peaks, "cost_per_gpu_hour"):
+    for key in ("intra_node_gbps", "inter_node_gbps", "storage_gbps", *peaks, "cost_per_gpu_hour"):
         value = getattr(c, key)
         if value is not None and value <= 0:  # NaN and inf: refused as every float key (config.sanity)
             raise ConfigError(f"cluster.{key}", value, "must be > 0", valid="a positive number, or null")

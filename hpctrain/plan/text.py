@@ -10,6 +10,7 @@ from hpctrain.config.schema import PEAK_KEYS, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.models.builtin import model_spec
 from hpctrain.plan.estimate import CUDA_CONTEXT_GIB, FRAGMENTATION, Estimate, RankMemory, human_count
+from hpctrain.plan.ettr import plan_line
 from hpctrain.plan.host import host_table
 from hpctrain.plan.search import MIN_RANK_COMPUTE_S, Alternative, SmallerFit
 from hpctrain.plan.units import duration, flop, gpu_time, money, size
@@ -288,6 +289,14 @@ def alternatives_table(cfg: Config, alts: list[Alternative]) -> list[str]:
     return lines
 
 
+def ettr_line(cfg: Config, est: Estimate) -> str:
+    """The projected ETTR at the plan's size (hpctrain.plan.ettr)."""
+    c = cfg.cluster
+    step_s = est.time.step_s if est.time is not None else None
+    background = cfg.trainer.async_checkpoint
+    return plan_line(est.world, est.n_params, c.storage_gbps, c.spare_nodes > 0, background, step_s)
+
+
 def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
     lines = [
         f"model     {_model_line(cfg, est)}",
@@ -302,6 +311,7 @@ def report(cfg: Config, est: Estimate, alts: list[Alternative]) -> str:
         *host_table(cfg, est),
         "",
         *time_table(cfg, est),
+        ettr_line(cfg, est),
         "",
         *alternatives_table(cfg, alts),
     ]
