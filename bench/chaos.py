@@ -403,16 +403,24 @@ def main() -> None:
         print(f"figures in {opts.json}")
 
 
-AUTO = re.compile(r"ckpt_every=auto: a save every (\d+) steps \(.* ([\d.]+) s, MTBF")
+AUTO = re.compile(r"ckpt_every=auto: a save every (\d+) steps \((.*) ([\d.]+) s, MTBF")
 
 
 def saves_of(run: Path, steps: int) -> dict:
-    """The run's checkpoints and what ``ckpt_every=auto`` took a save to cost (its log's choices)."""
+    """The run's checkpoints and what ``ckpt_every=auto`` took a save to cost (its log's choices; ``final``:
+    the choice a start kept, the second with saves beside training, which charges what the write cost the
+    steps beside it)."""
     chosen = [m for _, line in log_lines(run, 0) if (m := AUTO.search(line))]
     return {
         "count": len(list((run / "checkpoints").glob("step_*"))),
         "every": [int(m[1]) for m in chosen],
-        "cost_s": [float(m[2]) for m in chosen],
+        "cost_s": [float(m[3]) for m in chosen],
+        "final": [
+            m[2].startswith("asynchronous")
+            or i + 1 == len(chosen)
+            or not chosen[i + 1][2].startswith("asynch")
+            for i, m in enumerate(chosen)
+        ],
         "steps": steps,
     }
 

@@ -120,8 +120,9 @@ def validate(path: Path, runs: int) -> None:
         for f in faults
     )
     saves = chaos["saves"]
-    every = statistics.mean(saves["every"]) if saves["every"] else chaos["steps"] / max(saves["count"], 1)
-    save_s = statistics.median(saves["cost_s"]) if saves["cost_s"] else 0.0
+    kept = [i for i, final in enumerate(saves.get("final", [True] * len(saves["every"]))) if final]
+    every = statistics.mean(saves["every"][i] for i in kept) if kept else chaos["steps"] / saves["count"]
+    save_s = statistics.median(saves["cost_s"][i] for i in kept) if kept else 0.0
     wall = chaos["wall_s"]
     work = step_s * (chaos["steps"] - 1)
     scenario = ettr.Scenario(every * step_s, save_s, wall / len(faults), classes)

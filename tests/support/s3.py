@@ -70,8 +70,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(port: int | None = None) -> S3Server:
-    """Start a server and make a user whose credentials it accepts (every other request must be signed)."""
+def start(port: int | None = None, host: str = "127.0.0.1") -> S3Server:
+    """Start a server on ``host`` (the test Slurm cluster's jobs reach its controller's address, not this
+    machine's loopback) and make a user whose credentials it accepts (every other request must be signed)."""
     import boto3
 
     port = port or _free_port()
@@ -79,16 +80,16 @@ def start(port: int | None = None) -> S3Server:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_PROFILE"):
         env.pop(name, None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 break
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
