@@ -259,9 +259,12 @@ def test_a_store_that_stops_answering_mid_save_stops_the_run_in_one_line_and_los
     # whichever the call that met the stopped store had.
     assert "StoreTimeout: the store did not finish" in said[0] or "ReadTimeoutError" in said[0], said[0]
     assert "Traceback" not in err
-    # Nothing lost: step 5 is whole and the newest; the run's records are there; it continues from step 5.
+    # Nothing lost: step 5 is whole and the newest; the run's records are there, every step it trained up to
+    # the call that met the stopped store (the prune after step 5's commit, or step 10's save, depending on
+    # when the store stopped); it continues from step 5.
     assert steps_in(store(server, "stopped"))[0] == 5
-    assert [r["step"] for r in metrics(run)][:10] == list(range(1, 11))
+    trained = [r["step"] for r in metrics(run)]
+    assert trained == list(range(1, len(trained) + 1)) and len(trained) >= 5, trained
     resumed = hpctrain(*args[:-1], env=server.env())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Resumed from s3://ckpt/stopped/step_00000005 (step 5)" in resumed.stdout
