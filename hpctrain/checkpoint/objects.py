@@ -235,7 +235,15 @@ class ObjectTier:
         return target
 
     def abandon(self, target: ObjectDir) -> None:
-        self._remove(target)
+        """What a save that will never be committed wrote, removed; a store that fails this too (it is often
+        why the save failed) leaves an uncommitted prefix, which the next resume removes: the save's own
+        error is the one to raise, not this one's."""
+        try:
+            self._remove(target)
+        except Exception as err:
+            log.warning(
+                "Could not remove %s, a save that was not committed (%s): the next resume will", target, err
+            )
 
     def remove(self, checkpoint: ObjectDir) -> None:
         """A committed checkpoint made uncommitted (its manifest first), then deleted."""

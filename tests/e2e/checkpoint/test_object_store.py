@@ -20,6 +20,7 @@ import torch
 
 from hpctrain.checkpoint.reader import CheckpointNotLoadable
 from hpctrain.checkpoint.tiers import read_checkpoint
+from hpctrain.resilience.attribution import STORE_TYPES
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.objects import ObjectDir
 from tests.support import FAST, REPO, flat_tensors, hpctrain, metrics, this_checkout_first, worker_pids
@@ -254,10 +255,10 @@ def test_a_store_that_stops_answering_mid_save_stops_the_run_in_one_line_and_los
     # The cause first, in one line (the store's client timed out saving step 10); a peer's lost
     # connection only after it, as its symptom.
     said = [line for line in err.splitlines() if line.startswith("hpctrain: ")]
-    assert said[0].startswith("hpctrain: rank 0 "), err[-3000:]
-    # hpctrain's bound on a call (checkpoint.store_timeout_s=5), or the client's own read timeout (3 s),
-    # whichever the call that met the stopped store had.
-    assert "StoreTimeout: the store did not finish" in said[0] or "ReadTimeoutError" in said[0], said[0]
+    # Whichever rank met the stopped store first, in one line naming the store's error: hpctrain's bound on
+    # a call (checkpoint.store_timeout_s=5) or the client's own timeout (3 s), whichever came first.
+    assert said[0].startswith("hpctrain: rank "), err[-3000:]
+    assert any(f"{name}: " in said[0] for name in STORE_TYPES), said[0]
     assert "Traceback" not in err
     # Nothing lost: step 5 is whole and the newest; the run's records are there, every step it trained up to
     # the call that met the stopped store (the prune after step 5's commit, or step 10's save, depending on
