@@ -46,9 +46,18 @@ def test_a_failed_rank_is_named_and_its_peer_killed(tmp_path: Path, capfd: pytes
     # Asleep for 120 s unless it was killed when its peer failed (SIGKILL lands within moments): gone, or a
     # zombie its server has yet to reap.
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{peer}").exists() and Path(f"/proc/{peer}/stat").read_text().split()[2] != "Z":
+    while _running(peer):
         assert time.monotonic() < deadline, f"rank 0 (pid {peer}) outlived the failed rank 1"
         time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie. Read in one go: the process may be reaped between a look at /proc/PID and a
+    read of its stat (CI, 2026-12-07: ProcessLookupError on the read)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:  # gone
+        return False
 
 
 def test_without_a_server_the_ranks_are_spawned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
