@@ -281,12 +281,3 @@ def test_saves_beside_training_go_through_the_writer_process_to_the_store(
     log = (run / "logs" / "rank0.log").read_text()
     assert "Committed step_00000005 (written" in log  # by the writer process, beside training
     assert steps_in(store(server, "async")) == [10, 5]
-    resumed = hpctrain(
-        *args[:-1],
-        "trainer.max_steps=12",
-        "checkpoint.path=s3://ckpt/async",
-        f"hydra.run.dir={run}",
-        env=server.env(),
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Resumed from s3://ckpt/async/step_00000010 (step 10)" in resumed.stdout
