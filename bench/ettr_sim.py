@@ -67,7 +67,7 @@ def table(opts: argparse.Namespace) -> None:
         "hpctrain (spares+fast)": None,
         "hpctrain (spares)": ettr.hpctrain_classes(load_s, spares=True, shares=shares),
         "hpctrain (no spare)": ettr.hpctrain_classes(load_s, spares=False, shares=shares),
-        "requeue only": ettr.requeue_only_classes(load_s, 0.0, shares),
+        "requeue only": ettr.requeue_only_classes(load_s, shares),
     }
     print(
         f"checkpoint {opts.ckpt_gib:g} GiB: a save costs {save_s:.1f} s"

@@ -150,8 +150,9 @@ class ObjectStream:
             return
         self.closed = True
         self._file.close()  # completes the upload: the object appears whole
+        record = layout.checksum_record(self._length, self._crc)
         (self.target.parent / (self.target.name + layout.CHECKSUM_SUFFIX)).write_bytes(
-            json.dumps({"size": self._length, "crc32c": self._crc}).encode()
+            json.dumps(record).encode()
         )
 
     def abandon(self) -> None:
@@ -314,17 +315,20 @@ def write_manifest(target: ObjectDir, step: int, **info: Any) -> dict[str, Any]:
             continue
         name = key[len(target.key) + 1 :]
         record = key + layout.CHECKSUM_SUFFIX
-        value = None
-        if record in records:
-            entry = json.loads(fs.cat_file(record))
-            if entry.get("size") == size:
-                value = entry.get("crc32c")
+        value = layout.recorded_crc(_json(fs.cat_file(record)), size) if record in records else None
         if value is None:
             value = layout.checksum(fs.cat_file(key))
-        files[name] = {"size": size, "crc32c": int(value)}
-    manifest = {"format": "hpctrain-checkpoint", "version": layout.MANIFEST_VERSION, "step": step, **info}
-    manifest["files"] = files
+        files[name] = {"size": size, "crc32c": value}
+    manifest = layout.manifest_record(step, files, **info)
     (target / layout.MANIFEST).write_bytes(json.dumps(manifest, indent=1).encode())
     if records:
         fs.rm(sorted(records))
     return manifest
+
+
+def _json(data: bytes) -> Any:
+    """A writer's record, or None when it is not whole JSON (read as no record: the file is checksummed)."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None

@@ -81,7 +81,7 @@ DEFAULT_SHARES = {"node": 0.6, "crash": 0.3, "hang": 0.1}
 
 
 def hpctrain_classes(
-    load_s: float, spares: bool = True, shares: dict[str, float] | None = None, queue_wait_s: float = 0.0
+    load_s: float, spares: bool = True, shares: dict[str, float] | None = None
 ) -> tuple[FaultClass, ...]:
     """Recovery as hpctrain does it: restarts inside the allocation, a spare node for a lost one
     (``spares=False``: a lost node requeues the job), ``load_s`` the checkpoint's load beyond what the
@@ -90,7 +90,7 @@ def hpctrain_classes(
     node = (
         FaultClass("node lost", s["node"], MEASURED["node lost (spare)"] + load_s)
         if spares
-        else FaultClass("node lost", s["node"], REQUEUE_S + load_s + queue_wait_s, requeue=True)
+        else FaultClass("node lost", s["node"], REQUEUE_S + load_s, requeue=True)
     )
     return (
         node,
@@ -99,19 +99,18 @@ def hpctrain_classes(
     )
 
 
-def requeue_only_classes(
-    load_s: float, queue_wait_s: float, shares: dict[str, float] | None = None
-) -> tuple[FaultClass, ...]:
+def requeue_only_classes(load_s: float, shares: dict[str, float] | None = None) -> tuple[FaultClass, ...]:
     """Every fault ends the job, which waits in the queue again (what a job without in-allocation restarts
     gets)."""
     s = shares or DEFAULT_SHARES
-    cost = REQUEUE_S + load_s + queue_wait_s
+    cost = REQUEUE_S + load_s
     return tuple(FaultClass(name, s[name], cost, requeue=True) for name in ("node", "crash", "hang"))
 
 
-def mean_recovery_s(classes: Sequence[FaultClass]) -> float:
+def mean_recovery_s(classes: Sequence[FaultClass], queue_wait_s: float = 0.0) -> float:
+    """A fault's mean cost, a requeue's mean wait in the queue (``queue_wait_s``) included."""
     total = sum(c.share for c in classes)
-    return sum(c.share * c.recovery_s for c in classes) / total
+    return sum(c.share * (c.recovery_s + (queue_wait_s if c.requeue else 0.0)) for c in classes) / total
 
 
 # ----------------------------------------------------------------------------------------- simulation
@@ -157,15 +156,8 @@ def expected_ettr(scenario: Scenario, work_s: float, runs: int = 20, seed: int =
 
 def with_interval(scenario: Scenario, rule: str) -> Scenario:
     """``scenario`` saving every interval ``rule`` gives for its costs."""
-    recovery = mean_recovery_s(scenario.classes) + scenario.queue_wait_mean_s * _requeue_share(
-        scenario.classes
-    )
+    recovery = mean_recovery_s(scenario.classes, scenario.queue_wait_mean_s)
     return replace(scenario, tau_s=max(interval_s(rule, scenario.save_s, scenario.mttf_s, recovery), 1e-3))
-
-
-def _requeue_share(classes: Sequence[FaultClass]) -> float:
-    total = sum(c.share for c in classes)
-    return sum(c.share for c in classes if c.requeue) / total
 
 
 # ----------------------------------------------------------------------------------------- the plan's line
@@ -191,7 +183,7 @@ def plan_line(
     save_s = write_s * ASYNC_STALL if background else write_s
     mttf_s = mttf_h(gpus) * HOUR
     classes = hpctrain_classes(write_s, spares=spares)
-    recovery = mean_recovery_s(classes) + QUEUE_WAIT_H * HOUR * _requeue_share(classes)
+    recovery = mean_recovery_s(classes, QUEUE_WAIT_H * HOUR)
     rule, tau, value = best_rule(save_s, mttf_s, recovery)
     if step_s is not None and tau < step_s:  # no save more often than every step
         tau, value = step_s, daly_ettr(step_s, save_s, mttf_s, recovery)

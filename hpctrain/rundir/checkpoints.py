@@ -156,17 +156,38 @@ class Expected:
         return (crc32c(path) if self.kind == "crc32c" else crc32(path)) == self.value
 
 
+def checksum_record(size: int, value: int) -> dict[str, int]:
+    """What a shard's writer leaves beside it (``<shard>.crc32c``): its size and CRC-32C."""
+    return {"size": size, "crc32c": value}
+
+
+def recorded_crc(entry: Any, size: int) -> int | None:
+    """The CRC-32C a writer's record (:func:`checksum_record`, parsed) gives a file of ``size`` bytes; None
+    when it is no record or was made for another size."""
+    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), int) for k in ("size", "crc32c")):
+        return None
+    return entry["crc32c"] if entry["size"] == size else None
+
+
+def manifest_record(step: int, files: dict[str, dict[str, int]], **info: Any) -> dict[str, Any]:
+    """A version-:data:`MANIFEST_VERSION` manifest: the step, ``info`` and each file's size and CRC-32C."""
+    return {
+        "format": "hpctrain-checkpoint",
+        "version": MANIFEST_VERSION,
+        "step": step,
+        **info,
+        "files": files,
+    }
+
+
 def write_checksum(path: Path, size: int, value: int) -> None:
     """Record the size and CRC-32C of the bytes just written to ``path`` for :func:`write_manifest`."""
-    atomic_json(path.with_name(path.name + CHECKSUM_SUFFIX), {"size": size, "crc32c": value})
+    atomic_json(path.with_name(path.name + CHECKSUM_SUFFIX), checksum_record(size, value))
 
 
 def _recorded(path: Path) -> int | None:
     """The CRC-32C recorded by the file's writer, if one was and the file still has the size it recorded."""
-    entry = read_json(path.with_name(path.name + CHECKSUM_SUFFIX))
-    if not isinstance(entry, dict) or not all(isinstance(entry.get(k), int) for k in ("size", "crc32c")):
-        return None
-    return entry["crc32c"] if entry["size"] == path.stat().st_size else None
+    return recorded_crc(read_json(path.with_name(path.name + CHECKSUM_SUFFIX)), path.stat().st_size)
 
 
 def write_manifest(directory: Path, step: int, **info: Any) -> dict[str, Any]:
@@ -185,13 +206,7 @@ def write_manifest(directory: Path, step: int, **info: Any) -> dict[str, Any]:
             }
     for record in records:
         record.unlink()
-    manifest = {
-        "format": "hpctrain-checkpoint",
-        "version": MANIFEST_VERSION,
-        "step": step,
-        **info,
-        "files": files,
-    }
+    manifest = manifest_record(step, files, **info)
     atomic_json(directory / MANIFEST, manifest)
     return manifest
 

@@ -42,7 +42,7 @@ def test_the_monte_carlo_agrees_with_dalys_closed_form() -> None:
 def test_recovery_with_spares_beats_requeues_at_scale() -> None:
     mttf = ettr.mttf_h(16384) * ettr.HOUR
     spares = ettr.Scenario(360.0, 10.0, mttf, ettr.hpctrain_classes(6.0, spares=True))
-    requeue = ettr.Scenario(360.0, 10.0, mttf, ettr.requeue_only_classes(6.0, 0.0), queue_wait_mean_s=3600)
+    requeue = ettr.Scenario(360.0, 10.0, mttf, ettr.requeue_only_classes(6.0), queue_wait_mean_s=3600)
     assert ettr.expected_ettr(spares, 10 * 86400, 5) > ettr.expected_ettr(requeue, 10 * 86400, 5) + 0.2
 
 

@@ -35,7 +35,6 @@ def test_a_store_that_takes_a_write_passes_and_keeps_nothing_of_the_probe() -> N
 def test_no_credentials_and_a_store_that_does_not_answer_are_one_line_within_seconds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    pytest.importorskip("s3fs")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
