@@ -17,12 +17,17 @@ the interval. A save written beside training (``trainer.async_checkpoint``) retu
 write slows the steps it runs beside (the copy's and the write's memory traffic, the writer's CPU): its δ is
 the stall + the excess of those steps over the steps after the write finished (the time it cost, measured
 like ``bench/checkpoint_stall.py --saves``). That is known only once the write has ended, so the first
-save's stall sets the interval and the start's second save refines it (one more all-reduce: every rank
-reaches that save at the same step). Without it the interval came out too short: a stall of 0.08-0.19 s for
-a 124M GPT whose write cost the steps beside it several times that (``bench/chaos.py --async-save``,
-2026-11-27). M is observed: the run's time since its first logged step over its interruptions (restarts
-inside the allocation in restarts.jsonl, and Slurm's requeues of this job); before any interruption,
-``cluster.mtbf_h``. Re-evaluated at every start, i.e. after each interruption; the choice is logged.
+save's stall sets the interval and every later save refines it with the cost of the write before it (one
+more all-reduce a save: every rank reaches it at the same step). Without it the interval came out too short:
+a stall of 0.08-0.19 s for a 124M GPT whose write cost the steps beside it several times that
+(``bench/chaos.py --async-save``, 2026-11-27). Refined once only, from the first save's write, it came out
+too long: that write runs beside a start's warm-up steps, whose excess it was charged (2.64 s against the
+~1.0 s a later write cost; the interval √2.6 ≈ 1.6 × too long, ETTR 6.8 points below the simulation's,
+2026-12-07); the latest write's cost replaces it.
+
+M is observed: the run's time since its first logged step over its interruptions (restarts inside the
+allocation in restarts.jsonl, and Slurm's requeues of this job); before any interruption, ``cluster.mtbf_h``.
+Re-evaluated at every start, i.e. after each interruption, and at each save as above; a change is logged.
 """
 
 from __future__ import annotations
@@ -85,8 +90,8 @@ class AutoInterval:
         self.background = background
         self.every: int | None = None  # steps between saves; None until this start's first save is timed
         self.last_saved: int | None = None
-        self._beside: list[float] | None = None  # step times while the first save was written; None: done
-        self._after: list[float] = []  # step times after it was written, until the second save
+        self._beside: list[float] | None = None  # step times while the last save was written (None: not)
+        self._after: list[float] = []  # step times after it was written, until the next save
 
     def due(self, step: int) -> bool:
         if self.every is None or self.last_saved is None:
@@ -99,19 +104,18 @@ class AutoInterval:
             (self._beside if writing else self._after).append(step_s)
 
     def saved(self, step: int, step_s: float, save_s: float) -> None:
-        """A shared save of ``step`` took ``save_s``: after this start's first, choose the interval; after its
-        second, when saves are written beside training, choose it again with what the first one cost."""
+        """A shared save of ``step`` took ``save_s``: after this start's first, choose the interval; after
+        each later one, when saves are written beside training, choose it again with what the write before
+        it cost (the first write runs beside a start's warm-up steps, which the next measurement leaves
+        out)."""
         first = self.last_saved is None
         self.last_saved = step
         if first:
             self._choose(step_s, save_s, "save")
-            self._beside = [] if self.background else None
         elif self._beside is not None:
-            beside, self._beside = self._beside, None
-            after, self._after = self._after, []
-            # The steps after the write are this start's steps without one (the first step of a start is
-            # slower: it builds kernels and caches); none when the write outlasted the interval: then every
-            # step between the two saves ran beside it and this save waited for it (in save_s).
+            beside, after = self._beside, self._after
+            # The steps after the write are steps without one; none when the write outlasted the interval:
+            # then every step between the two saves ran beside it and this save waited for it (in save_s).
             base = statistics.median(after) if after else min(beside, default=step_s)
             slowdown = sum(t - base for t in beside)
             self._choose(
@@ -120,6 +124,8 @@ class AutoInterval:
                 f"asynchronous save: stall and wait {save_s:.3f} s + {slowdown:.3f} s lost over the "
                 f"{len(beside)} step(s) its write ran beside",
             )
+        if self.background:  # this save's write is measured until the next save
+            self._beside, self._after = [], []
 
     def _choose(self, step_s: float, save_s: float, what: str) -> None:
         both = torch.tensor([step_s, save_s], dtype=torch.float64, device=self.device)
@@ -130,7 +136,9 @@ class AutoInterval:
         recovery_s = RESTART_S + save_s
         rule, tau, ettr = intervals.best_rule(save_s, mtbf_s, recovery_s)
         daly = intervals.daly_s(save_s, mtbf_s)
-        self.every = max(1, round(tau / max(step_s, 1e-6)))
+        every, self.every = self.every, max(1, round(tau / max(step_s, 1e-6)))
+        if every == self.every:  # each save refines it: said when it changes
+            return
         log.info(
             "trainer.ckpt_every=auto: a save every %d steps (%s %.3f s, MTBF %.0f s from %s, step %.3f s, "
             "recovery %.1f s: the %s rule's %.1f s, expected ETTR %.5f; Young/Daly's "

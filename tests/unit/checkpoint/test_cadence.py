@@ -47,8 +47,9 @@ def test_observed_mtbf_counts_restarts_and_requeues(tmp_path: Path, monkeypatch:
 def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first save's stall sets the interval; at the second, δ is that save's stall + the steps' excess
-    while the first was written over the steps after it. Saves written in the foreground keep their δ."""
+    """The first save's stall sets the interval; at each later one, δ is that save's stall + the steps'
+    excess while the one before it was written over the steps after it. Saves written in the foreground keep
+    their δ."""
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     mtbf = 3600.0
 
@@ -65,9 +66,13 @@ def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it
         auto.step_done(step_s, writing=False)
     auto.saved(8, 0.1, 0.03)
     assert auto.every == every(0.03 + 0.45, 0.1)
-    auto.step_done(0.4, writing=True)  # later saves change nothing: refined once per start
-    auto.saved(8 + auto.every, 0.1, 5.0)
-    assert auto.every == every(0.03 + 0.45, 0.1)
+    # Each later save refines it with the write before it: the first write ran beside the start's warm-up
+    # steps, the second beside warm ones (0.05 s over the 0.1 s the steps after it took).
+    auto.step_done(0.15, writing=True)
+    for step_s in (0.1, 0.1, 0.1):
+        auto.step_done(step_s, writing=False)
+    auto.saved(8 + auto.every, 0.1, 0.03)
+    assert auto.every == every(0.03 + 0.05, 0.1)
 
     plain = AutoInterval(tmp_path, mtbf, torch.device("cpu"))
     plain.saved(1, 0.1, 0.02)
