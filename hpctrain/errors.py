@@ -39,6 +39,13 @@ def _escape(text: str) -> str:
     return "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text)
 
 
+def printable(text: str, limit: int = 600) -> str:
+    """``text`` as one terminal line: whitespace runs folded to a space, control characters escaped, cut at
+    ``limit`` characters."""
+    line = _escape(" ".join(text.split()))
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 class UserCodeError(ConfigError):
     """The user's own code raised: the one line, plus their traceback (their frames only: hpctrain's,
     Python's and installed packages' left out) for the caller to show above it."""
@@ -149,6 +156,20 @@ def user_traceback(err: BaseException) -> str | None:
         return None
     lines = ["Traceback of your code (most recent call last):\n", *traceback.format_list(frames)]
     return "".join([*lines, *traceback.format_exception_only(err)])
+
+
+def underlying(err: BaseException) -> BaseException:
+    """The error a wrapper stands for: DCP's ``CheckpointException`` (``failures``: {rank: (exception,
+    traceback)}, its own text only "CheckpointException ranks:dict_keys([1])" on its first line) by its first
+    failing rank's own error; any other error itself."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        if isinstance(inner, tuple) and inner:  # (exception, traceback) in some torch versions
+            inner = inner[0]
+        if isinstance(inner, BaseException):
+            return inner
+    return err
 
 
 def first_line(err: BaseException, limit: int = 300) -> str:

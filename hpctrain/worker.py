@@ -147,13 +147,16 @@ def _die_with_launcher() -> None:
 
 
 def _record_error(run_dir: Path, rank: int, err: BaseException) -> None:
-    from hpctrain.errors import error_facts, user_traceback
+    from hpctrain.errors import error_facts, underlying, user_traceback
     from hpctrain.rundir.records import write_error_record
 
     text = "".join(traceback.format_exception(err))
     print(text, file=sys.stderr, flush=True)
-    message = str(err).strip().splitlines()
-    kind, first = type(err).__name__, message[0] if message else ""
+    # A collective save's failure is named by the error it wraps (a store's timeout, a full disk), not by
+    # DCP's "CheckpointException ranks:dict_keys([1])".
+    shown = underlying(err)
+    message = str(shown).strip().splitlines()
+    kind, first = type(shown).__name__, message[0] if message else ""
     try:
         write_error_record(run_dir, rank, kind, first, text, user_traceback(err), error_facts(err))
     except OSError as io_err:

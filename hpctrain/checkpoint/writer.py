@@ -49,6 +49,7 @@ from hpctrain.checkpoint import replica
 from hpctrain.checkpoint.direct import nice_this_thread
 from hpctrain.checkpoint.staging import Slot
 from hpctrain.checkpoint.tiers import storage_writer
+from hpctrain.errors import underlying
 from hpctrain.faults import FaultInjector, FaultsConfig
 from hpctrain.rundir.objects import Store
 
@@ -209,11 +210,7 @@ class Writer:
 
 def describe(err: BaseException) -> str:
     """One line for an error; DCP's CheckpointException by the first rank's own error inside it."""
-    failures = getattr(err, "failures", None)
-    if isinstance(failures, dict) and failures:
-        err = next(iter(failures.values()))
-        if isinstance(err, tuple):  # (exception, traceback) in some torch versions
-            err = err[0]
+    err = underlying(err)
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"
 

@@ -177,3 +177,25 @@ def test_the_worker_records_whose_frame_raised_and_the_path(tmp_path: Path):
     except AttributeError as own:
         facts = error_facts(own)
     assert facts["origin"] == "hpctrain" and "hpctrain/resilience/policy.py" in facts["frame"], facts
+
+
+def test_a_collective_saves_failure_is_named_by_the_error_it_wraps():
+    """DCP wraps a rank's failed save in a CheckpointException whose first line names only the ranks; the
+    worker's record names the error inside (what attribution reads: a store that did not answer)."""
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from hpctrain.errors import underlying
+    from hpctrain.rundir.objects import StoreTimeout
+
+    try:
+        raise StoreTimeout("the checkpoint store did not answer in 5 s")
+    except StoreTimeout as timeout:
+        inner = timeout
+    wrapped = CheckpointException("save", {1: (inner, traceback.extract_tb(inner.__traceback__))})
+    assert str(wrapped).startswith("CheckpointException ranks:dict_keys([1])")
+    assert underlying(wrapped) is inner
+    plain = ValueError("x")
+    assert underlying(plain) is plain
+    assert underlying(CheckpointException("save", {})).__class__ is CheckpointException
