@@ -32,6 +32,7 @@ What is here, by who uses it:
 - forkserver/ and verify/: the lazily imported modules preloaded before forking (``_dynamo``, ...); the
   measurement of plan_measure (``_python_dispatch``, ``_pytree``, storage handles, ``aten._to_copy``).
 - submit/probe.py: the pytree logger that a user's libraries make talk.
+- task/: the fake process group of a rehearsal (``testing._internal.distributed.fake_pg``).
 - task/ and observe/: the CUDA allocator's history and snapshot (``trainer.memory_history``), the NCCL flight
   recorder's dump (``_dump_nccl_trace``) beside a hang's stacks.
 
@@ -379,3 +380,16 @@ def nccl_flight_record() -> bytes | None:
     (``torch._C._distributed_c10d._dump_nccl_trace``); None where torch has no NCCL."""
     dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
     return bytes(dump()) if dump is not None else None
+
+
+# ------------------------------------------------------------------------------------------- rehearsal
+
+
+def init_fake_process_group(rank: int, world_size: int) -> None:
+    """A process group of ``world_size`` ranks in which this process is ``rank`` and no collective moves
+    data: torch's ``fake`` backend, registered by importing ``torch.testing._internal.distributed.fake_pg``
+    (torchtitan's ``COMM_MODE=fake_backend`` rehearses a large job's configuration the same way)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)

@@ -5,13 +5,20 @@ cluster=a100x32``), starts nothing. Exit status: 0 when the run fits (or there i
 profiles report host memory only), 1 when it does not fit, 2 for a bad config. Torch-free for the built-in
 models; a model without declared shapes (a user's ``_target_``) is measured first
 (:mod:`hpctrain.submit.measure`), which imports torch.
+
+``--rehearse`` also runs every distinct rank's start-up here, with a fake process group
+(:mod:`hpctrain.task.rehearse`): per rank the bytes of its sharded tensors beside the estimate, or the one
+line a rank would fail with (exit 2). The outcome is kept for the dry run's plan line and the submission's
+checks (:mod:`hpctrain.plan.rehearsal`).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from hpctrain.cli.common import Parser
+from hpctrain.config.shape import run_shape
 from hpctrain.errors import EXIT_BAD_CONFIG, ConfigError
 
 EXIT_DOES_NOT_FIT = 1
@@ -29,6 +36,11 @@ def run(name: str, argv: list[str]) -> int:
     )
     parser.add_argument("--top", type=int, default=3, help="how many alternative layouts to list (default 3)")
     parser.add_argument("--config-dir", "-cd", help="your config directory, searched besides hpctrain's")
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="also run every distinct rank's start-up here (fake process group, meta device)",
+    )
     args = parser.parse_or_exit(argv)
     if isinstance(args, int):
         return args
@@ -62,4 +74,91 @@ def run(name: str, argv: list[str]) -> int:
         from hpctrain.launch.queue import start_estimates
 
         print("\n".join(start_estimates(cfg.cluster)))
+    if args.rehearse and not _rehearse(cfg, measured):
+        return EXIT_BAD_CONFIG
     return EXIT_DOES_NOT_FIT if not est.verdict.fits else 0
+
+
+AGREE = 0.01  # the planner and the rehearsal agree within 1 % on each rank's model state
+
+
+def _rehearse(cfg: Any, measured: Any) -> bool:
+    """Rehearse ``cfg``'s start-up, print a row per rank and the verdict (the outcome is kept); False when
+    a rank fails or the plan cannot be rehearsed (its line printed)."""
+    import time
+
+    from hpctrain.plan.layout import layout_of
+    from hpctrain.plan.memory import rank_state_bytes
+    from hpctrain.plan.rehearsal import RehearsalRefused, refuse_too_many, rehearse_and_record
+    from hpctrain.task.rehearse import Rehearsed, StartupFailure, roles
+
+    shape = run_shape(cfg)
+    try:
+        refuse_too_many(len(roles(shape)), shape.world_size)
+    except RehearsalRefused as err:
+        print(f"hpctrain: --rehearse: {err}", file=sys.stderr)
+        return False
+    lay = layout_of(cfg, tokens=(measured.tokens_per_sample or 1) if measured is not None else None)
+    print(
+        f"\nRehearsal: {len(roles(shape))} of {shape.world_size} ranks' start-up, here, with a fake process "
+        "group (no collective moves data) and the model on the meta device: one rank per pipeline, tensor, "
+        "context and expert coordinate, at the first and last FSDP shard"
+    )
+    print(
+        f"{'rank':>5}  {'role':<40} {'params est/rehearsed':>22} {'grads est/rehearsed':>22} "
+        f"{'optim est/rehearsed':>22} {'save plan':>11} {'dp':>9} {'samples':>7} {'s':>5}"
+    )
+    gaps: list[tuple[float, str]] = []
+
+    def row(r: Rehearsed) -> None:
+        est = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, measured)
+        got = {"params": r.params, "grads": r.grads, "optimizer": r.optimizer}
+        for what in got:
+            gap = abs(est[what] - got[what]) / max(got[what], 1)
+            gaps.append(
+                (gap, f"rank {r.role.rank}'s {what}: estimated {est[what]:,} B, rehearsed {got[what]:,} B")
+            )
+        pair = {k: _pair(est[k], got[k]) for k in got}
+        print(
+            f"{r.role.rank:>5}  {str(r.role)[:40]:<40} {pair['params']:>22} {pair['grads']:>22} "
+            f"{pair['optimizer']:>22} {_human(r.checkpoint):>11} {f'{r.dp[0]}/{r.dp[1]}':>9} {r.samples:>7} "
+            f"{r.seconds:>5.2f}",
+            flush=True,
+        )
+
+    began = time.perf_counter()
+    try:
+        done = rehearse_and_record(cfg, progress=row)
+    except (StartupFailure, RehearsalRefused, ValueError) as err:
+        print(f"hpctrain: --rehearse: {' '.join(str(err).split())}", file=sys.stderr)
+        return False
+    gap, where = max(gaps, default=(0.0, ""))
+    agreement = (
+        f"the planner and the rehearsal agree within {AGREE:.0%} on every rank's parameters, gradients and "
+        f"optimizer state (largest gap {gap:.2%})"
+        if gap <= AGREE
+        else f"the planner's estimate is off by {gap:.1%}: {where}"
+    )
+    seconds = time.perf_counter() - began
+    print(
+        f"Rehearsed {len(done)} of {shape.world_size} ranks in {seconds:.1f} s, each one started; {agreement}"
+    )
+    return True
+
+
+UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def _unit(n: int) -> tuple[int, str]:
+    return next(((size, name) for size, name in UNITS if n >= size), (1, "B"))
+
+
+def _human(n: int) -> str:
+    size, name = _unit(n)
+    return f"{n / size:.2f} {name}"
+
+
+def _pair(estimated: int, rehearsed: int) -> str:
+    """Both in the unit of the larger: ``1.23/1.23 GiB``."""
+    size, name = _unit(max(estimated, rehearsed))
+    return f"{estimated / size:.2f}/{rehearsed / size:.2f} {name}"

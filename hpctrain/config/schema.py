@@ -477,6 +477,9 @@ class Config:
     dry_run: bool = False  # print what would be started or submitted, start nothing
     # Refuse a GPU submission whose estimated memory (hpctrain.plan) exceeds the GPU's; false submits anyway.
     plan_check: bool = True
+    # Rehearse every distinct rank's start-up before submitting (hpctrain plan --rehearse: a fake process
+    # group, the model on the meta device); a rank that would fail is refused in one line naming it.
+    rehearse: bool = False
     # A name for the run: its directory is outputs/NAME (a sweep's multirun/NAME), so the same command again
     # continues it; unset, each run gets a new timestamped directory (hydra.run.dir).
     run: str | None = None

@@ -249,6 +249,9 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         c.time,
         c.partition or "(default)",
     )
+    from hpctrain.plan.rehearsal import rehearsal_line
+
+    log.info("%s", rehearsal_line(cfg))
     log.info("Run directory (made on submission: a dry run writes nothing): %s", run_dir)
     from hpctrain.launch.queue import start_estimates
 

@@ -114,7 +114,9 @@ def parallelize(
     p, precision = cfg.parallel, cfg.trainer.precision
     shape = shape or run_shape(cfg)
     dims = build_mesh(shape.degrees, device)
-    model = model.to(device)
+    # A model on the meta device (a rehearsal: hpctrain.task.rehearse) is laid out where it is: only shapes.
+    if not any(t.is_meta for t in model.parameters()):
+        model = model.to(device)
     if precision == "fp8":
         amp.require_float8(device)
         apply_float8(model, p.block_classes)

@@ -210,6 +210,20 @@ def model_state_numel(
     )
 
 
+def rank_state_bytes(
+    cfg: Config, lay: Layout, pp_rank: int, shard_rank: int, facts: ModelFacts | None = None
+) -> dict[str, int]:
+    """The bytes of one rank's parameters, gradients and optimizer state, by its pipeline and FSDP
+    coordinates: what a measurement (``hpctrain.verify.plan_measure``) or a rehearsal
+    (``hpctrain.task.rehearse``) reads off that rank's sharded tensors."""
+    state = model_state_numel(cfg, lay, pp_rank, shard_rank, facts)
+    return {
+        "params": FP32 * state.param_numel,
+        "grads": FP32 * state.grad_numel,
+        "optimizer": optimizer_bytes(cfg, state.trained_numel, state.trained_tensors),
+    }
+
+
 def optimizer_state(cfg: Config, param_bytes: int, tensors: int) -> int:
     """AdamW: exp_avg and exp_avg_sq like each parameter and a 4-byte fp32 ``step`` per tensor (on the host
     for CUDA parameters unless fused/capturable); SGD: one momentum buffer when momentum > 0."""

@@ -212,7 +212,7 @@ def check_not_in_checkpoint(key: str, path: Path) -> None:
 # What a command may change when it continues a sweep (or one of its members) under the same name: where and
 # how it runs, never what trained the members' weights (hyperparameters, model, data, the search space).
 FREE_KEYS = (
-    "run", "cluster", "logger", "dry_run", "plan_check", "trainer.resume", "data.num_workers",
+    "run", "cluster", "logger", "dry_run", "plan_check", "rehearse", "trainer.resume", "data.num_workers",
     "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.run.dir", "hydra.job", "hydra.launcher", "hydra/launcher",
     "hydra.verbose", "hydra/job_logging", "hydra/hydra_logging", "hydra.output_subdir",
 )  # fmt: skip

@@ -1,6 +1,7 @@
 """The checks of a run that import torch, and where they run: the user's model, data and loss tried on the
-meta device (:mod:`hpctrain.submit.probe`), ``model.init_from``'s fit, and whether a measured model fits in
-memory (:mod:`hpctrain.submit.footprint`).
+meta device (:mod:`hpctrain.submit.probe`), ``model.init_from``'s fit, whether a measured model fits in
+memory (:mod:`hpctrain.submit.footprint`), and with ``rehearse=true`` every distinct rank's start-up
+(:mod:`hpctrain.plan.rehearsal`).
 
 They run in this process, or, for a local run while a persistent fork server answers at
 ``HPCTRAIN_FORKSERVER`` (:mod:`hpctrain.forkserver`), in a child forked from it: the server imported torch,
@@ -46,6 +47,26 @@ def check_torch_side(cfg: Config, run_dir: Path | None, probed: set[str]) -> Non
             check_fits(cfg, measured)  # the memory per GPU must fit
         else:
             check_fits_here(cfg, measured)  # the processes must fit in this machine's memory
+    if cfg.rehearse:
+        _rehearse_once(cfg, probed)
+
+
+def _rehearse_once(cfg: Config, probed: set[str]) -> None:
+    """``rehearse=true``: every distinct rank's start-up, here (:mod:`hpctrain.plan.rehearsal`), once per
+    distinct plan of a sweep; a rank that would fail is refused in its one line."""
+    from hpctrain.plan.rehearsal import RehearsalRefused, fingerprint, rehearse_and_record
+    from hpctrain.task.rehearse import StartupFailure
+
+    key = "rehearsed " + fingerprint(cfg)
+    if key in probed:
+        return
+    try:
+        rehearse_and_record(cfg)
+    except (StartupFailure, RehearsalRefused, ValueError) as err:
+        raise ConfigError(
+            "rehearse", "true", str(err), valid="a plan whose every rank starts, or rehearse=false"
+        ) from None
+    probed.add(key)
 
 
 def check_torch_side_where_cheapest(
@@ -58,7 +79,7 @@ def check_torch_side_where_cheapest(
     from hpctrain.submit.probe import needs_probe
 
     measures = cfg.plan_check and not model_spec(cfg.model).transformer  # a user's model: measured
-    imports_torch = needs_probe(cfg) or cfg.model.init_from is not None or measures
+    imports_torch = needs_probe(cfg) or cfg.model.init_from is not None or measures or cfg.rehearse
     key = repr(("forked", cfg.model, cfg.data, cfg.loss, cfg.trainer, cfg.parallel, cfg.cluster, run_dir))
     if key in probed:
         return

@@ -91,15 +91,13 @@ def _error(estimated: int, measured: int) -> float:
 
 def estimated_for(cfg: Any, pp_rank: int, shard_rank: int) -> dict[str, int]:
     """The estimate's numbers for one rank's pipeline and FSDP coordinates."""
-    from hpctrain.plan.estimate import FP32, layout_of, model_state_numel, optimizer_bytes, rank_memory
+    from hpctrain.plan.layout import layout_of
+    from hpctrain.plan.memory import rank_memory, rank_state_bytes
 
     lay = layout_of(cfg)
-    state = model_state_numel(cfg, lay, pp_rank, shard_rank)
     mem = rank_memory(cfg, lay, pp_rank)
     return {
-        "params": FP32 * state.param_numel,
-        "grads": FP32 * state.grad_numel,
-        "optimizer": optimizer_bytes(cfg, state.trained_numel, state.trained_tensors),
+        **rank_state_bytes(cfg, lay, pp_rank, shard_rank),
         "activations": mem.activations,
         "copies": mem.parts.get("autocast weight copies", 0),
     }
