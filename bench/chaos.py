@@ -338,6 +338,7 @@ def main() -> None:
             )
         ref_step = step_time(reference)
         records_chaos = metrics(chaos)
+        saves = saves_of(chaos, opts.steps)  # read here: without --dir the run's folder goes with the block
         wall = records_chaos[-1]["time"] - records_chaos[0]["time"]
         ettr = ref_step * (opts.steps - 1) / wall
         # A checkpoint both runs have, after both restarts and before the NaN step.
@@ -395,7 +396,7 @@ def main() -> None:
                     "wall_s": wall,
                     "ettr": ettr,
                     "faults": [{k: v for k, v in r.items() if k != "same"} for r in rows if "ettr" not in r],
-                    "saves": saves_of(chaos, opts.steps),
+                    "saves": saves,
                 },
                 indent=1,
             )

@@ -12,8 +12,8 @@ Daly's closed form for exponential failures (FGCS 2006, eq. 20); the log names t
 Young/Daly would have given. The interval in steps is τ over the step time, at least 1.
 
 δ is measured: each start of the workers (a fresh run, a restart, a requeue) saves its first step, and every
-rank takes the largest δ and step time of all ranks (one all-reduce, once per start), so all ranks agree on
-the interval. A save written beside training (``trainer.async_checkpoint``) returns after its stall, but its
+rank takes the largest δ, step time and observed M of all ranks (one all-reduce), so all ranks agree on the
+interval. A save written beside training (``trainer.async_checkpoint``) returns after its stall, but its
 write slows the steps it runs beside (the copy's and the write's memory traffic, the writer's CPU): its δ is
 the stall + the excess of those steps over the steps after the write finished (the time it cost, measured
 like ``bench/checkpoint_stall.py --saves``). That is known only once the write has ended, so the first
@@ -128,11 +128,14 @@ class AutoInterval:
             self._beside, self._after = [], []
 
     def _choose(self, step_s: float, save_s: float, what: str) -> None:
-        both = torch.tensor([step_s, save_s], dtype=torch.float64, device=self.device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        step_s, save_s = (float(v) for v in both.tolist())
+        # Every input of the interval is agreed in one all-reduce, the observed MTBF too: each rank reads it
+        # at its own time.time() and view of the run's files, and an interval one step apart on two ranks
+        # sends one into a save's collectives while the other trains (a hang, bench/chaos.py 2026-12-07).
         mtbf_s, source = observed_mtbf_s(self.run_dir, self.mtbf_default_s, time.time())
+        agreed = torch.tensor([step_s, save_s, mtbf_s], dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        step_s, save_s, mtbf_s = (float(v) for v in agreed.tolist())
         recovery_s = RESTART_S + save_s
         rule, tau, ettr = intervals.best_rule(save_s, mtbf_s, recovery_s)
         daly = intervals.daly_s(save_s, mtbf_s)
