@@ -17,13 +17,12 @@ interval. A save written beside training (``trainer.async_checkpoint``) returns 
 write slows the steps it runs beside (the copy's and the write's memory traffic, the writer's CPU): its δ is
 the stall + the excess of those steps over the steps after the write finished (the time it cost, measured
 like ``bench/checkpoint_stall.py --saves``). That is known only once the write has ended, so the first
-save's stall sets the interval and every later save refines it with the cost of the write before it (one
-more all-reduce a save: every rank reaches it at the same step). Without it the interval came out too short:
-a stall of 0.08-0.19 s for a 124M GPT whose write cost the steps beside it several times that
-(``bench/chaos.py --async-save``, 2026-11-27). Refined once only, from the first save's write, it came out
-too long: that write runs beside a start's warm-up steps, whose excess it was charged (2.64 s against the
-~1.0 s a later write cost; the interval √2.6 ≈ 1.6 × too long, ETTR 6.8 points below the simulation's,
-2026-12-07); the latest write's cost replaces it.
+save's stall sets the interval and every save from the third on refines it with the cost of the write
+before it (one more all-reduce a save: every rank reaches it at the same step). Without it the interval came
+out too short: a stall of 0.08-0.19 s for a 124M GPT whose write cost the steps beside it several times that
+(``bench/chaos.py --async-save``, 2026-11-27). The first save's write is not measured: it runs beside a
+start's warm-up steps, whose excess it was charged (2.6-2.7 s against the 0.06-0.16 s a later write cost, an
+interval of 435 steps where later ones were 43-102: ``bench/chaos.py``, 2026-12-07).
 
 M is observed: the run's time since its first logged step over its interruptions (restarts inside the
 allocation in restarts.jsonl, and Slurm's requeues of this job); before any interruption, ``cluster.mtbf_h``.
@@ -106,8 +105,8 @@ class AutoInterval:
     def saved(self, step: int, step_s: float, save_s: float) -> None:
         """A shared save of ``step`` took ``save_s``: after this start's first, choose the interval; after
         each later one, when saves are written beside training, choose it again with what the write before
-        it cost (the first write runs beside a start's warm-up steps, which the next measurement leaves
-        out)."""
+        it cost. The first write is not measured: it runs beside a start's warm-up steps (kernels, caches,
+        the writer's own start), whose excess it would be charged (module docstring)."""
         first = self.last_saved is None
         self.last_saved = step
         if first:
@@ -124,7 +123,7 @@ class AutoInterval:
                 f"asynchronous save: stall and wait {save_s:.3f} s + {slowdown:.3f} s lost over the "
                 f"{len(beside)} step(s) its write ran beside",
             )
-        if self.background:  # this save's write is measured until the next save
+        if self.background and not first:  # this save's write is measured until the next save
             self._beside, self._after = [], []
 
     def _choose(self, step_s: float, save_s: float, what: str) -> None:

@@ -47,9 +47,9 @@ def test_observed_mtbf_counts_restarts_and_requeues(tmp_path: Path, monkeypatch:
 def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first save's stall sets the interval; at each later one, δ is that save's stall + the steps'
-    excess while the one before it was written over the steps after it. Saves written in the foreground keep
-    their δ."""
+    """The first save's stall sets the interval; from the third save on, δ is that save's stall + the steps'
+    excess while the one before it was written over the steps after it (the first write, beside a start's
+    warm-up, is not measured). Saves written in the foreground keep their δ."""
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     mtbf = 3600.0
 
@@ -60,18 +60,21 @@ def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it
     assert auto.due(1)
     auto.saved(1, 0.5, 0.02)  # the first step of a start is slow; the stall only
     assert auto.every == every(0.02, 0.5)
-    for step_s in (0.2, 0.3, 0.25):  # beside the write: 0.1 + 0.2 + 0.15 s over the steps after it
+    for step_s in (0.9, 0.8, 0.7):  # the first write runs beside the start's warm-up: not measured
+        auto.step_done(step_s, writing=True)
+    auto.saved(1 + auto.every, 0.1, 0.03)
+    assert auto.every == every(0.02, 0.5)
+    for step_s in (0.2, 0.3, 0.25):  # beside the second write: 0.1 + 0.2 + 0.15 s over the steps after it
         auto.step_done(step_s, writing=True)
     for step_s in (0.1, 0.11, 0.09, 0.1):
         auto.step_done(step_s, writing=False)
-    auto.saved(8, 0.1, 0.03)
+    auto.saved(8 + auto.every, 0.1, 0.03)
     assert auto.every == every(0.03 + 0.45, 0.1)
-    # Each later save refines it with the write before it: the first write ran beside the start's warm-up
-    # steps, the second beside warm ones (0.05 s over the 0.1 s the steps after it took).
+    # Each later save refines it with the write before it (0.05 s over the 0.1 s the steps after it took).
     auto.step_done(0.15, writing=True)
     for step_s in (0.1, 0.1, 0.1):
         auto.step_done(step_s, writing=False)
-    auto.saved(8 + auto.every, 0.1, 0.03)
+    auto.saved(30 + auto.every, 0.1, 0.03)
     assert auto.every == every(0.03 + 0.05, 0.1)
 
     plain = AutoInterval(tmp_path, mtbf, torch.device("cpu"))
@@ -82,7 +85,8 @@ def test_an_asynchronous_save_is_charged_what_its_write_cost_the_steps_beside_it
 
     outlasted = AutoInterval(tmp_path, mtbf, torch.device("cpu"), background=True)
     outlasted.saved(1, 0.1, 0.02)
-    for step_s in (0.15, 0.12):  # the write outlasted the interval: the second save waited for it
+    outlasted.saved(2, 0.1, 0.02)  # the first write: not measured
+    for step_s in (0.15, 0.12):  # the second write outlasted the interval: the third save waited for it
         outlasted.step_done(step_s, writing=True)
-    outlasted.saved(3, 0.1, 0.7)
+    outlasted.saved(4, 0.1, 0.7)
     assert outlasted.every == every(0.7 + 0.03, 0.12)
