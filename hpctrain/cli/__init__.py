@@ -29,7 +29,11 @@ _PREPARE = "INPUT... --out PATH.bin [--tokenizer T] [--workers N]"
 SUBCOMMANDS: dict[str, Subcommand] = {
     "train": Subcommand("[OVERRIDES...]", "compose, check and launch a run (also the bare form)", "train"),
     "resume": Subcommand("[RUN_DIR] [OVERRIDES...]", "continue a run (default: the latest)", "resume"),
-    "plan": Subcommand("[OVERRIDES...]", "memory per GPU, step time, cost and layouts that fit", "plan"),
+    "plan": Subcommand(
+        "[OVERRIDES...] [--rehearse]",
+        "memory per GPU, step time, cost and layouts that fit; --rehearse: every rank's start-up, here",
+        "plan",
+    ),
     "status": Subcommand("[TARGET]", "state and progress of a run (the latest), a sweep or a job", "jobs"),
     "logs": Subcommand("TARGET [-f] [-n N] [--rank R]", "the tail of a rank's log; -f follows it", "logs"),
     "cancel": Subcommand("TARGET", "cancel a run's Slurm job, or every member of a sweep", "jobs"),

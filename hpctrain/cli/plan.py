@@ -109,9 +109,14 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
         f"{'optim est/rehearsed':>22} {'save plan':>11} {'dp':>9} {'samples':>7} {'s':>5}"
     )
     gaps: list[tuple[float, str]] = []
+    whole = [0]  # the most a rank's backward adds, making a gradient whole (none in a rehearsal)
 
     def row(r: Rehearsed) -> None:
-        est = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, measured)
+        planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, measured)
+        # Without a backward a rehearsal's gradients are the trained parameters' shards (what the optimizer
+        # reads); what a backward makes whole the planner counts on top, said once below.
+        est = {**planned, "grads": planned["sharded_grads"]}
+        whole[0] = max(whole[0], planned["grads"] - planned["sharded_grads"])
         got = {"params": r.params, "grads": r.grads, "optimizer": r.optimizer}
         for what in got:
             gap = abs(est[what] - got[what]) / max(got[what], 1)
@@ -139,6 +144,11 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
         if gap <= AGREE
         else f"the planner's estimate is off by {gap:.1%}: {where}"
     )
+    if whole[0]:
+        agreement += (
+            f"; the planner adds up to {_human(whole[0])} a rank for the vocabulary-parallel embedding's "
+            "gradient, which a backward makes whole under TP without FSDP (a rehearsal runs no backward)"
+        )
     seconds = time.perf_counter() - began
     print(
         f"Rehearsed {len(done)} of {shape.world_size} ranks in {seconds:.1f} s, each one started; {agreement}"

@@ -115,7 +115,8 @@ def parallelize(
     shape = shape or run_shape(cfg)
     dims = build_mesh(shape.degrees, device)
     # A model on the meta device (a rehearsal: hpctrain.task.rehearse) is laid out where it is: only shapes.
-    if not any(t.is_meta for t in model.parameters()):
+    meta = any(t.is_meta for t in model.parameters())
+    if not meta:
         model = model.to(device)
     if precision == "fp8":
         amp.require_float8(device)
@@ -175,7 +176,9 @@ def parallelize(
         result.shared = shared_weights(across, parts, owners, dims.mesh)
         result.pipeline = Pipeline(parts, owners, p.schedule, p.microbatches, device, group)
         result.model = first if len(parts) == 1 else merge_stages(list(parts.values()))
-    elif data_parallel == ["dp_replicate"]:
+    elif data_parallel == ["dp_replicate"] and not meta:
+        # On the meta device DDP is not applied: its constructor compares real parameters across the ranks,
+        # and it changes no parameter's shape or placement (what a rehearsal reads).
         result.model, result.compression = apply_ddp(parts[0], p, device, dims.submesh("dp_replicate"))
     return result
 

@@ -214,12 +214,15 @@ def rank_state_bytes(
     cfg: Config, lay: Layout, pp_rank: int, shard_rank: int, facts: ModelFacts | None = None
 ) -> dict[str, int]:
     """The bytes of one rank's parameters, gradients and optimizer state, by its pipeline and FSDP
-    coordinates: what a measurement (``hpctrain.verify.plan_measure``) or a rehearsal
-    (``hpctrain.task.rehearse``) reads off that rank's sharded tensors."""
+    coordinates: what a measurement (``hpctrain.verify.plan_measure``) reads off that rank's sharded tensors
+    after a real step. ``sharded_grads``: one gradient like each trained parameter's local shard, what a
+    rehearsal (``hpctrain.task.rehearse``, no backward) holds; ``grads`` adds what a backward makes whole
+    (the vocabulary-parallel embedding's gradient under TP without FSDP, ``whole_grad_under_tp``)."""
     state = model_state_numel(cfg, lay, pp_rank, shard_rank, facts)
     return {
         "params": FP32 * state.param_numel,
         "grads": FP32 * state.grad_numel,
+        "sharded_grads": FP32 * state.trained_numel,
         "optimizer": optimizer_bytes(cfg, state.trained_numel, state.trained_tensors),
     }
 
