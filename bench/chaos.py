@@ -341,6 +341,10 @@ def main() -> None:
         saves = saves_of(chaos, opts.steps)  # read here: without --dir the run's folder goes with the block
         wall = records_chaos[-1]["time"] - records_chaos[0]["time"]
         ettr = ref_step * (opts.steps - 1) / wall
+        # The run's own undisturbed step (the median of its steps' own times): the ETTR against it does not
+        # move with the machine between the reference job and this one (60-64 ms a step from run to run).
+        own_step = statistics.median(r["step_time_s"] for r in records_chaos if "step_time_s" in r)
+        ettr_own = own_step * (opts.steps - 1) / wall
         # A checkpoint both runs have, after both restarts and before the NaN step.
         common = {p.name for p in (chaos / "checkpoints").glob("step_*")} & {
             p.name for p in (reference / "checkpoints").glob("step_*")
@@ -378,6 +382,15 @@ def main() -> None:
         f"ETTR {ettr:.3f} (reference step {ref_step * 1000:.0f} ms x {opts.steps - 1} steps / {wall:.1f} s "
         f"from first step to last; {sum('ettr' not in r for r in rows)} faults)"
     )
+    faults_s = sum(r["total"] for r in rows if "ettr" not in r)
+    rework_s = sum(r["lost"] for r in rows if "ettr" not in r) * own_step
+    rest_s = wall - own_step * (opts.steps - 1) - faults_s - rework_s
+    print(
+        f"ETTR {ettr_own:.3f} against the run's own median step ({own_step * 1000:.1f} ms): of its "
+        f"{wall:.1f} s, {own_step * (opts.steps - 1):.1f} s of steps, {faults_s:.1f} s of fault recovery, "
+        f"{rework_s:.1f} s trained again, {rest_s:.1f} s the rest ({rest_s / max(saves['taken'], 1):.3f} s "
+        f"for each of its {saves['taken']} saves, with logging and evaluation)"
+    )
     print(f"weights at step {mid} (after both restarts) bitwise equal to the uninterrupted run's: {same_mid}")
     print(
         f"final weights bitwise equal: {same_end} (not expected: the NaN step was skipped: one update fewer)"
@@ -395,6 +408,9 @@ def main() -> None:
                     "reference_step_s": ref_step,
                     "wall_s": wall,
                     "ettr": ettr,
+                    "own_step_s": own_step,
+                    "ettr_own": ettr_own,
+                    "rest_s": rest_s,
                     "faults": [{k: v for k, v in r.items() if k != "same"} for r in rows if "ettr" not in r],
                     "saves": saves,
                 },
@@ -414,6 +430,8 @@ def saves_of(run: Path, steps: int) -> dict:
     chosen = [m for _, line in log_lines(run, 0) if (m := AUTO.search(line))]
     return {
         "count": len(list((run / "checkpoints").glob("step_*"))),
+        # Every save the run made, pruned ones too (rank 0 logs each commit).
+        "taken": sum(1 for _, line in log_lines(run, 0) if line.startswith("Committed ")),
         "every": [int(m[1]) for m in chosen],
         "cost_s": [float(m[3]) for m in chosen],
         "final": [
