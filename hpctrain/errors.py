@@ -23,7 +23,7 @@ class ConfigError(ValueError):
         if self.valid:
             text += f" (valid: {self.valid})"
         # Never more than one line, whatever the pieces held; no control character reaches the terminal.
-        return _escape(" ".join(text.split()))
+        return printable(text, limit=None)
 
 
 def _show(value: Any) -> str:
@@ -39,11 +39,11 @@ def _escape(text: str) -> str:
     return "".join(repr(ch)[1:-1] if ord(ch) < 32 or ord(ch) == 127 else ch for ch in text)
 
 
-def printable(text: str, limit: int = 600) -> str:
+def printable(text: str, limit: int | None = 600) -> str:
     """``text`` as one terminal line: whitespace runs folded to a space, control characters escaped, cut at
-    ``limit`` characters."""
+    ``limit`` characters (None: whole)."""
     line = _escape(" ".join(text.split()))
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return line if limit is None or len(line) <= limit else line[: limit - 3] + "..."
 
 
 class UserCodeError(ConfigError):

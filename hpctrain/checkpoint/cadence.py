@@ -69,10 +69,11 @@ def observed_mtbf_s(run_dir: Path, default_s: float, now: float) -> tuple[float,
     rd = RunDir(run_dir)
     restarts = sum(1 for r in rd.read_restarts() if r.get("action") == "restart")
     interruptions = restarts + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    records = rd.read_metrics()
-    if interruptions == 0 or not records or "time" not in records[0]:
+    # Read at every save: only the first record's time, not the whole (growing) metrics file.
+    first = rd.first_metric() if interruptions else None
+    if first is None or "time" not in first:
         return default_s, "cluster.mtbf_h (no interruption yet)"
-    span = max(now - float(records[0]["time"]), 1.0)
+    span = max(now - float(first["time"]), 1.0)
     return span / interruptions, f"observed: {interruptions} interruption(s) in {span:.0f} s"
 
 

@@ -79,28 +79,34 @@ def run(name: str, argv: list[str]) -> int:
     return EXIT_DOES_NOT_FIT if not est.verdict.fits else 0
 
 
-AGREE = 0.01  # the planner and the rehearsal agree within 1 % on each rank's model state
-
-
 def _rehearse(cfg: Any, measured: Any) -> bool:
     """Rehearse ``cfg``'s start-up, print a row per rank and the verdict (the outcome is kept); False when
     a rank fails or the plan cannot be rehearsed (its line printed)."""
     import time
 
+    from hpctrain.errors import printable
     from hpctrain.plan.layout import layout_of
-    from hpctrain.plan.memory import rank_state_bytes
-    from hpctrain.plan.rehearsal import RehearsalRefused, refuse_too_many, rehearse_and_record
+    from hpctrain.plan.rehearsal import (
+        AGREE,
+        RehearsalRefused,
+        compared,
+        refuse_too_many,
+        rehearse_and_record,
+        whole_grads,
+    )
+    from hpctrain.plan.units import size
     from hpctrain.task.rehearse import Rehearsed, StartupFailure, roles
 
     shape = run_shape(cfg)
+    chosen = roles(shape)
     try:
-        refuse_too_many(len(roles(shape)), shape.world_size)
+        refuse_too_many(len(chosen), shape.world_size)
     except RehearsalRefused as err:
         print(f"hpctrain: --rehearse: {err}", file=sys.stderr)
         return False
     lay = layout_of(cfg, tokens=(measured.tokens_per_sample or 1) if measured is not None else None)
     print(
-        f"\nRehearsal: {len(roles(shape))} of {shape.world_size} ranks' start-up, here, with a fake process "
+        f"\nRehearsal: {len(chosen)} of {shape.world_size} ranks' start-up, here, with a fake process "
         "group (no collective moves data) and the model on the meta device: one rank per pipeline, tensor, "
         "context and expert coordinate, at the first and last FSDP shard"
     )
@@ -112,30 +118,24 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
     whole = [0]  # the most a rank's backward adds, making a gradient whole (none in a rehearsal)
 
     def row(r: Rehearsed) -> None:
-        planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, measured)
-        # Without a backward a rehearsal's gradients are the trained parameters' shards (what the optimizer
-        # reads); what a backward makes whole the planner counts on top, said once below.
-        est = {**planned, "grads": planned["sharded_grads"]}
-        whole[0] = max(whole[0], planned["grads"] - planned["sharded_grads"])
-        got = {"params": r.params, "grads": r.grads, "optimizer": r.optimizer}
-        for what in got:
-            gap = abs(est[what] - got[what]) / max(got[what], 1)
-            gaps.append(
-                (gap, f"rank {r.role.rank}'s {what}: estimated {est[what]:,} B, rehearsed {got[what]:,} B")
-            )
-        pair = {k: _pair(est[k], got[k]) for k in got}
+        pairs = compared(cfg, lay, r, measured)
+        whole[0] = max(whole[0], whole_grads(cfg, lay, r, measured))
+        for what, (est, got) in pairs.items():
+            said = f"rank {r.role.rank}'s {what}: estimated {est:,} B, rehearsed {got:,} B"
+            gaps.append((abs(est - got) / max(got, 1), said))
+        pair = {k: _pair(est, got) for k, (est, got) in pairs.items()}
         print(
             f"{r.role.rank:>5}  {str(r.role)[:40]:<40} {pair['params']:>22} {pair['grads']:>22} "
-            f"{pair['optimizer']:>22} {_human(r.checkpoint):>11} {f'{r.dp[0]}/{r.dp[1]}':>9} {r.samples:>7} "
+            f"{pair['optimizer']:>22} {size(r.checkpoint):>11} {f'{r.dp[0]}/{r.dp[1]}':>9} {r.samples:>7} "
             f"{r.seconds:>5.2f}",
             flush=True,
         )
 
     began = time.perf_counter()
     try:
-        done = rehearse_and_record(cfg, progress=row)
+        done = rehearse_and_record(cfg, progress=row, chosen=chosen)
     except (StartupFailure, RehearsalRefused, ValueError) as err:
-        print(f"hpctrain: --rehearse: {' '.join(str(err).split())}", file=sys.stderr)
+        print(f"hpctrain: --rehearse: {printable(str(err))}", file=sys.stderr)
         return False
     gap, where = max(gaps, default=(0.0, ""))
     agreement = (
@@ -146,7 +146,7 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
     )
     if whole[0]:
         agreement += (
-            f"; the planner adds up to {_human(whole[0])} a rank for the vocabulary-parallel embedding's "
+            f"; the planner adds up to {size(whole[0])} a rank for the vocabulary-parallel embedding's "
             "gradient, which a backward makes whole under TP without FSDP (a rehearsal runs no backward)"
         )
     seconds = time.perf_counter() - began
@@ -156,19 +156,9 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
     return True
 
 
-UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
-
-
-def _unit(n: int) -> tuple[int, str]:
-    return next(((size, name) for size, name in UNITS if n >= size), (1, "B"))
-
-
-def _human(n: int) -> str:
-    size, name = _unit(n)
-    return f"{n / size:.2f} {name}"
-
-
 def _pair(estimated: int, rehearsed: int) -> str:
     """Both in the unit of the larger: ``1.23/1.23 GiB``."""
-    size, name = _unit(max(estimated, rehearsed))
-    return f"{estimated / size:.2f}/{rehearsed / size:.2f} {name}"
+    from hpctrain.plan.units import size_unit
+
+    unit, scale = size_unit(max(estimated, rehearsed))
+    return f"{estimated / scale:.2f}/{rehearsed / scale:.2f} {unit}"

@@ -5,7 +5,7 @@ outcome is kept under a fingerprint of what shapes a rank's start-up (the model,
 the batch, precision and optimizer), so that
 
 - a dry run of the same plan says whether it was rehearsed, and if not, how to (:func:`rehearsal_line`);
-- ``cluster.rehearse=true`` rehearses in the submission's checks (``hpctrain.submit.torchside``): a rank
+- ``rehearse=true`` rehearses in the submission's checks (``hpctrain.submit.torchside``): a rank
   that would fail at start-up is refused there, in one line naming it, before any queue wait.
 
 Records live in ``$HPCTRAIN_CACHE`` (default ``$XDG_CACHE_HOME/hpctrain``, else ``~/.cache/hpctrain``),
@@ -26,11 +26,14 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import printable
+from hpctrain.plan.memory import rank_state_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from hpctrain.task.rehearse import Rehearsed
+    from hpctrain.models.facts import ModelFacts
+    from hpctrain.plan.layout import Layout
+    from hpctrain.task.rehearse import Rehearsed, Role
 
 CACHE_ENV = "HPCTRAIN_CACHE"
 # Beyond this many distinct roles a rehearsal is refused: at ~0.5-2 s a role on one core it would take
@@ -143,15 +146,44 @@ def refuse_too_many(roles: int, world_size: int) -> None:
         )
 
 
-def rehearse_and_record(cfg: Config, progress: Callable[[Rehearsed], None] | None = None) -> list[Rehearsed]:
-    """Rehearse ``cfg``'s start-up (:func:`hpctrain.task.rehearse.rehearse`, which imports torch) and keep
-    the outcome. Raises :class:`~hpctrain.task.rehearse.StartupFailure` for a rank that fails (recorded),
+AGREE = 0.01  # the planner and the rehearsal agree within 1 % on each rank's model state
+
+
+def compared(
+    cfg: Config, lay: Layout, r: Rehearsed, facts: ModelFacts | None = None
+) -> dict[str, tuple[int, int]]:
+    """A rehearsed rank's parameter, gradient and optimizer bytes beside the planner's: {what: (planned,
+    rehearsed)}. Without a backward a rehearsal's gradients are the trained parameters' shards (what the
+    optimizer reads); what a backward makes whole the planner counts on top (:func:`whole_grads`)."""
+    planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, facts)
+    return {
+        "params": (planned["params"], r.params),
+        "grads": (planned["sharded_grads"], r.grads),
+        "optimizer": (planned["optimizer"], r.optimizer),
+    }
+
+
+def whole_grads(cfg: Config, lay: Layout, r: Rehearsed, facts: ModelFacts | None = None) -> int:
+    """The bytes a backward adds to a rank's gradients on top of their shards (the vocabulary-parallel
+    embedding's, whole under TP without FSDP): counted by the planner, not held by a rehearsal."""
+    planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, facts)
+    return planned["grads"] - planned["sharded_grads"]
+
+
+def rehearse_and_record(
+    cfg: Config,
+    progress: Callable[[Rehearsed], None] | None = None,
+    chosen: list[Role] | None = None,
+) -> list[Rehearsed]:
+    """Rehearse ``cfg``'s start-up (:func:`hpctrain.task.rehearse.rehearse`, which imports torch;
+    ``chosen``: its ranks, :func:`~hpctrain.task.rehearse.roles` unless given) and keep the outcome. Raises
+    :class:`~hpctrain.task.rehearse.StartupFailure` for a rank that fails (recorded),
     :class:`RehearsalRefused` for a plan of more than :data:`MAX_ROLES` roles, ValueError for a data split
     that does not cover the batch."""
     from hpctrain.task.rehearse import StartupFailure, rehearse, roles
 
     shape = run_shape(cfg)
-    chosen = roles(shape)
+    chosen = roles(shape) if chosen is None else chosen
     refuse_too_many(len(chosen), shape.world_size)
     began = time.perf_counter()
     try:

@@ -27,10 +27,13 @@ def significant(value: float, digits: int = 3) -> str:
 def size(n: float, decimals: int = 2) -> str:
     """Bytes in binary units, the largest that keeps the number ≥ 1, with ``decimals`` decimals: 80.00 GiB,
     12.50 MiB, 3.25 KiB, 512 B (the GiB figures of large models read as they always did)."""
-    for unit, scale in _BYTES:
-        if abs(n) >= scale:
-            return f"{n / scale:.{decimals}f} {unit}"
-    return f"{n:.0f} B"
+    unit, scale = size_unit(n)
+    return f"{n / scale:.{decimals}f} {unit}" if scale > 1 else f"{n:.0f} B"
+
+
+def size_unit(n: float) -> tuple[str, int]:
+    """The binary unit :func:`size` writes ``n`` bytes in, and its bytes: ("MiB", 2**20); ("B", 1)."""
+    return next(((unit, scale) for unit, scale in _BYTES if abs(n) >= scale), ("B", 1))
 
 
 def duration(seconds: float, digits: int = 3) -> str:

@@ -575,6 +575,10 @@ class RunDir:
         """metrics.jsonl's step records (a torn or partly read line is skipped)."""
         return [r for r in read_jsonl(self.metrics, tail_bytes) if "step" in r]
 
+    def first_metric(self) -> dict[str, Any] | None:
+        """metrics.jsonl's first step record (read from the start of the file only), or None."""
+        return next((r for r in read_jsonl(self.metrics, head_bytes=64 * 1024) if "step" in r), None)
+
     def metrics_writer(self) -> JsonlWriter:
         return JsonlWriter(self.metrics)
 

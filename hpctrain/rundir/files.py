@@ -59,17 +59,21 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def read_jsonl(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file; with ``tail_bytes``, only those in the end of the file.
+def read_jsonl(
+    path: Path, tail_bytes: int | None = None, head_bytes: int | None = None
+) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file; with ``tail_bytes``, only those in the end of the file, with
+    ``head_bytes`` only those at its start.
 
-    A line that is not a whole JSON object (being written, torn by a crash, or cut by the tail) is skipped.
+    A line that is not a whole JSON object (being written, torn by a crash, or cut by the tail or the head)
+    is skipped.
     """
     try:
         with open(path, "rb") as f:
             if tail_bytes is not None:
                 size = f.seek(0, os.SEEK_END)
                 f.seek(max(0, size - tail_bytes))
-            data = f.read()
+            data = f.read(head_bytes if head_bytes is not None else -1)
     except OSError:
         return []
     records = []

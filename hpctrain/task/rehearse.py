@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -47,9 +48,6 @@ from hpctrain.models import build_model
 from hpctrain.models.adapters import add_lora
 
 log = logging.getLogger(__name__)
-
-# The first rehearsed ranks of a plan take longer (imports, the first DTensor dispatches): measured with
-# the rest, so a rehearsal's time is what a user waits.
 
 
 @dataclass(frozen=True)
@@ -227,9 +225,4 @@ def _rank(cfg: Config, shape: RunShape, role: Role, began: float) -> Rehearsed:
 def _item_bytes(item: Any) -> int:
     """A write item's bytes: a tensor piece's elements × its dtype's size, a blob (plain data) ~0."""
     data = item.tensor_data
-    if data is None:
-        return 0
-    numel = 1
-    for n in data.chunk.sizes:
-        numel *= n
-    return numel * torch.empty((), dtype=data.properties.dtype).element_size()
+    return 0 if data is None else math.prod(data.chunk.sizes) * data.properties.dtype.itemsize

@@ -14,8 +14,6 @@ import argparse
 import sys
 import time
 
-AGREE = 0.01
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.verify.rehearsals", description=__doc__)
@@ -25,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.plan.check import check_run
     from hpctrain.plan.layout import layout_of
-    from hpctrain.plan.memory import rank_state_bytes
+    from hpctrain.plan.rehearsal import AGREE, compared
     from hpctrain.task.rehearse import StartupFailure, rehearse
     from hpctrain.verify.parity import CASES, EXTRA_CASES, overrides
 
@@ -47,13 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for r in done:
                 ranks += 1
-                planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank)
-                est = {**planned, "grads": planned["sharded_grads"]}
-                for what in ("params", "grads", "optimizer"):
-                    got = getattr(r, what)
-                    if abs(est[what] - got) > AGREE * max(got, 1):
+                for what, (est, got) in compared(cfg, lay, r).items():
+                    if abs(est - got) > AGREE * max(got, 1):
                         where = f"{model:<8} {case.name}, rank {r.role.rank} ({r.role})"
-                        bad.append(f"{where}: {what} planned {est[what]}, rehearsed {got}")
+                        bad.append(f"{where}: {what} planned {est}, rehearsed {got}")
     print("\n".join(bad))
     verdict = "every rank agrees with the planner within 1%" if not bad else f"{len(bad)} disagreements"
     print(f"{cases} cases, {ranks} ranks rehearsed in {time.perf_counter() - began:.1f} s: {verdict}")
