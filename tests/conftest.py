@@ -27,6 +27,11 @@ import pytest
 
 from tests.support import CLI, REPO, STDLIB, fork_server_imports
 
+# One OpenMP thread per process unless a test says otherwise. The suite keeps both cores busy with its workers
+# and their ranks, where a second intra-op thread only spins: a 1-process run of 60 steps took 12-21 % more
+# CPU with 2 (the launcher's default for 1 rank on 2 cores). That default is for a machine a run has alone.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # bench/reference_ddp.py holds the hand-written DDP loop that parity tests compare against.
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -218,6 +218,10 @@ class ClusterConfig:
     account: str | None = None
     qos: str | None = None
     time: str = "01:00:00"  # any Slurm time format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+    # Flexible walltime (sbatch --time-min): the least the job accepts. Backfill may then start it sooner,
+    # in a gap shorter than `time`, with a limit between the two; the run reads the limit Slurm granted and
+    # saves and requeues before it ends, as before `time`. None: the job runs for `time` or waits for it.
+    time_min: str | None = None
     nodes: int = 1
     tasks_per_node: int = 1
     gpus_per_node: int = 0

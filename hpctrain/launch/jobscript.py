@@ -17,6 +17,8 @@ from hpctrain.config.redact import is_secret
 from hpctrain.config.schema import ClusterConfig
 from hpctrain.launch.project import PROJECT_DIR_ENV, project_dir
 from hpctrain.slurm.badnodes import RECORD_ENV
+from hpctrain.slurm.commands import REQUESTED_TIME_ENV
+from hpctrain.slurm.spec import parse_time_limit
 
 
 def setup_lines(
@@ -40,6 +42,8 @@ def setup_lines(
         record is not None
     ):  # where the job's supervisors write the nodes it excludes (hpctrain.slurm.badnodes)
         lines.append(f"export {RECORD_ENV}={shlex.quote(str(record))}")
+    if cluster.time_min is not None:  # a requeue asks for it again (hpctrain.slurm.commands.requeue)
+        lines.append(f"export {REQUESTED_TIME_ENV}={parse_time_limit(cluster.time)}")
     for name, value in cluster.env.items():
         if is_secret(name):  # never written: the job inherits it from the submitter's environment
             lines.append(f"# {name}: from the submitting process's environment (a secret, not recorded)")

@@ -21,6 +21,8 @@ def resource_options(c: ClusterConfig) -> list[str]:
         f"--cpus-per-task={c.cpus_per_task}",
         f"--time={parse_time_limit(c.time)}",
     ]
+    if c.time_min is not None:  # what backfill may start it with: its estimate is then earlier
+        options.append(f"--time-min={parse_time_limit(c.time_min)}")
     if c.gpus_per_node:
         options.append(f"--gpus-per-node={c.gpus_per_node}")
     for key in ("account", "qos", "mem", "constraint", "exclude", "reservation", "gres"):

@@ -87,6 +87,8 @@ def sbatch_extras(cluster: ClusterConfig) -> dict[str, Any]:
         extras["no-kill"] = True
     if cluster.reservation is not None:
         extras["reservation"] = cluster.reservation
+    if cluster.time_min is not None:  # submitit has no parameter of its own for it
+        extras["time-min"] = parse_time_limit(cluster.time_min)
     for name, value in cluster.additional.items():
         if value is not None and value is not False:
             extras[str(name).replace("_", "-")] = value
@@ -246,7 +248,7 @@ def print_dry_run(cfg: Config, run_dir: Path, parameters: dict[str, Any] | str) 
         shape.world_size,
         f"{c.gpus_per_node} GPUs per node" if c.gpus_per_node else "CPU",
         f"parallel={cfg.parallel.name} ({shape.degrees})",
-        c.time,
+        c.time if c.time_min is None else f"{c.time} (at least {c.time_min}: backfill may grant less)",
         c.partition or "(default)",
     )
     from hpctrain.plan.rehearsal import rehearsal_line

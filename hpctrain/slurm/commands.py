@@ -470,6 +470,21 @@ def requeue(job_id: str, attempts: int = 1, ignore_sigterm: bool = False) -> Out
     return _in_job(["scontrol", "requeue", job_id], 60, attempts, ignore_sigterm)
 
 
+# cluster.time_min: the limit the job asked for, in minutes (its script exports it). Slurm (22.05) keeps the
+# shorter limit backfill granted a --time-min job through a requeue, so every later start would be as short.
+REQUESTED_TIME_ENV = "HPCTRAIN_REQUESTED_TIME"
+
+
+def ask_requested_time(job_id: str, attempts: int = 1, ignore_sigterm: bool = False) -> Outcome | None:
+    """After a requeue of a ``cluster.time_min`` job: its whole ``cluster.time`` asked for again, so the
+    scheduler chooses anew between the two (``scontrol update TimeLimit``; raising a limit may take a Slurm
+    operator at a site). None for any other job."""
+    minutes = os.environ.get(REQUESTED_TIME_ENV, "")
+    if not minutes.isdigit():
+        return None
+    return update_job(job_id, {"TimeLimit": minutes}, attempts, ignore_sigterm)
+
+
 def update_job(
     job_id: str, fields: dict[str, str], attempts: int = 1, ignore_sigterm: bool = False
 ) -> Outcome:

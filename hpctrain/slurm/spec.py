@@ -32,8 +32,9 @@ DEPENDENCY = re.compile(
 SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9]*([-_][a-z0-9]+)*$")
 # Options hpctrain writes itself (each has a key of its own or is the job's machinery): not in additional.
 RESERVED_SBATCH = (
-    "job-name", "partition", "account", "qos", "time", "nodes", "ntasks-per-node", "ntasks", "cpus-per-task",
-    "gpus-per-node", "mem", "constraint", "exclude", "exclusive", "gres", "gpus-per-task", "reservation",
+    "job-name", "partition", "account", "qos", "time", "time-min", "nodes", "ntasks-per-node", "ntasks",
+    "cpus-per-task", "gpus-per-node", "mem", "constraint", "exclude", "exclusive", "gres", "gpus-per-task",
+    "reservation",
     "mail-user", "mail-type", "dependency", "signal", "requeue", "no-requeue", "output", "error", "array",
     "open-mode", "wrap", "chdir", "export",
 )  # fmt: skip

@@ -96,6 +96,15 @@ def run_training(run_dir: Path, env: DistEnv, job_id: str | None, signals: StopS
     record_topology(env, RunDir(run_dir))
     amp.set_matmul_precision(device, cfg.trainer.precision)
     end_time = commands.end_time(job_id) if job_id and env.is_main else None
+    if end_time is not None and cfg.cluster.time_min is not None:
+        # Backfill may have granted less than cluster.time: the walltime guard saves before this end.
+        log.info(
+            "Slurm ends this job at %s, in %d s (cluster.time=%s, cluster.time_min=%s): it saves before then",
+            time.strftime("%H:%M:%S", time.localtime(end_time)),
+            max(0, round(end_time - time.time())),
+            cfg.cluster.time,
+            cfg.cluster.time_min,
+        )
     observer = None
     if env.is_main:
         plain = OmegaConf.to_container(load_yaml(RunDir(run_dir).config))

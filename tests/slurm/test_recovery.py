@@ -201,18 +201,18 @@ def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster,
 
 
 def test_the_goodput_ledger_counts_a_held_jobs_queue_wait(slurm_cluster, tmp_path: Path):
-    """Issue 43 (a): a job held in the queue for 20 s (scontrol hold, then release): goodput.json's queue
-    wait is at least 15 s, from Slurm's accounting, and its buckets sum to the wall time within 1 %."""
+    """Issue 43 (a): a job held in the queue for 8 s (scontrol hold, then release): goodput.json's queue
+    wait is at least 6 s, from Slurm's accounting, and its buckets sum to the wall time within 1 %."""
     run = tmp_path / "run"
     one = ["cluster=slurm_test", "cluster.nodes=1", "cluster.tasks_per_node=1", "trainer.max_steps=20"]
     job_id = submit(run, *FAST, *one, "+cluster.additional.hold=true")
-    time.sleep(20)
+    time.sleep(8)
     assert commands.job_fields(job_id).get("JobState") == "PENDING"
     subprocess.run(["scontrol", "release", job_id], check=True, timeout=30)
     assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
     ledger = json.loads((run / "goodput.json").read_text())
     buckets = ledger["buckets_s"]
-    assert ledger["accounting"] and buckets["queue wait"] >= 15, ledger
+    assert ledger["accounting"] and buckets["queue wait"] >= 6, ledger
     assert abs(sum(buckets.values()) - ledger["wall_s"]) <= 0.01 * ledger["wall_s"], ledger
     assert buckets["productive steps"] > 0 and ledger["job_starts"] == 1, ledger
     status = hpctrain("status", str(run))

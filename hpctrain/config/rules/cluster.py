@@ -167,12 +167,15 @@ def check_cluster(cfg: Config) -> None:
         minutes = parse_time_limit(c.time)
     except ValueError:
         raise ConfigError("cluster.time", c.time, "not a Slurm time limit", valid=TIME_FORMATS_HELP) from None
-    if c.signal_lead_s >= minutes * 60:
+    shortest, named = minutes, f"cluster.time={c.time}"
+    if c.time_min is not None:
+        shortest, named = _time_min(c.time_min, c.time, minutes), f"cluster.time_min={c.time_min}"
+    if c.signal_lead_s >= shortest * 60:  # the warning must come after the start of the shortest job granted
         raise ConfigError(
             "cluster.signal_lead_s",
             c.signal_lead_s,
-            f"the warning would come before the job starts: cluster.time={c.time} is {minutes * 60} s",
-            valid=f"< {minutes * 60}",
+            f"the warning would come before the job starts: {named} is {shortest * 60} s",
+            valid=f"< {shortest * 60}",
         )
     one_of("cluster.signal", c.signal, WARNING_SIGNALS)
     one_of("cluster.sbatch_template", c.sbatch_template, SBATCH_TEMPLATES)
@@ -320,3 +323,18 @@ def check_ssh(cfg: Config) -> None:
             "no such file",
             valid="an ssh config file (ssh -F), or null for ~/.ssh/config",
         )
+
+
+def _time_min(text: str, time: str, minutes: int) -> int:
+    """Minutes of ``cluster.time_min`` (sbatch --time-min): a Slurm time limit, at most ``cluster.time``
+    (Slurm itself would refuse one over the limit only at submit)."""
+    try:
+        least = parse_time_limit(text)
+    except ValueError:
+        raise ConfigError(
+            "cluster.time_min", text, "not a Slurm time limit", valid=TIME_FORMATS_HELP
+        ) from None
+    if least > minutes:
+        longer = f"longer than cluster.time={time} ({minutes} min)"
+        raise ConfigError("cluster.time_min", text, longer, valid=f"≤ {minutes} min")
+    return least

@@ -50,6 +50,26 @@ INVALID = [
         ["model.n_heads=3", "3 attention heads", "tp=2"],
     ),
     (["parallel=tp", "data=synthetic", "model.vocab_size=255"], ["model.vocab_size=255", "255 % 2 = 1"]),
+    # --- flexible walltime (issue 45, item 5): sbatch --time-min
+    (
+        ["cluster=slurm_test", "cluster.time_min=soon"],
+        ["cluster.time_min=soon", "not a Slurm time limit", "HH:MM:SS"],
+    ),
+    (["cluster=slurm_test", "cluster.time_min="], ["cluster.time_min=", "not a Slurm time limit"]),
+    (["cluster=slurm_test", "cluster.time_min='1\x01'"], ["cluster.time_min=1\\x01", "control character"]),
+    (["cluster=slurm_test", "cluster.time_min=0"], ["cluster.time_min=0", "not a Slurm time limit"]),
+    (
+        ["cluster=slurm_test", "cluster.time=00:30:00", "cluster.time_min=2:00:00"],
+        ["cluster.time_min=2:00:00", "longer than cluster.time=00:30:00 (30 min)", "≤ 30 min"],
+    ),
+    (
+        ["cluster=slurm_test", "cluster.time_min=2", "cluster.signal_lead_s=150"],
+        ["cluster.signal_lead_s=150", "cluster.time_min=2 is 120 s", "< 120"],
+    ),
+    (
+        ["cluster=slurm_test", "cluster.additional.time-min=5"],
+        ["cluster.additional.time-min=5", "hpctrain sets this option itself"],
+    ),
     # --- sbatch options (issue 17, item 4): checked for Slurm runs (a local run has no sbatch)
     (
         ["cluster=slurm_test", "cluster.additional.output=x"],

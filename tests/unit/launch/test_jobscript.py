@@ -84,3 +84,23 @@ def test_slurm_setup_lines_put_the_project_after_the_package(tmp_path: Path):
         == f"export PYTHONPATH={tmp_path}/code:{tmp_path}/code/project/sub${{PYTHONPATH:+:$PYTHONPATH}}"
     )
     assert f"export {PROJECT_DIR_ENV}={tmp_path}" in lines
+
+
+def test_a_flexible_walltime_job_carries_its_requested_limit(cli, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """cluster.time_min: the script asks for --time-min and exports the whole limit in minutes, which a
+    requeue asks for again (Slurm would keep the shorter limit backfill granted: see test_walltime)."""
+    result = cli(
+        SLURM,
+        "launcher=sbatch",
+        "dry_run=true",
+        "cluster.time=2:00:00",
+        "cluster.time_min=0:30:00",
+        f"hydra.run.dir={tmp_path / 'render'}",
+    )
+    assert result.returncode == 0, result.stderr
+    script = printed_script(result.stdout)
+    assert "#SBATCH --time-min=30" in script and "#SBATCH --time=2:00:00" in script
+    assert "export HPCTRAIN_REQUESTED_TIME=120" in script
+    assert "time limit 2:00:00 (at least 0:30:00: backfill may grant less)" in result.stdout + result.stderr
+    plain = cli(SLURM, "launcher=sbatch", "dry_run=true", f"hydra.run.dir={tmp_path / 'plain'}")
+    assert "time-min" not in printed_script(plain.stdout) and "REQUESTED_TIME" not in plain.stdout

@@ -55,6 +55,7 @@ def test_options_without_a_submitit_parameter_go_to_sbatch_as_typed():
             [
                 "cluster=slurm_test",
                 "cluster.reservation=maint",
+                "cluster.time_min=0:20:30",
                 "cluster.additional.comment=x",
                 "cluster.additional.overcommit=true",
                 "cluster.additional.hold=false",
@@ -65,6 +66,7 @@ def test_options_without_a_submitit_parameter_go_to_sbatch_as_typed():
         "requeue": True,
         "signal": f"{cluster.signal}@{cluster.signal_lead_s}",
         "reservation": "maint",
+        "time-min": 21,  # minutes, seconds rounded up as Slurm does
         "comment": "x",
         "overcommit": True,
     }
