@@ -339,9 +339,6 @@ def _pick_subnet() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-SLURMD_NICE = -5  # about 3 × a normal process's share of a contended core (CFS weights 3121 vs 1024)
-
-
 class SlurmTestCluster:
     """A Slurm controller, `num_nodes` slurmd nodes in their own namespaces, optional accounting."""
 
@@ -843,11 +840,7 @@ class SlurmTestCluster:
         self._wait_for(lambda: _tcp_accepts(addr, SLURMCTLD_PORT), deadline, "slurmctld port")
 
     def _start_slurmd(self, name: str) -> None:
-        # Its jobs (slurmstepd and the tasks inherit the niceness: PropagatePrioProcess=0) come first on this
-        # machine's cores. The Slurm tier runs on one xdist worker for the whole suite, mostly waiting on jobs
-        # that share the 2 cores with the local tier's ranks: the suite's longest path (~660 s alone, ~1,000 s
-        # in CI).
-        cmd = f"nice -n {SLURMD_NICE} slurmd -f {shlex.quote(str(self.conf_path))}"
+        cmd = f"slurmd -f {shlex.quote(str(self.conf_path))}"
         self._launch(f"slurmd-{name}", self._in_namespace(name, cmd, netns=self._netns(name)))
 
     def _wait_ready(self, deadline: float) -> None:
