@@ -16,8 +16,7 @@ the end of the round. A timing is a figure, never an assertion.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from hpctrain.rundir import RunDir  # noqa: E402
+from hpctrain.rundir.records import read_job  # noqa: E402
+from hpctrain.slurm import commands  # noqa: E402
 from tests.slurm.cluster import environment_for_benchmarks  # noqa: E402
 
 RUN = [
@@ -58,27 +60,13 @@ def sbatch(env: dict[str, str], *args: str) -> str:
     return out.stdout.strip().split(";")[0]
 
 
-def field(env: dict[str, str], job_id: str, name: str) -> str:
-    out = subprocess.run(
-        ["scontrol", "--oneliner", "show", "job", job_id], env=env, capture_output=True, text=True
-    )
-    for item in out.stdout.split():
-        key, _, value = item.partition("=")
-        if key == name:
-            return value
-    return ""
+def field(job_id: str, name: str) -> str:
+    return commands.job_fields(job_id).get(name, "")  # main() exported the cluster's SLURM_CONF
 
 
 def first_step_time(run: Path) -> float | None:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return None
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if "step" in record and "time" in record:
-                return float(record["time"])
-    return None
+    first = RunDir(run).first_metric()
+    return float(first["time"]) if first is not None and "time" in first else None
 
 
 def submit(env: dict[str, str], run: Path, *extra: str) -> str:
@@ -91,8 +79,6 @@ def submit(env: dict[str, str], run: Path, *extra: str) -> str:
     )
     if result.returncode != 0:
         sys.exit(f"submission failed:\n{result.stderr}")
-    from hpctrain.rundir.records import read_job
-
     record = read_job(run)
     assert record is not None
     return record.job_id
@@ -103,7 +89,7 @@ def one_round(env: dict[str, str], where: Path, busy_s: int, timeout: float) -> 
         env, "--nodelist=node1,node2", "--nodes=2", "--exclusive", "--time=2", f"--wrap=sleep {busy_s}"
     )
     deadline = time.monotonic() + 60
-    while field(env, blocker, "JobState") != "RUNNING":
+    while field(blocker, "JobState") != "RUNNING":
         if time.monotonic() > deadline:
             sys.exit("the blocking job did not start")
         time.sleep(0.2)
@@ -119,8 +105,8 @@ def one_round(env: dict[str, str], where: Path, busy_s: int, timeout: float) -> 
             first = first_step_time(run)
             if name not in firsts and first is not None:
                 firsts[name] = first - submitted
-        if not granted and field(env, jobs["time_min"], "JobState") == "RUNNING":
-            granted = field(env, jobs["time_min"], "TimeLimit")
+        if not granted and field(jobs["time_min"], "JobState") == "RUNNING":
+            granted = field(jobs["time_min"], "TimeLimit")
         time.sleep(0.2)
     subprocess.run(["scancel", *jobs.values(), blocker, waiting], env=env, check=False)
     if len(firsts) < 2:
@@ -141,6 +127,7 @@ def main() -> None:
         environment_for_benchmarks(num_nodes=3) as env,
         tempfile.TemporaryDirectory(prefix="hpct-bf-") as tmp,
     ):
+        os.environ.update(env)  # this process's Slurm clients (commands.job_fields) reach the same cluster
         for n in range(opts.runs):
             where = Path(tmp) / str(n)
             where.mkdir()

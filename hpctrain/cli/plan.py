@@ -90,6 +90,7 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
         AGREE,
         RehearsalRefused,
         compared,
+        planned,
         refuse_too_many,
         rehearse_and_record,
         whole_grads,
@@ -118,8 +119,9 @@ def _rehearse(cfg: Any, measured: Any) -> bool:
     whole = [0]  # the most a rank's backward adds, making a gradient whole (none in a rehearsal)
 
     def row(r: Rehearsed) -> None:
-        pairs = compared(cfg, lay, r, measured)
-        whole[0] = max(whole[0], whole_grads(cfg, lay, r, measured))
+        plan = planned(cfg, lay, r, measured)
+        pairs = compared(plan, r)
+        whole[0] = max(whole[0], whole_grads(plan))
         for what, (est, got) in pairs.items():
             said = f"rank {r.role.rank}'s {what}: estimated {est:,} B, rehearsed {got:,} B"
             gaps.append((abs(est - got) / max(got, 1), said))

@@ -149,25 +149,29 @@ def refuse_too_many(roles: int, world_size: int) -> None:
 AGREE = 0.01  # the planner and the rehearsal agree within 1 % on each rank's model state
 
 
-def compared(
-    cfg: Config, lay: Layout, r: Rehearsed, facts: ModelFacts | None = None
-) -> dict[str, tuple[int, int]]:
-    """A rehearsed rank's parameter, gradient and optimizer bytes beside the planner's: {what: (planned,
-    rehearsed)}. Without a backward a rehearsal's gradients are the trained parameters' shards (what the
-    optimizer reads); what a backward makes whole the planner counts on top (:func:`whole_grads`)."""
-    planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, facts)
+def planned(cfg: Config, lay: Layout, r: Rehearsed, facts: ModelFacts | None = None) -> dict[str, int]:
+    """The planner's bytes for a rehearsed rank's coordinates
+    (:func:`~hpctrain.plan.memory.rank_state_bytes`): what :func:`compared` and :func:`whole_grads` read."""
+    return rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, facts)
+
+
+def compared(plan: dict[str, int], r: Rehearsed) -> dict[str, tuple[int, int]]:
+    """A rehearsed rank's parameter, gradient and optimizer bytes beside the planner's (:func:`planned`):
+    {what: (planned, rehearsed)}. Without a backward a rehearsal's gradients are the trained parameters'
+    shards (what the optimizer reads); what a backward makes whole the planner counts on top
+    (:func:`whole_grads`)."""
     return {
-        "params": (planned["params"], r.params),
-        "grads": (planned["sharded_grads"], r.grads),
-        "optimizer": (planned["optimizer"], r.optimizer),
+        "params": (plan["params"], r.params),
+        "grads": (plan["sharded_grads"], r.grads),
+        "optimizer": (plan["optimizer"], r.optimizer),
     }
 
 
-def whole_grads(cfg: Config, lay: Layout, r: Rehearsed, facts: ModelFacts | None = None) -> int:
+def whole_grads(plan: dict[str, int]) -> int:
     """The bytes a backward adds to a rank's gradients on top of their shards (the vocabulary-parallel
-    embedding's, whole under TP without FSDP): counted by the planner, not held by a rehearsal."""
-    planned = rank_state_bytes(cfg, lay, r.pp_rank, r.shard_rank, facts)
-    return planned["grads"] - planned["sharded_grads"]
+    embedding's, whole under TP without FSDP): counted by the planner (:func:`planned`), not held by a
+    rehearsal."""
+    return plan["grads"] - plan["sharded_grads"]
 
 
 def rehearse_and_record(

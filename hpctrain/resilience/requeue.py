@@ -86,9 +86,7 @@ def requeue_or_fail(
             done + 1,
             max_requeues,
         )
-        result = commands.requeue(job_id)
-        if result.ok:
-            _ask_requested_time(job_id)
+        result = _requeue(job_id)
         lost = excluded_nodes(run_dir) if run_dir is not None and result.ok else set()
         exclude = _exclusion(job_id, None, lost) if lost else None
         if exclude:  # while the requeued job is pending, as respond_to_fault does
@@ -111,10 +109,12 @@ def requeue_or_fail(
             )
 
 
-def _ask_requested_time(job_id: str, attempts: int = 1, ignore_sigterm: bool = False) -> None:
-    """A requeued ``cluster.time_min`` job asks for its whole ``cluster.time`` again; where the site does not
-    let it, the run goes on in starts as short as the limit backfill granted, and says so."""
-    outcome = commands.ask_requested_time(job_id, attempts, ignore_sigterm)
+def _requeue(job_id: str, attempts: int = 1, ignore_sigterm: bool = False) -> commands.Outcome:
+    """``scontrol requeue`` (:func:`hpctrain.slurm.commands.requeue`); once requeued, a ``cluster.time_min``
+    job asks for its whole ``cluster.time`` again. Where the site does not let it, the run goes on in starts
+    as short as the limit backfill granted, and says so."""
+    result = commands.requeue(job_id, attempts, ignore_sigterm)
+    outcome = commands.ask_requested_time(job_id, attempts, ignore_sigterm) if result.ok else None
     if outcome is not None and not outcome.ok:
         why = (outcome.stderr or outcome.stdout).strip() or f"exit {outcome.returncode}"
         log.warning(
@@ -123,6 +123,7 @@ def _ask_requested_time(job_id: str, attempts: int = 1, ignore_sigterm: bool = F
             job_id,
             why,
         )
+    return result
 
 
 def _saved(step: int) -> str:
@@ -184,8 +185,7 @@ def requeue_job(run_dir: Path, job_id: str, host: str | None, kind: str = "", wh
         note_bad_node(run_dir, host, kind or "fault", why, job_id)
     lost = excluded_nodes(run_dir)
     exclude = _exclusion(job_id, host, lost) if host or lost else None
-    if _logged(commands.requeue(job_id, attempts=5, ignore_sigterm=True)):
-        _ask_requested_time(job_id, attempts=5, ignore_sigterm=True)
+    _logged(_requeue(job_id, attempts=5, ignore_sigterm=True))
     # Slurm takes an exclusion only while the job is pending: now, while the requeued job waits for its old
     # credentials to expire. No requeuehold: a job left held by a failed release would never run again.
     if exclude and _logged(

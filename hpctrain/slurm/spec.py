@@ -34,9 +34,8 @@ SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9]*([-_][a-z0-9]+)*$")
 RESERVED_SBATCH = (
     "job-name", "partition", "account", "qos", "time", "time-min", "nodes", "ntasks-per-node", "ntasks",
     "cpus-per-task", "gpus-per-node", "mem", "constraint", "exclude", "exclusive", "gres", "gpus-per-task",
-    "reservation",
-    "mail-user", "mail-type", "dependency", "signal", "requeue", "no-requeue", "output", "error", "array",
-    "open-mode", "wrap", "chdir", "export",
+    "reservation", "mail-user", "mail-type", "dependency", "signal", "requeue", "no-requeue", "output",
+    "error", "array", "open-mode", "wrap", "chdir", "export",
 )  # fmt: skip
 # Container image references (docker://, registry/image:tag, squashfs paths) and mount specs src:dst[:flags].
 SAFE_CONTAINER = re.compile(r"^[A-Za-z0-9_./:@+#\-]+$")

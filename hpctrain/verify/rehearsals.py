@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpctrain.config.compose import compose, to_typed
     from hpctrain.plan.check import check_run
     from hpctrain.plan.layout import layout_of
-    from hpctrain.plan.rehearsal import AGREE, compared
+    from hpctrain.plan.rehearsal import AGREE, compared, planned
     from hpctrain.task.rehearse import StartupFailure, rehearse
     from hpctrain.verify.parity import CASES, EXTRA_CASES, overrides
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for r in done:
                 ranks += 1
-                for what, (est, got) in compared(cfg, lay, r).items():
+                for what, (est, got) in compared(planned(cfg, lay, r), r).items():
                     if abs(est - got) > AGREE * max(got, 1):
                         where = f"{model:<8} {case.name}, rank {r.role.rank} ({r.role})"
                         bad.append(f"{where}: {what} planned {est}, rehearsed {got}")
