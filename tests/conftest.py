@@ -290,6 +290,13 @@ def bpe_corpus(bpe_sources: Path) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The session's cache (HPCTRAIN_CACHE, inherited by every command and job it starts): rehearsal
+    records and the shared Slurm watch (hpctrain.slurm.watch) of this session only, never the user's."""
+    os.environ.setdefault("HPCTRAIN_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(autouse=True)
 def _fork_server_beyond_the_fast_tier(request: pytest.FixtureRequest) -> None:
     """Every test outside tests/unit/ (which starts no process) has the session's fork server."""

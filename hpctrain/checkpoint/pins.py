@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hpctrain.rundir import RunDir
-from hpctrain.slurm import commands
+from hpctrain.slurm import watch
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def pinned(checkpoints: Path, steps: list[int]) -> set[int]:
     keep = {s for s, p in pins.items() if not p.get("job_id") and time.time() - p["time"] < SUBMIT_GRACE_S}
     jobs = {s: str(p["job_id"]) for s, p in pins.items() if p.get("job_id")}
     try:
-        states = commands.job_states(list(jobs.values())) if jobs else {}
+        states = watch.watched_states(list(jobs.values())) if jobs else {}
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as err:
         log.warning(
             "trainer.eval_job: cannot ask Slurm about evaluation jobs (%s): keeping steps %s",

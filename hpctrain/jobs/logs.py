@@ -8,13 +8,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from hpctrain.jobs.states import RUNNING, run_state
+from hpctrain.jobs.states import COMPLETED, RUNNING, run_state
 from hpctrain.jobs.targets import JobsError, Target, state_of
 from hpctrain.rundir import RunDir
-from hpctrain.slurm import commands
+from hpctrain.slurm import commands, watch
 
-FOLLOW_POLL_S = 0.5  # how often ``logs -f`` looks for new lines
-STATE_POLL_S = 2.0  # how often ``logs -f`` asks Slurm whether the job has ended
+FOLLOW_POLL_S = 0.5  # how often ``logs -f`` looks for new lines (and at the run directory's end)
+# When rank 0 of a Slurm job lets go of its run's lock (it ended, or failed), its job is ending or restarting
+# it: Slurm is asked directly this long after, instead of at the shared watch's next interval.
+AFTER_RELEASE_S = (1.0, 4.0)
 
 
 def log_paths(target: Target, rank: int) -> tuple[Path | None, Path | None]:
@@ -76,7 +78,9 @@ def _follow(
     longer RUNNING, its lock released; a finished run's tail at once)."""
     offset: int | None = None
     partial = b""
-    next_check = 0.0
+    next_check = next_look = 0.0
+    held = False  # rank 0 of a Slurm job holds the run's lock while it trains
+    asks: list[float] = []  # when to ask Slurm directly, after that lock was let go
     final = False
     waiting_said = False
     while True:
@@ -99,9 +103,28 @@ def _follow(
             if run_state(run_dir).word != RUNNING:
                 final = True  # one more read, then done: a finished run has no new lines to wait for
                 continue
-        if job_id is not None and time.monotonic() >= next_check:
-            state, _ = state_of(job_id)
-            next_check = time.monotonic() + STATE_POLL_S
+        now = time.monotonic()
+        if job_id is not None and run_dir is not None and now >= next_look:
+            next_look = now + FOLLOW_POLL_S
+            word = run_state(run_dir).word
+            if word == COMPLETED:
+                # Its last step written and its lock let go: nothing more to come, no Slurm query needed.
+                # (Not a rank's error: a restart inside the job, or its requeue, may still train on.)
+                final = True
+                continue
+            if held and word != RUNNING:  # rank 0 let go of the run: its job may be ending
+                asks = [now + delay for delay in AFTER_RELEASE_S]
+            held = word == RUNNING
+        direct = bool(asks) and now >= asks[0]
+        if job_id is not None and (direct or now >= next_check):
+            # Slurm's word, shared with the user's other watchers (hpctrain.slurm.watch): a job cancelled,
+            # timed out or lost with its node writes no end of its own. Asked directly only just after the
+            # run's lock was let go (AFTER_RELEASE_S: an event of each start of its rank 0, not a poll).
+            state, _ = state_of(job_id, watched=not direct)
+            if direct:
+                asks.pop(0)
+            else:
+                next_check = now + watch.INTERVAL_S
             if state is None or state.final:
                 final = True  # one more read: the last lines land as the job ends
                 continue

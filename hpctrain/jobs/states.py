@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.rundir import RunDir, RunLock
+from hpctrain.rundir.runs import finished
 from hpctrain.slurm.commands import JobState
 
 # The five state words, named once (a table: one line, not one word to a line).
@@ -63,24 +64,3 @@ def run_state(run_dir: Path | None, job: JobState | None = None) -> RunState:
     if run.error_files():
         return RunState(FAILED)
     return RunState(COMPLETED if finished(run_dir) else STOPPED)
-
-
-def finished(run_dir: Path) -> bool:
-    """Whether the run reached its end: ``trainer.max_steps`` (a script's: it ended without an error)."""
-    run = RunDir(run_dir)
-    if is_script(run_dir):
-        return not run.error_files()
-    total = run.max_steps()
-    records = run.read_metrics(64 * 1024)
-    step = records[-1].get("step", 0) if records else 0
-    return total is not None and isinstance(step, int) and step >= total
-
-
-def is_script(run_dir: Path) -> bool:
-    """Whether the run is the user's own script (task=script), whose progress is not the trainer's."""
-    from omegaconf import OmegaConf
-
-    try:
-        return str(OmegaConf.select(OmegaConf.load(RunDir(run_dir).config), "task.name")) == "script"
-    except Exception:  # missing or unreadable: the trainer's
-        return False

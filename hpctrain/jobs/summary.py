@@ -20,7 +20,7 @@ def last_with(records: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
 
 
 def progress(run_dir: Path, records: list[dict[str, Any]]) -> str:
-    from hpctrain.jobs.states import is_script
+    from hpctrain.rundir.runs import is_script
 
     last = records[-1]["step"] if records else "-"
     total = None if is_script(run_dir) else RunDir(run_dir).max_steps()  # a script's steps are its own

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hpctrain.rundir import JOB_RECORD, METRICS_FILE, SWEEP_RECORD, RunDir
 from hpctrain.rundir.records import JobRecord, SweepMember, SweepRecord, read_job, read_sweep
-from hpctrain.slurm import commands
+from hpctrain.slurm import commands, watch
 from hpctrain.slurm.commands import JOB_ID, JobState, SlurmUnavailable
 from hpctrain.slurm.remote import Remote, RemoteError
 
@@ -199,9 +199,10 @@ def _array_members(array_id: str, states: dict[str, JobState]) -> list[JobState]
     return [s for job, s in states.items() if job.startswith(f"{array_id}_")]
 
 
-def state_of(job_id: str) -> tuple[JobState | None, list[JobState]]:
-    """A job's state; for a job array's id, one state standing for all its members, and the members."""
-    states = states_of([job_id])
+def state_of(job_id: str, watched: bool = False) -> tuple[JobState | None, list[JobState]]:
+    """A job's state; for a job array's id, one state standing for all its members, and the members.
+    ``watched``: as of at most :data:`hpctrain.slurm.watch.INTERVAL_S` ago, for a loop that waits on it."""
+    states = states_of([job_id], watched)
     if job_id in states:
         return states[job_id], []
     members = _array_members(job_id, states)
@@ -216,9 +217,9 @@ def state_of(job_id: str) -> tuple[JobState | None, list[JobState]]:
     return JobState(job_id, word, "", "", ""), members
 
 
-def states_of(job_ids: list[str]) -> dict[str, JobState]:
+def states_of(job_ids: list[str], watched: bool = False) -> dict[str, JobState]:
     try:
-        return commands.job_states(job_ids)
+        return watch.watched_states(job_ids) if watched else commands.job_states(job_ids)
     except SlurmUnavailable as err:
         raise JobsError(str(err)) from None
     except (RuntimeError, OSError, ValueError) as err:  # a client that failed or timed out

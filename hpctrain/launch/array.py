@@ -27,13 +27,12 @@ from hpctrain.config.schema import ClusterConfig, Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import ConfigError
 from hpctrain.plan.check import check_run
-from hpctrain.rundir import SWEEP_RECORD, RunDir
+from hpctrain.rundir import SWEEP_RECORD, RunDir, RunLock
 from hpctrain.rundir.records import SweepRecord, read_sweep, sweep_argv, write_json
+from hpctrain.rundir.runs import finished
 from hpctrain.slurm.commands import SiteLimits
 
 log = logging.getLogger(__name__)
-
-POLL_S = 5.0  # sacct queries go to slurmdbd: poll gently
 
 
 def launch_array(
@@ -165,19 +164,38 @@ def _is_basic_sweeper(config: DictConfig) -> bool:
 
 
 def wait_for_objectives(job_ids: list[str], run_dirs: list[Path]) -> dict[str, float | None]:
-    """Block until the jobs end; each one's final val_loss (else loss), or None if it did not complete."""
-    from hpctrain.slurm.commands import job_states
+    """Block until the jobs end; each one's final val_loss (else loss), or None if it did not complete.
+
+    A member that wrote its last step and let go of its run's lock is done (its directory says so, each
+    second); Slurm is asked only about the others, and through the user's shared watch
+    (:mod:`hpctrain.slurm.watch`): one squeue of all the user's jobs per interval, not one per member."""
+    from hpctrain.slurm.watch import INTERVAL_S, watched_states
 
     log.info("Waiting for %d sweep members (the sweeper needs their results)", len(job_ids))
-    while True:
-        states = job_states(job_ids)
-        if all(j in states and states[j].final for j in job_ids):
-            break
-        time.sleep(POLL_S)
+    ended: dict[str, str] = {}
+    next_ask = 0.0
+    while len(ended) < len(job_ids):
+        for job_id, run_dir in zip(job_ids, run_dirs, strict=True):
+            if job_id not in ended and _ended_here(run_dir):
+                ended[job_id] = "COMPLETED"
+        waiting = [j for j in job_ids if j not in ended]
+        if waiting and time.monotonic() >= next_ask:
+            next_ask = time.monotonic() + INTERVAL_S
+            states = watched_states(waiting)
+            ended.update({j: states[j].state for j in waiting if j in states and states[j].final})
+        if len(ended) < len(job_ids):
+            time.sleep(1.0)
     results: dict[str, float | None] = {}
     for job_id, run_dir in zip(job_ids, run_dirs, strict=True):
-        results[job_id] = final_objective(run_dir) if states[job_id].state == "COMPLETED" else None
+        done = ended[job_id] == "COMPLETED" or _ended_here(run_dir)
+        results[job_id] = final_objective(run_dir) if done else None
     return results
+
+
+def _ended_here(run_dir: Path) -> bool:
+    """Whether a member's directory says it is done: its last step written, its lock let go."""
+    run = RunDir(run_dir)
+    return finished(run_dir) and not (run.lock.is_file() and RunLock(run.path).is_held())
 
 
 def final_objective(run_dir: Path) -> float | None:

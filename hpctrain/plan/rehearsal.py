@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
 from hpctrain.errors import printable
+from hpctrain.paths import cache_dir
 from hpctrain.plan.memory import rank_state_bytes
 
 if TYPE_CHECKING:
@@ -35,19 +36,10 @@ if TYPE_CHECKING:
     from hpctrain.plan.layout import Layout
     from hpctrain.task.rehearse import Rehearsed, Role
 
-CACHE_ENV = "HPCTRAIN_CACHE"
 # Beyond this many distinct roles a rehearsal is refused: at ~0.5-2 s a role on one core it would take
 # longer than the queue wait it saves.
 MAX_ROLES = 1024
 FORMAT = 1  # a record of another format is not read (a rehearsal is cheap to run again)
-
-
-def cache_dir() -> Path:
-    explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hpctrain"
 
 
 def fingerprint(cfg: Config) -> str:

@@ -1,5 +1,6 @@
 """Runs as a whole, by their directories: the latest run under the current folder, the command that continues
-one, and taking away a run directory that never started (with the folders this command made for it)."""
+one, taking away a run directory that never started (with the folders this command made for it), and whether
+a run reached its end."""
 
 from __future__ import annotations
 
@@ -96,3 +97,24 @@ def remove_unstarted(run_dir: Path, made: Path | None, submission: bool = False)
     while parent != made.parent and parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run reached its end: ``trainer.max_steps`` (a script's: it ended without an error)."""
+    run = RunDir(run_dir)
+    if is_script(run_dir):
+        return not run.error_files()
+    total = run.max_steps()
+    records = run.read_metrics(64 * 1024)
+    step = records[-1].get("step", 0) if records else 0
+    return total is not None and isinstance(step, int) and step >= total
+
+
+def is_script(run_dir: Path) -> bool:
+    """Whether the run is the user's own script (task=script), whose progress is not the trainer's."""
+    from omegaconf import OmegaConf
+
+    try:
+        return str(OmegaConf.select(OmegaConf.load(RunDir(run_dir).config), "task.name")) == "script"
+    except Exception:  # missing or unreadable: the trainer's
+        return False

@@ -146,21 +146,12 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
     job_ids = [j for j in dict.fromkeys(job_ids) if JOB_ID.fullmatch(j)]
     if not job_ids:
         return {}
-    states: dict[str, JobState] = {}
-    # --array: one line per array member, even for pending members (squeue folds them into 12_[0-3]).
-    fmt = "%i|%T|%N|%M|%r|%S"
-    args = ["squeue", "--noheader", "--array", "--jobs", ",".join(job_ids), "--format", fmt]
     try:
-        out = run(args)
+        states = _squeue(["--jobs", ",".join(job_ids)])
     except RuntimeError as err:  # a single id that left slurmctld's memory: "Invalid job id specified"
         if "Invalid job id" not in str(err):
             raise
-        out = ""
-    for line in out.splitlines():
-        job, state, nodes, elapsed, reason, start = line.split("|")
-        # %S is the start for a running job, Slurm's estimate for a pending one (N/A until it has one).
-        start = start if state == "PENDING" and start[:1].isdigit() else ""
-        states[job] = JobState(job, state, "", nodes, elapsed, "" if reason == "None" else reason, start)
+        states = {}
     missing = [j for j in job_ids if j not in states]
     if missing:
         states.update(
@@ -175,6 +166,25 @@ def job_states(job_ids: list[str]) -> dict[str, JobState]:
             for key, record in arrays.items():
                 if key.split("_")[0] == array and int(index) in _array_indices(key):
                     states[job] = JobState(job, record.state, record.exit_code, record.nodes, record.elapsed)
+    return states
+
+
+def user_queue() -> dict[str, JobState]:
+    """Every job of this user that slurmctld holds (queued, running, just ended), each array member on its own
+    line: one request however many jobs (:mod:`hpctrain.slurm.watch` shares it between watchers)."""
+    return _squeue(["--me"])  # the user the client runs as: over cluster.ssh, the login node's
+
+
+def _squeue(selection: list[str]) -> dict[str, JobState]:
+    # --array: one line per array member, even for pending members (squeue folds them into 12_[0-3]).
+    fmt = "%i|%T|%N|%M|%r|%S"
+    out = run(["squeue", "--noheader", "--array", *selection, "--format", fmt])
+    states: dict[str, JobState] = {}
+    for line in out.splitlines():
+        job, state, nodes, elapsed, reason, start = line.split("|")
+        # %S is the start for a running job, Slurm's estimate for a pending one (N/A until it has one).
+        start = start if state == "PENDING" and start[:1].isdigit() else ""
+        states[job] = JobState(job, state, "", nodes, elapsed, "" if reason == "None" else reason, start)
     return states
 
 
@@ -278,12 +288,14 @@ def cancel(job_ids: list[str]) -> None:
     """scancel for good. A job that is stopped by SIGTERM saves a checkpoint and requeues itself
     (:mod:`hpctrain.resilience`), and it cannot tell scancel's SIGTERM from pre-emption's: so the jobs are
     first made non-requeueable (``Requeue=0``), which makes their ``scontrol requeue`` fail."""
-    for job_id in job_ids:
-        # Fails for a job that already ended, or where a site forbids it: scancel still stops the job.
-        with contextlib.suppress(RuntimeError):
-            run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
-    if job_ids:
-        run(["scancel", *job_ids])
+    if not job_ids:
+        return
+    # One request for the lot (scontrol takes a list; an array's id stands for its members), not one per job:
+    # a sweep's cancel costs two RPCs whatever its size. It fails for a job that already ended, or where a
+    # site forbids it: scancel still stops the job.
+    with contextlib.suppress(RuntimeError):
+        run(["scontrol", "update", f"JobId={','.join(job_ids)}", "Requeue=0"])
+    run(["scancel", *job_ids])
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,15 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 SLURM_PROFILES = {p.stem for p in (REPO / "conf" / "cluster").glob("*.yaml")} - {"local"}
 SKIPPED = (re.compile(r"^pip install "), re.compile(r"tests\.slurm\.cluster (up|down)"))
+# Commands another test runs as written, with stricter checks (exit 0, no traceback, no warning, more): run
+# once in the suite, there. The named test must exist and run exactly that command (a guard below).
+RUN_ELSEWHERE = {
+    ("python", "-m", "hpctrain"): (
+        REPO / "tests/e2e/launch/test_local.py",
+        "test_bare_command_trains_and_says_where_outputs_are",
+        "hpctrain(cwd=tmp_path, timeout=240)",
+    ),
+}
 # What CI runs from the README as written (.ci/run): these lines must stay in it byte for byte.
 SET_UP = "pip install -c constraints-cpu.txt -e '.[hf]' && python -m hpctrain"
 TEST_COMMAND = "pip install -c constraints-cpu.txt -e '.[dev,hf]' && python -m pytest"
@@ -67,6 +76,10 @@ def page_commands(page: Path) -> list[tuple[int, str, list[str]]]:
     return commands
 
 
+def _as_python(words: list[str]) -> tuple[str, ...]:
+    return tuple(["python", "-m", "hpctrain", *words[1:]] if words[0] == "hpctrain" else words)
+
+
 def _argv(words: list[str]) -> list[str]:
     if words[0] == "hpctrain":
         words = ["python", "-m", "hpctrain", *words[1:]]
@@ -85,6 +98,8 @@ def commands_to_run() -> list[tuple[str, str, list[str]]]:
     for page in pages():
         for number, folder, words in page_commands(page):
             key = (os.path.normpath(folder), tuple(_argv(words)))
+            if _as_python(words) in RUN_ELSEWHERE:
+                continue
             if key not in seen:
                 seen.add(key)
                 runs.append((f"{page.relative_to(REPO)} block {number}", folder, words))
@@ -110,6 +125,19 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, copy / name)
     return copy
+
+
+def test_a_command_run_elsewhere_is_run_there_as_written():
+    """RUN_ELSEWHERE's pointers hold: each names a test that exists and runs its command with no argument
+    added (``hpctrain()`` of tests.support is ``python -m hpctrain`` of this checkout), and the command is
+    still on a page (else it needs no entry)."""
+    written = {_as_python(words) for page in pages() for _, _, words in page_commands(page)}
+    for command, (path, name, call) in RUN_ELSEWHERE.items():
+        source = path.read_text()
+        assert f"def {name}(" in source, (command, path, name)
+        body = source.split(f"def {name}(", 1)[1].split("\ndef ", 1)[0]
+        assert call in body, (command, name, call)
+        assert command in written, command
 
 
 def test_the_readme_and_the_docs_have_commands():

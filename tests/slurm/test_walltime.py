@@ -53,7 +53,10 @@ def test_a_time_min_job_is_backfilled_saves_before_its_granted_end_and_resumes(s
         "cluster.exclusive=true",
         "cluster.time=60",
         "cluster.time_min=1",
-        "cluster.signal_lead_s=30",
+        # USR2 55 s into a one-minute grant: the walltime guard stops the run first. With 30 s, a start-up
+        # slowed past 30 s by the whole suite beside it (seen once: no rank had its handler yet) ended both
+        # tasks by the signal, with nothing saved and no requeue.
+        "cluster.signal_lead_s=5",
         "cluster.max_requeues=10",  # backfill may grant the requeued job a minute again while the gap lasts
         "trainer.max_steps=1000000",
         "trainer.ckpt_every=0",

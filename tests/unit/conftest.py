@@ -27,6 +27,13 @@ def no_fork_server(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FORKSERVER_ENV, OFF)
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache of each test's own (HPCTRAIN_CACHE): the shared Slurm watch's snapshot (hpctrain.slurm.watch)
+    of one test's fake clients is not another's answer, and no test writes the user's."""
+    monkeypatch.setenv("HPCTRAIN_CACHE", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     root = tmp_path / "fake"

@@ -31,8 +31,9 @@ def test_bare_command_trains_and_says_where_outputs_are(tmp_path: Path):
     assert losses[-1] < 0.7 * losses[0], f"loss did not decrease enough: {losses}"
     assert sorted(p.name for p in (run / "logs").glob("rank*.log")) == ["rank0.log", "rank1.log"]
     # No warning of any kind (deprecations, FutureWarnings, torch's or ours) in a default run (issue 17, e).
+    # It is also the README's `python -m hpctrain`, run here for tests/e2e/test_readme_commands.py.
     for text in (result.stdout, result.stderr, *(p.read_text() for p in (run / "logs").glob("*.log"))):
-        assert "warning" not in text.lower(), text[-2000:]
+        assert "warning" not in text.lower() and "Traceback" not in text, text[-2000:]
     print(f"default run: {elapsed:.1f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
 
 

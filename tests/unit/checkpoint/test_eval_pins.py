@@ -13,7 +13,7 @@ from hpctrain.checkpoint.manager import CheckpointManager
 from hpctrain.checkpoint.state import TrainState
 from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
-from hpctrain.slurm import commands
+from hpctrain.slurm import watch
 from hpctrain.slurm.commands import JobState
 
 
@@ -32,7 +32,7 @@ def test_a_pinned_checkpoint_outlives_keep_last_until_its_job_has_read_it(
         asked.append(ids)
         return {j: JobState(j, states[j], "", "", "") for j in ids if j in states}
 
-    monkeypatch.setattr(commands, "job_states", job_states)
+    monkeypatch.setattr(watch, "watched_states", job_states)
     manager = CheckpointManager(run.checkpoints, keep_last=1, rank=0)
     manager.on_commit = lambda step: run.write_eval_pin(step, f"10{step}")  # as EvalJobs does
     for step in (1, 2):
@@ -58,7 +58,7 @@ def test_pins_are_kept_when_slurm_cannot_be_asked(tmp_path: Path, monkeypatch: p
     def down(ids: list[str]) -> dict[str, JobState]:
         raise RuntimeError("squeue failed: slurm_load_jobs error: Unable to contact slurm controller")
 
-    monkeypatch.setattr(commands, "job_states", down)
+    monkeypatch.setattr(watch, "watched_states", down)
     manager = CheckpointManager(run.checkpoints, keep_last=1, rank=0)
     run.write_eval_pin(1, "7")
     for step in (1, 2, 3):
@@ -77,7 +77,7 @@ def test_a_pin_without_a_job_id_is_kept_for_its_grace_then_released(
 
     run = RunDir(tmp_path)
     run.checkpoints.mkdir(parents=True)
-    monkeypatch.setattr(commands, "job_states", lambda ids: {})
+    monkeypatch.setattr(watch, "watched_states", lambda ids: {})
     run.write_eval_pin(5, None)
     assert pins.pinned(run.checkpoints, [5]) == {5}
     monkeypatch.setattr(pins, "SUBMIT_GRACE_S", 0.0)

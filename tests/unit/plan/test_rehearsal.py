@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import paths
 from hpctrain.plan import rehearsal
 from tests.support.configs import typed
 
@@ -16,7 +17,7 @@ HEADLINE = ("model=vit", "parallel=3d", "cluster=a100x32")
 
 @pytest.fixture(autouse=True)
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(rehearsal.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(paths.CACHE_ENV, str(tmp_path / "cache"))
     return tmp_path / "cache"
 
 
@@ -73,7 +74,7 @@ def test_a_failure_line_with_control_characters_stays_one_line(cache: Path) -> N
 def test_a_cache_that_cannot_be_written_costs_the_record_only(tmp_path: Path, monkeypatch) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(rehearsal.CACHE_ENV, str(blocker))
+    monkeypatch.setenv(paths.CACHE_ENV, str(blocker))
     cfg = typed(*HEADLINE)
     assert rehearsal.record(cfg, 32, 8, 1.0, None) is None
     assert "not rehearsed" in rehearsal.rehearsal_line(cfg)
@@ -81,8 +82,8 @@ def test_a_cache_that_cannot_be_written_costs_the_record_only(tmp_path: Path, mo
 
 
 def test_the_default_cache_is_xdgs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(rehearsal.CACHE_ENV)
+    monkeypatch.delenv(paths.CACHE_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert rehearsal.cache_dir() == tmp_path / "hpctrain"
+    assert paths.cache_dir() == tmp_path / "hpctrain"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert rehearsal.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "hpctrain"
+    assert paths.cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "hpctrain"
