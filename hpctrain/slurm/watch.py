@@ -12,7 +12,8 @@ after it): its state is asked of Slurm once (``sacct`` for an ended one) and a f
 process. So N watchers of M jobs cost one ``squeue`` per interval plus one query per job as it ends, not
 N × M queries a poll.
 
-The snapshot's file is named for the cluster it describes (the ``cluster.ssh`` login node, or
+The snapshot's file is read only when this user owns it (a cache folder others may write is not trusted
+to say a job ended), and is named for the cluster it describes (the ``cluster.ssh`` login node, or
 ``SLURM_CONF`` and the configuration's modification time: a test cluster started again reuses job ids), and a
 snapshot older than the interval is never read, whatever its name.
 """
@@ -118,6 +119,8 @@ def _read(path: Path | None) -> tuple[float, dict[str, JobState]] | None:
     found = _own.get(str(path))
     if path is not None:
         try:
+            if path.stat().st_uid != os.getuid():
+                raise ValueError("another user's file")  # a shared HPCTRAIN_CACHE: never their answers
             raw = json.loads(path.read_text())
             taken = float(raw["taken"])
             queue = {job: JobState(**fields) for job, fields in raw["queue"].items()}

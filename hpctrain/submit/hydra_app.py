@@ -223,6 +223,7 @@ def dry_run(typed: Config, cfg: DictConfig) -> int:
 def run_hydra(argv: list[str]) -> int:
     import hydra
 
+    from hpctrain.config.compose import shared_compositions
     from hpctrain.config.schema import register_configs
 
     register_configs()
@@ -230,7 +231,8 @@ def run_hydra(argv: list[str]) -> int:
         argv = [*argv, NO_HYDRA_RECORD]  # the task writes .hydra/ once the attempt is accepted
     sys.argv = [sys.argv[0] if sys.argv else "hpctrain", *argv]
     app = hydra.main(config_path=str(CONF_DIR), config_name=CONFIG_NAME, version_base="1.3")(task)
-    app()
+    with shared_compositions():
+        app()
     return 0
 
 

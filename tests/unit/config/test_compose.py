@@ -35,3 +35,51 @@ def test_data_follows_the_model_when_the_user_chose_none(cli, tmp_path: Path):  
     assert "hpctrain: data=synthetic (model ViT takes images" in big.stdout, big.stderr  # 224² RGB: shaped
     chosen = cli("model=vit", "data=text", f"hydra.run.dir={tmp_path}/r", cwd=tmp_path)
     assert chosen.returncode == 2 and "data=text: gives tokens but model ViT takes images" in chosen.stderr
+
+
+def test_hydras_own_multirun_composes_through_the_shared_repository():
+    """A multirun composes each member twice more inside Hydra (the sweeper's check of its batch, the
+    launcher's load_sweep_config): within shared_compositions, the Hydra that hydra.main creates reads the
+    process's shared repository and reuses merged defaults lists, and outside it Hydra is itself again. A
+    member composed that way is the member composed without it, key for key."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from hpctrain.config.compose import shared_compositions
+    from hpctrain.config.overrides import CONF_DIR, CONFIG_NAME
+    from hpctrain.config.repository import SharedRepository
+    from hpctrain.config.schema import register_configs
+
+    register_configs()
+    original = Hydra.__dict__["create_main_hydra2"]
+    search_path = create_config_search_path(str(CONF_DIR))
+
+    def members(hydra: Hydra) -> list[str]:
+        master = hydra.compose_config(
+            CONFIG_NAME, ["model=vit"], run_mode=RunMode.MULTIRUN, with_log_configuration=False
+        )
+        loader = hydra.config_loader
+        return [
+            OmegaConf.to_yaml(loader.load_sweep_config(master, [f"trainer.seed={seed}", "optim.lr=0.1"]))
+            for seed in (1, 2, 1)  # the third again: from what the first merged
+        ]
+
+    backup = get_gh_backup()
+    try:
+        GlobalHydra.instance().clear()
+        with shared_compositions():
+            hydra = Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+            assert isinstance(hydra.config_loader.repository, SharedRepository)  # type: ignore[attr-defined]
+            shared = members(hydra)
+        assert Hydra.__dict__["create_main_hydra2"] is original
+        GlobalHydra.instance().clear()
+        plain = Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+        assert not isinstance(plain.config_loader.repository, SharedRepository)  # type: ignore[attr-defined]
+        assert shared == members(plain)
+    finally:
+        restore_gh_from_backup(backup)
+    assert "seed: 2" in shared[1] and shared[0] == shared[2]

@@ -112,6 +112,22 @@ def test_a_torn_foreign_or_future_snapshot_never_answers(
     assert json.loads(snapshot.read_text())["queue"]["13"]["state"] == "RUNNING"
 
 
+def test_a_snapshot_another_user_wrote_is_not_read(clients: Fake, monkeypatch: pytest.MonkeyPatch):
+    """A cache folder others may write (HPCTRAIN_CACHE on a shared disk): their file, however fresh, could
+    say a job ended (and an evaluation's checkpoint be pruned); it is never an answer."""
+    if os.getuid() != 0:
+        pytest.skip("giving a file to another user needs root (CI runs as root)")
+    watch.watched_states(["13"])
+    (snapshot,) = watch.cache_dir().glob("slurm-watch/*.json")
+    planted = json.loads(snapshot.read_text())
+    planted["queue"] = {}  # 13 gone from the queue: "ended"
+    snapshot.write_text(json.dumps(planted))
+    os.chown(snapshot, 4321, -1)
+    forget(monkeypatch)
+    assert watch.watched_states(["13"])["13"].state == "RUNNING"
+    assert len(squeues(clients)) == 2
+
+
 def test_another_cluster_or_a_restarted_one_is_not_answered_from_this_snapshot(
     clients: Fake, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
