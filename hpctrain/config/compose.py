@@ -130,10 +130,7 @@ def config_context(config_dirs: Sequence[Path] = ()) -> Iterator[None]:
         )
     try:
         GlobalHydra.instance().clear()
-        hydra = Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
-        # Each file of the search path parsed once per process, not once per composition.
-        hydra.config_loader.repository = shared_repository(search_path)  # type: ignore[attr-defined]
-        remember_compositions(hydra.config_loader)
+        _share(Hydra.create_main_hydra2(task_name="app", config_search_path=search_path), search_path)
         yield
     finally:
         restore_gh_from_backup(backup)
@@ -150,16 +147,21 @@ def shared_compositions() -> Iterator[None]:
     original = Hydra.__dict__["create_main_hydra2"]
 
     def create_main_hydra2(cls: type[Hydra], task_name: str, config_search_path: Any) -> Hydra:
-        hydra = original.__func__(cls, task_name, config_search_path)
-        hydra.config_loader.repository = shared_repository(config_search_path)  # type: ignore[attr-defined]
-        remember_compositions(hydra.config_loader)
-        return hydra
+        return _share(original.__func__(cls, task_name, config_search_path), config_search_path)
 
     Hydra.create_main_hydra2 = classmethod(create_main_hydra2)  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
         Hydra.create_main_hydra2 = original  # type: ignore[method-assign]
+
+
+def _share(hydra: Any, search_path: Any) -> Any:
+    """``hydra`` reading each file of its search path once per process (the shared repository), not once per
+    composition, and reusing the merge of a defaults list it merged before."""
+    hydra.config_loader.repository = shared_repository(search_path)
+    remember_compositions(hydra.config_loader)
+    return hydra
 
 
 def shadowed_choices(cfg: DictConfig, config_dirs: Sequence[Path] = ()) -> list[str]:

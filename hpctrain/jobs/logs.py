@@ -78,7 +78,7 @@ def _follow(
     longer RUNNING, its lock released; a finished run's tail at once)."""
     offset: int | None = None
     partial = b""
-    next_check = next_look = 0.0
+    next_check = 0.0
     held = False  # rank 0 of a Slurm job holds the run's lock while it trains
     asks: list[float] = []  # when to ask Slurm directly, after that lock was let go
     final = False
@@ -104,8 +104,7 @@ def _follow(
                 final = True  # one more read, then done: a finished run has no new lines to wait for
                 continue
         now = time.monotonic()
-        if job_id is not None and run_dir is not None and now >= next_look:
-            next_look = now + FOLLOW_POLL_S
+        if job_id is not None and run_dir is not None:  # once a turn: the loop sleeps FOLLOW_POLL_S
             word = run_state(run_dir).word
             if word == COMPLETED:
                 # Its last step written and its lock let go: nothing more to come, no Slurm query needed.

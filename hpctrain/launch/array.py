@@ -194,8 +194,7 @@ def wait_for_objectives(job_ids: list[str], run_dirs: list[Path]) -> dict[str, f
 
 def _ended_here(run_dir: Path) -> bool:
     """Whether a member's directory says it is done: its last step written, its lock let go."""
-    run = RunDir(run_dir)
-    return finished(run_dir) and not (run.lock.is_file() and RunLock(run.path).is_held())
+    return finished(run_dir) and not RunLock(run_dir).is_held()
 
 
 def final_objective(run_dir: Path) -> float | None:

@@ -53,10 +53,13 @@ def watched_states(job_ids: list[str]) -> dict[str, JobState]:
     where = str(path)
     taken, queue = _snapshot(path)
     now = time.time()
+    by_array: dict[str, dict[str, JobState]] = {}  # 12 → {12_0: …, 12_1: …}; a plain job under itself
+    for key, state in queue.items():
+        by_array.setdefault(key.split("_")[0], {})[key] = state
     states: dict[str, JobState] = {}
     missing = []
     for job in job_ids:
-        members = {k: s for k, s in queue.items() if k == job or k.split("_")[0] == job}
+        members = {job: queue[job]} if job in queue else by_array.get(job, {})
         direct = _direct.get((where, job))
         if members:
             states.update(members)
