@@ -40,8 +40,10 @@ is excluded by a requeue without it.
 A lost node (its slurmd gone, its ranks unreachable) is replaced by a spare or left out at the next
 generation (``cluster.spare_nodes``, ``cluster.min_nodes``): :mod:`hpctrain.launch.nodes` decides which.
 
-What every supervisor shares (how a generation ended, the book of faults and the policy's answers, a
-stalled worker) is :mod:`hpctrain.launch.supervision`; the health check lives apart.
+Both run one loop, :class:`hpctrain.launch.supervisor.Supervisor`; this module is a Slurm task's site for it
+(:class:`_Task`: its rank's place, its node's health and fork server, a lost node). What the loop reads and
+records (how a generation ended, the book of faults and the policy's answers, a stalled worker) is
+:mod:`hpctrain.launch.supervision`; the health check lives apart.
 
 Why not torchrun's agent (torch.distributed.elastic): it starts each restart's workers as fresh
 interpreters (each imports torch again: 7 s of CPU per rank on the test machine, more than the whole
@@ -53,37 +55,25 @@ where submitit and the srun template start one task per rank. The torchrun sbatc
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.launch import health
-from hpctrain.launch.exits import exit_outcome, oom_kills
 from hpctrain.launch.jobscript import survives_lost_nodes
 from hpctrain.launch.nodes import Nodes
 from hpctrain.launch.nodeserver import node_server
-from hpctrain.launch.supervision import (
-    Outcome,
-    RestartBook,
-    Stalls,
-    answer_fault,
-    hang_culprit,
-    is_final,
-    worker_restart_env,
-)
-from hpctrain.plan.host import planned
+from hpctrain.launch.supervision import Outcome, RestartBook, Stalls, worker_restart_env
+from hpctrain.launch.supervisor import POLL_S, Supervisor, Worker
 from hpctrain.rendezvous.env import RESTART_ENV
 from hpctrain.resilience import policy, requeue
 from hpctrain.resilience.watchdog import Heartbeat, job_key, read_heartbeats
 from hpctrain.rundir import RunDir
-from hpctrain.rundir.records import read_error_record, record_killed, write_error_record
+from hpctrain.rundir.records import read_error_record
 
 if TYPE_CHECKING:
     from hpctrain.config.schema import Config
@@ -91,10 +81,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 AGENT_PID_ENV = "HPCTRAIN_AGENT_PID"
-POLL_S = 0.05
-# A worker that failed because a peer went away (a connection error) waits this long for the peer's agent
-# to claim the restart with the real cause before claiming it itself.
-SYMPTOM_WAIT_S = 1.5
 EXIT_CRASH_LOOP = 4
 
 
@@ -111,132 +97,133 @@ def slurm_job_start() -> str:
 
 
 def run_task(run_dir: Path, cfg: Config) -> int:
-    """One Slurm task's rank, with restarts inside the allocation when ``cluster.max_restarts`` > 0: start
-    the worker, watch it and the generation, restart. Returns the task's exit status. ``cfg``: the run's
-    config.yaml, as the task read it (once)."""
-    from hpctrain.launch.forked import ForkServer
-
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
-    host = os.uname().nodename
+    """One Slurm task's rank, with restarts inside the allocation when ``cluster.max_restarts`` > 0: the
+    supervisor's loop over one rank (start the worker, watch it and the generation, answer its fault).
+    Returns the task's exit status. ``cfg``: the run's config.yaml, as the task read it (once)."""
     c = cfg.cluster
     job_id = requeue.slurm_job_id()
     book = RestartBook(run_dir, slurm_job_start(), c.max_restarts, c.max_no_progress, c.max_requeues, job_id)
     # Spares, or shrinking: this generation's ranks run on its member nodes (hpctrain.launch.nodes).
-    nodes = (
-        Nodes(run_dir, book.job, cfg.cluster.nodes, cfg.cluster.min_nodes)
-        if survives_lost_nodes(cfg.cluster)
-        else None
-    )
-    server: ForkServer | None = None
-    want_server = cfg.cluster.fork_server
-    # The node's checks before each start: where restarts are on, or a site script is given.
-    checks_health = cfg.cluster.max_restarts > 0 or cfg.cluster.health_check is not None
-    pending: list[int] = []  # signals that reached this agent, forwarded to the worker
-    worker: list[Any] = []
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        pending.append(signum)
-        if worker and worker[0].poll() is None:
-            _signal_group(worker[0].pid, signum)
-
+    nodes = Nodes(run_dir, book.job, c.nodes, c.min_nodes) if survives_lost_nodes(c) else None
+    site = _Task(cfg, run_dir, book, job_id, nodes)
+    supervisor = Supervisor(site, book, cfg)
+    site.signals = supervisor.signals
     for name in ("SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGURG"):
-        signal.signal(getattr(signal, name), forward)
+        signal.signal(getattr(signal, name), lambda signum, _frame: supervisor.on_signal(signum))
     try:
         if nodes is not None:
             nodes.start()
-        generation = book.generation()
-        while generation is not None:
-            place: dict[str, str] = {}
-            if nodes is not None:
-                members = nodes.members()
-                if nodes.node not in members:  # a spare: wait for a lost node's place, or the end
-                    rank = -1
-                    if not _wait_as_spare(book, nodes, generation, pending):
-                        return 0
-                    generation = book.generation()
-                    continue
-                place = nodes.place(members)
-                rank = int(place["SLURM_PROCID"])
-            unhealthy = health.problem(run_dir, cfg.cluster.health_check, host) if checks_health else None
-            if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
-                health.exclude(run_dir, rank, host, unhealthy, cfg.cluster.max_requeues)
-                return health.EXIT_UNHEALTHY
-            env = dict(os.environ)
-            env.update(place)
-            env.update(worker_restart_env(generation))
-            if want_server and (server is None or server.gone()):  # the first start, or the server died
-                share = server is None  # the node's at first; after it died (with the node's first task's
-                if server is not None:  # agent), one of this task's own
-                    server.close()
-                server = node_server(os.environ, book.job, host, share)
-                want_server = server is not None  # none: fresh interpreters from here on
-            env[AGENT_PID_ENV] = str(server.pid if server else os.getpid())
-            started = time.time()
-            first_step = book.resume_step()
-            oom_before = oom_kills()
-            worker[:] = [_start(server, env, run_dir)]
-            restarts = generation < cfg.cluster.max_restarts
-            stalls = Stalls(run_dir, job_id, job_id or book.job, generation, restarts)
-            code, moved = _watch(worker[0], book, generation, rank, stalls)
-            ended = time.time()
-            if moved:  # another rank's fault: this worker was killed, the next generation starts
-                generation = book.generation()
-                continue
-            assert code is not None
-            plan = functools.partial(planned, cfg)  # asked for only after an OOM kill
-            outcome = exit_outcome(run_dir, rank, host, code, worker[0].pid, oom_before, plan)
-            if code < 0 and not pending:  # kill -9, the OOM killer: the worker could record nothing itself
-                record_killed(run_dir, rank, -code, cfg.cluster.max_restarts, outcome.detail)
-            if code == 0 or pending or is_final(run_dir, rank):
-                return code  # done, stopped by Slurm's signal (the worker saved and requeued), or final
-            record = read_error_record(run_dir, rank)
-            if record is not None and record.get("type") == health.UNHEALTHY:  # the device failed its check
-                health.exclude(run_dir, rank, host, str(record.get("message", "")), cfg.cluster.max_requeues)
-                return health.EXIT_UNHEALTHY
-            symptom = outcome.peer_symptom
-            hang = hang_culprit(run_dir, started)
-            if hang is not None:
-                outcome = Outcome(*hang, kind=policy.HUNG)
-            if symptom and _wait_for_move(book, generation, SYMPTOM_WAIT_S):
-                generation = book.generation()
-                continue
-            if not book.claim(generation):  # another agent is deciding: wait for its word
-                if not _wait_for_word(book, generation):  # no restart: this worker's own answer stands
-                    return _final(book, run_dir, rank, code)
-                generation = book.generation()
-                continue
-            key = job_key({**os.environ, RESTART_ENV: str(generation)})
-            lost: dict[str, Any] | None = None
-            if nodes is not None and (symptom or hang is not None):
-                replacement = nodes.replace(ended)
-                if replacement is not None and not replacement.members:  # fewer than min_nodes would remain
-                    _requeue_without(run_dir, replacement.lost, cfg.cluster.max_requeues, first_step)
-                    return _final(book, run_dir, rank, code)
-                if replacement is not None:
-                    nodes.commit(replacement, first_step, requeue.slurm_job_id())
-                    lost = {
-                        "lost": replacement.lost,
-                        "nodes": replacement.members,
-                        "spares": replacement.spares,
-                        "shrunk": replacement.shrunk,
-                    }
-                    why = f"lost node {', '.join(replacement.lost)}"
-                    outcome = Outcome(None, replacement.lost[0], why, kind=policy.LOST_NODE)
-            if outcome.fault_kind() == policy.PEER and not restarts and job_id is not None:
-                outcome = _peer_culprit(run_dir, key, ended, outcome)
-            action = answer_fault(book, generation, outcome, started, first_step, key, lost)
-            if not isinstance(action, policy.Restart):
-                return _final(book, run_dir, rank, code)
-            generation = book.generation()
-        return _final(book, run_dir, rank, 1)
+        ended = supervisor.run()
     finally:
-        if worker and worker[0].poll() is None:
-            _signal_group(worker[0].pid, signal.SIGKILL)
-        if server is not None:
-            server.close()
+        supervisor.close()
+        if site.server is not None:
+            site.server.close()
         if nodes is not None:
             nodes.done()  # the spares leave
             nodes.close()
+    if ended.code is not None:
+        return ended.code
+    if ended.crash_loop:
+        return EXIT_CRASH_LOOP
+    code = ended.workers[0].proc.returncode if ended.workers else None
+    if ended.stopped and not ended.failures:  # stopped by another agent's answer: its worker was killed
+        return 1
+    if not ended.failures and code is not None:
+        return code  # done, or stopped by Slurm's signal (the worker saved and requeued)
+    return code or 1
+
+
+class _Task:
+    """One Slurm task, for the supervisor: its rank (its node's place among the members where spares or
+    shrinking are on), its node's health before each start, the node's shared fork server (one of the
+    task's own after it died), and what a lost node means (:mod:`hpctrain.launch.nodes`)."""
+
+    shared = True
+    interactive = False
+
+    def __init__(
+        self, cfg: Config, run_dir: Path, book: RestartBook, job_id: str | None, nodes: Nodes | None
+    ) -> None:
+        self.cfg, self.run_dir, self.book, self.job_id, self.nodes = cfg, run_dir, book, job_id, nodes
+        self.host = os.uname().nodename
+        self.rank = int(os.environ.get("SLURM_PROCID", "0"))
+        self.place: dict[str, str] = {}
+        self.server: Any = None
+        self.want_server = cfg.cluster.fork_server
+        # The node's checks before each start: where restarts are on, or a site script is given.
+        self.checks_health = cfg.cluster.max_restarts > 0 or cfg.cluster.health_check is not None
+        self.signals: list[int] = []
+
+    def begin(self, generation: int) -> list[int] | int | None:
+        if self.nodes is not None:
+            members = self.nodes.members()
+            if self.nodes.node not in members:  # a spare: wait for a lost node's place, or the end
+                self.rank = -1
+                return None if _wait_as_spare(self.book, self.nodes, generation, self.signals) else 0
+            self.place = self.nodes.place(members)
+            self.rank = int(self.place["SLURM_PROCID"])
+        unhealthy = (
+            health.problem(self.run_dir, self.cfg.cluster.health_check, self.host)
+            if self.checks_health
+            else None
+        )
+        if unhealthy is not None:  # before this node's rank joins: the job goes on without the node
+            return self.unhealthy(self.rank, unhealthy)
+        if self.want_server and (self.server is None or self.server.gone()):  # the first start, or it died
+            share = self.server is None  # the node's at first; after it died (with the node's first task's
+            if self.server is not None:  # agent), one of this task's own
+                self.server.close()
+            self.server = node_server(os.environ, self.book.job, self.host, share)
+            self.want_server = self.server is not None  # none: fresh interpreters from here on
+        return [self.rank]
+
+    def spawn(self, rank: int, generation: int) -> Worker:
+        from hpctrain.launch.spawn import start_worker
+
+        env = dict(os.environ)
+        env.update(self.place)
+        env.update(worker_restart_env(generation))
+        env[AGENT_PID_ENV] = str(self.server.pid if self.server else os.getpid())
+        # stdout: this task's, i.e. Slurm's output file
+        return Worker(rank, start_worker(self.run_dir, env, self.server))
+
+    def key(self, generation: int) -> str:
+        return job_key({**os.environ, RESTART_ENV: str(generation)})
+
+    def stalls(self, generation: int) -> Stalls:
+        restarts = generation < self.cfg.cluster.max_restarts
+        return Stalls(self.run_dir, self.job_id, self.job_id or self.book.job, generation, restarts)
+
+    def grace_s(self, generation: int) -> float:
+        return self.cfg.cluster.kill_grace_s  # its one worker has exited: nothing is left to stop
+
+    def unhealthy(self, rank: int, why: str) -> int:
+        health.exclude(self.run_dir, rank, self.host, why, self.cfg.cluster.max_requeues)
+        return health.EXIT_UNHEALTHY
+
+    def lost(self, outcome: Outcome, hung: bool, ended: float, first_step: int) -> Any:
+        if self.nodes is None:
+            return None
+        replacement = self.nodes.replace(ended)
+        if replacement is None:
+            return None
+        if not replacement.members:  # fewer than min_nodes would remain
+            _requeue_without(self.run_dir, replacement.lost, self.cfg.cluster.max_requeues, first_step)
+            return 1
+        self.nodes.commit(replacement, first_step, requeue.slurm_job_id())
+        lost = {
+            "lost": replacement.lost,
+            "nodes": replacement.members,
+            "spares": replacement.spares,
+            "shrunk": replacement.shrunk,
+        }
+        why = f"lost node {', '.join(replacement.lost)}"
+        return Outcome(None, replacement.lost[0], why, kind=policy.LOST_NODE), lost
+
+    def culprit(self, outcome: Outcome, key: str, ended: float, restarts: bool) -> Outcome:
+        if restarts or self.job_id is None:
+            return outcome
+        return _peer_culprit(self.run_dir, key, ended, outcome)
 
 
 def _wait_as_spare(book: RestartBook, nodes: Nodes, generation: int, pending: list[int]) -> bool:
@@ -288,79 +275,6 @@ def _peer_culprit(run_dir: Path, key: str, ended: float, outcome: Outcome) -> Ou
     if own is not None and own.get("type") != KILLED and not is_peer_symptom(str(own.get("message", ""))):
         return outcome
     return Outcome(culprit.rank, culprit.host, why, kind=policy.KILLED)
-
-
-def _final(book: RestartBook, run_dir: Path, rank: int, code: int) -> int:
-    """The task's exit status once no restart follows; a crash loop is recorded as rank 0's error, which
-    ``hpctrain status`` prints, and ends the job FAILED."""
-    if book.generation() is None:
-        records = book.rd.read_restarts()
-        stop = next((r for r in reversed(records) if r.get("action") == "stopped"), {})
-        if stop.get("error") != policy.CRASH_LOOP:  # a class no restart heals: its rank's record is the cause
-            return code or 1
-        if rank == 0:
-            write_error_record(run_dir, 0, "CrashLoop", stop.get("why", "crash loop"))
-        return EXIT_CRASH_LOOP
-    return code or 1
-
-
-def _start(server: Any, env: dict[str, str], run_dir: Path) -> Any:
-    """The worker, forked from ``server`` (stdout: this task's, i.e. Slurm's output file) or spawned."""
-    from hpctrain.launch.spawn import start_worker
-
-    return start_worker(run_dir, env, server)
-
-
-def _watch(
-    worker: Any, book: RestartBook, generation: int, rank: int, stalls: Stalls
-) -> tuple[int | None, bool]:
-    """Until the worker exits (its status, False) or the generation moves on (None, True: worker killed).
-    A worker hung in any phase (its own heartbeat stale: :class:`Stalls`) is killed: it exits."""
-    from hpctrain.launch.forked import ServerGone
-
-    while True:
-        try:
-            code = worker.poll()
-        except ServerGone:  # a shared server that died took its children along: as if SIGKILLed
-            return -signal.SIGKILL, False
-        if code is not None:
-            return code, False
-        if book.generation() != generation:
-            _signal_group(worker.pid, signal.SIGKILL)
-            worker.wait()
-            return None, True
-        if stalls.due() and stalls.hung(rank, worker.pid) is not None:
-            _signal_group(worker.pid, signal.SIGKILL)
-            try:
-                return worker.wait(), False
-            except ServerGone:  # its server went too: the worker is gone either way
-                return -signal.SIGKILL, False
-        time.sleep(POLL_S)
-
-
-def _wait_for_word(book: RestartBook, generation: int) -> bool:
-    """Until the agent that claimed the end of ``generation`` has decided: True when the generation moved on
-    (a restart, or the run stopped: a crash loop), False when no restart was left."""
-    while book.generation() == generation:
-        if book.ended_without_restart(generation):
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
-def _wait_for_move(book: RestartBook, generation: int, timeout: float | None) -> bool:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while book.generation() == generation:
-        if deadline is not None and time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    # The worker leads its own session: its process group holds it and whatever it started.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def main(argv: list[str]) -> None:

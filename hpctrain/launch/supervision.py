@@ -1,5 +1,5 @@
-"""What every supervisor of workers shares (the local launcher, :mod:`hpctrain.launch.local`, and each
-Slurm task's agent, :mod:`hpctrain.launch.agent`): how one generation of the workers ended
+"""What the supervisor loop (:mod:`hpctrain.launch.supervisor`, run by the local launcher and by each Slurm
+task's agent) reads and records: how one generation of the workers ended
 (:class:`Outcome`, read from an exit by :mod:`hpctrain.launch.exits`), a worker stalled in any phase
 (:class:`Stalls`), and the run directory's book of a job start's faults and the fault policy's answers to
 them (:class:`RestartBook`, :func:`answer_fault`: recorded in restarts.jsonl and faults.jsonl, and carried

@@ -9,6 +9,7 @@ import ast
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,6 +160,16 @@ def test_the_formatter_is_skipped_only_for_tables_that_say_why() -> None:
     assert count <= 40, count
 
 
+def _found_outside(module: str, finder: Callable[[ast.Module], list[tuple[int, str]]]) -> list[str]:
+    """Where ``finder`` finds what only ``module`` (its path under hpctrain/) may do, in any other module."""
+    return [
+        f"{path.relative_to(ROOT)}:{line}: {how}"
+        for path in _sources()
+        if path.relative_to(PACKAGE).as_posix() != module
+        for line, how in finder(ast.parse(path.read_text()))
+    ]
+
+
 def worker_starts(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, how) where ``tree`` names the worker's module to start it: in a command line or a spawn
     request (a list, tuple or call argument), or bound to a name. A logger of that name is no start."""
@@ -186,12 +197,7 @@ def worker_starts(tree: ast.Module) -> list[tuple[int, str]]:
 def test_one_module_starts_the_worker() -> None:
     """``hpctrain.launch.spawn`` is the one place that starts ``hpctrain.worker`` (forked, fresh, exec'd or
     in process); every supervisor calls it. (The fork server imports the worker side once, by import.)"""
-    offenders = [
-        f"{path.relative_to(ROOT)}:{line}: {how}"
-        for path in _sources()
-        if path.relative_to(PACKAGE).as_posix() != "launch/spawn.py"
-        for line, how in worker_starts(ast.parse(path.read_text()))
-    ]
+    offenders = _found_outside("launch/spawn.py", worker_starts)
     assert not offenders, offenders
     spawn = ast.parse((PACKAGE / "launch" / "spawn.py").read_text())
     assert len(worker_starts(spawn)) == 1  # WORKER_MODULE, named once
@@ -199,3 +205,30 @@ def test_one_module_starts_the_worker() -> None:
         "import subprocess, sys\nsubprocess.Popen([sys.executable, '-m', 'hpctrain.worker', d])\n"
     )
     assert len(worker_starts(broken)) == 1
+
+
+SUPERVISING = ("exit_outcome", "answer_fault")  # how a worker ended, read; a fault answered and carried out
+
+
+def supervising_calls(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) where ``tree`` reads how a worker ended or answers a fault."""
+    return [
+        (node.lineno, name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for name in [node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")]
+        if name in SUPERVISING
+    ]
+
+
+def test_one_loop_supervises_the_workers() -> None:
+    """``hpctrain.launch.supervisor`` is the one loop that watches workers, reads how they ended and has
+    their faults answered: the local launcher and each Slurm task's agent are sites it runs, not loops."""
+    offenders = _found_outside("launch/supervisor.py", supervising_calls)
+    assert not offenders, offenders
+    loop = ast.parse((PACKAGE / "launch" / "supervisor.py").read_text())
+    assert sorted(name for _, name in supervising_calls(loop)) == sorted(SUPERVISING)
+    broken = ast.parse(
+        "from hpctrain.launch import exits\nexits.exit_outcome(run_dir, 0, host, 1, 7, None)\n"
+    )
+    assert len(supervising_calls(broken)) == 1

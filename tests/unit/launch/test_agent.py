@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.compose import compose, to_typed
-from hpctrain.launch import agent, nodeserver, supervision
+from hpctrain.launch import agent, nodeserver, supervision, supervisor
 from hpctrain.resilience import policy
 from hpctrain.resilience.watchdog import Heartbeat
 from hpctrain.rundir import RunDir
@@ -75,9 +75,9 @@ def test_an_agent_waiting_on_a_claimed_fault_stops_when_no_restart_is_left(tmp_p
     book = _book(tmp_path)
     outcome = supervision.Outcome(3, "node2", "was killed by SIGKILL")
     book.decide(0, outcome, time.time(), 0, "7.r0.g0")  # restart 1 of 1: the generation moves on
-    assert book.generation() == 1 and agent._wait_for_word(book, 0)
+    assert book.generation() == 1 and supervisor.wait_for_word(book, 0)
     waited: list[bool] = []
-    waiter = threading.Thread(target=lambda: waited.append(agent._wait_for_word(book, 1)))
+    waiter = threading.Thread(target=lambda: waited.append(supervisor.wait_for_word(book, 1)))
     waiter.start()
     time.sleep(0.2)
     assert book.decide(1, outcome, time.time(), 0, "7.r0.g1") is False  # used up: the generation stays
@@ -169,3 +169,16 @@ def test_the_nodes_socket_is_named_for_the_step_and_host_in_a_private_directory(
     os.chmod(Path(path).parent, 0o755)  # others may enter: no socket of ours there
     assert nodeserver.socket_path(step, "7.r0", "node3") is None
     shutil.rmtree(tmp_path)
+
+
+def test_a_job_start_is_named_by_its_array_member_and_slurms_restart_count(monkeypatch: pytest.MonkeyPatch):
+    """The agents of one job start meet in files named by it: a requeue (Slurm's restart count) is another
+    start, and an array member is named as squeue names it."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert agent.slurm_job_start() == "77.r0"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "70")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert agent.slurm_job_start() == "70_3.r2"
