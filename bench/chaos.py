@@ -26,7 +26,7 @@ SIGKILLed: ``SlurmTestCluster.lose_node``); the spare takes its place inside the
 size is unchanged, so its final weights should equal the reference's bitwise. node2 comes back (a reboot)
 once that job has ended.
 
-Per fault: detection (the fault's own log line -> the restart's record in restarts.jsonl, or the requeue),
+Per fault: detection (the fault's own log line -> the restart's record in faults.jsonl, or the requeue),
 restart -> rank 0 up again (process start or fork, rendezvous), -> checkpoint loaded, -> first step after,
 the total (fault -> first step after), and steps lost (trained again). For the run: ETTR = the reference's
 step time x steps / (wall time from the first step to the last), and whether the weights equal the
@@ -86,8 +86,10 @@ def metrics(run: Path) -> list[dict]:
 
 
 def restarts(run: Path) -> list[dict]:
-    path = run / "restarts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The fault policy's answers, from the run's fault log."""
+    from hpctrain.rundir import RunDir
+
+    return RunDir(run).read_answers()
 
 
 def submit(run: Path, overrides: list[str], env: dict[str, str]) -> str:
@@ -199,7 +201,7 @@ def lost_node_variant(
         cluster.revive_node("node2")
     record = next((r for r in restarts(run) if r.get("lost")), None)
     if record is None:
-        print(f"no restart for the lost node in {run / 'restarts.jsonl'}", flush=True)
+        print(f"no restart for the lost node in {run / 'faults.jsonl'}", flush=True)
         return None
     decided = record["time"]
     rank0 = log_lines(run, 0)

@@ -20,7 +20,7 @@ host OOM      ``faults.oom_at=1:3`` in a memory cgroup of 3 GiB:    out of memor
               the kernel's OOM killer ends rank 1
 ============  ====================================================  ===================================
 
-Prints each case's attempts as recorded in restarts.jsonl (the class, the answer, the verdict) against the
+Prints each case's attempts as recorded in faults.jsonl (the class, the answer, the verdict) against the
 expected ones, the share of attempts classified right and answered correctly, and the restarts spent on the
 user's deterministic bug. A node's device error (a GPU Xid, ECC) needs a GPU: not injected here. Root is
 needed for the tmpfs and the cgroup (as in CI).
@@ -29,7 +29,6 @@ needed for the tmpfs and the cgroup (as in CI).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -71,8 +70,10 @@ def hpctrain(args: list[str], cwd: Path, group: Path | None = None) -> subproces
 
 
 def attempts(run: Path) -> list[dict]:
-    path = run / "restarts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The fault policy's answers, from the run's fault log."""
+    from hpctrain.rundir import RunDir
+
+    return RunDir(run).read_answers()
 
 
 def run_case(case: str, root: Path) -> list[dict]:

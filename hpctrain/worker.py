@@ -56,7 +56,7 @@ def run(run_dir: Path, cfg: Config | None = None) -> bool:
 
 
 def _record_torchrun_restart(run_dir: Path, generation: int) -> None:
-    """restarts.jsonl's line for a restart by torchrun's agent (it names no cause: the failed worker's own
+    """The fault log's answer for a restart by torchrun's agent (it names no cause: the failed worker's own
     log and error record do)."""
     import time
 
@@ -64,7 +64,7 @@ def _record_torchrun_restart(run_dir: Path, generation: int) -> None:
     from hpctrain.rundir import checkpoints as layout
 
     found = layout.committed(RunDir(run_dir).shared_checkpoints)
-    RunDir(run_dir).append_restart(
+    RunDir(run_dir).append_answer(
         {
             "time": time.time(),
             "job": f"{slurm_job_id() or 'local'}.r{os.environ.get('SLURM_RESTART_COUNT', '0')}",

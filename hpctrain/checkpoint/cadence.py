@@ -25,7 +25,7 @@ start's warm-up steps, whose excess it was charged (2.6-2.7 s against the 0.06-0
 interval of 435 steps where later ones were 43-102: ``bench/chaos.py``, 2026-12-07).
 
 M is observed: the run's time since its first logged step over its interruptions (restarts inside the
-allocation in restarts.jsonl, and Slurm's requeues of this job); before any interruption, ``cluster.mtbf_h``.
+allocation in the fault log, and Slurm's requeues of this job); before any interruption, ``cluster.mtbf_h``.
 Re-evaluated at every start, i.e. after each interruption, and at each save as above; a change is logged.
 """
 
@@ -67,7 +67,7 @@ RESTART_S = 2.04
 def observed_mtbf_s(run_dir: Path, default_s: float, now: float) -> tuple[float, str]:
     """The run's mean time between interruptions so far, and where it came from."""
     rd = RunDir(run_dir)
-    restarts = sum(1 for r in rd.read_restarts() if r.get("action") == "restart")
+    restarts = sum(1 for r in rd.read_answers() if r.get("action") == "restart")
     interruptions = restarts + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
     # Read at every save: only the first record's time, not the whole (growing) metrics file.
     first = rd.first_metric() if interruptions else None

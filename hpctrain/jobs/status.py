@@ -129,7 +129,7 @@ def status(target: Target) -> Report:
         control = describe_control(RunDir(target.run_dir).read_control())
         if control is not None:
             out.append(("control", control))
-        restarts = RunDir(target.run_dir).read_restarts()
+        restarts = RunDir(target.run_dir).read_answers()
         if restarts:  # its module imports launch, omegaconf, checkpoints: only for a run that restarted
             from hpctrain.launch.supervision import summary as restart_summary
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class RestartsFailed(RuntimeError):
-    """The task's workers failed and no restart inside the allocation followed (see restarts.jsonl)."""
+    """The task's workers failed and no restart inside the allocation followed (see faults.jsonl)."""
 
 
 def run_task(run_dir: str) -> None:

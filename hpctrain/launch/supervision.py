@@ -2,7 +2,7 @@
 task's agent) reads and records: how one generation of the workers ended
 (:class:`Outcome`, read from an exit by :mod:`hpctrain.launch.exits`), a worker stalled in any phase
 (:class:`Stalls`), and the run directory's book of a job start's faults and the fault policy's answers to
-them (:class:`RestartBook`, :func:`answer_fault`: recorded in restarts.jsonl and faults.jsonl, and carried
+them (:class:`RestartBook`, :func:`answer_fault`: recorded in the fault log, faults.jsonl, and carried
 out). No torch import here.
 """
 
@@ -27,11 +27,11 @@ from hpctrain.rundir.records import read_error_record, write_error_record
 log = logging.getLogger(__name__)
 
 STALL_CHECK_S = 0.5  # how often a supervisor reads its workers' own heartbeats (watchdog.stalled)
-USED_UP = "none: restarts used up"  # restarts.jsonl's action when a fault finds no restart left
-REQUEUE = "requeue"  # restarts.jsonl's action when the policy answers a fault with a requeue of the Slurm job
+USED_UP = "none: restarts used up"  # the fault log's action when a fault finds no restart left
+REQUEUE = "requeue"  # the fault log's action when the policy answers a fault with a requeue of the Slurm job
 NO_RESTART = (USED_UP, REQUEUE)
 STOPPED = "stop"  # the generation file's word for "the run stopped: no more restarts" (a crash loop)
-REPEATED = policy.REPEATED  # restarts.jsonl's word for a run stopped on the same error at the same step twice
+REPEATED = policy.REPEATED  # the fault log's word for a run stopped on the same error at the same step twice
 
 
 @dataclass
@@ -113,7 +113,7 @@ class RestartBook:
         restarts used up, or a requeue instead)."""
         return any(
             r.get("job") == self.job and r.get("generation") == generation and r.get("action") in NO_RESTART
-            for r in self.rd.read_restarts()
+            for r in self.rd.read_answers()
         )
 
     def decide(
@@ -138,7 +138,7 @@ class RestartBook:
         nodes: dict[str, Any] | None = None,
     ) -> policy.Action:
         """Ask the fault policy how to answer the end of ``generation``; its answer is recorded
-        (restarts.jsonl): a restart (the generation file moves on), a requeue (for the caller to carry out:
+        (the fault log): a restart (the generation file moves on), a requeue (for the caller to carry out:
         :func:`hpctrain.resilience.requeue.requeue_job`), or the end (the caps used up; or a crash loop or
         a repeated error: the run was stopped, and every agent stops)."""
         progress = attempt_progress(self.rd.path, key, first_step)
@@ -167,7 +167,7 @@ class RestartBook:
             detail=outcome.detail,
         )
         history = policy.History(
-            policy.past_from(self.rd.read_restarts()),
+            policy.past_from(self.rd.read_answers()),
             generation,
             requeues_done=requeue.restart_count() if self.slurm_job else 0,
             on_slurm=self.slurm_job is not None,
@@ -214,13 +214,13 @@ class RestartBook:
         return action
 
     def _append(self, record: dict[str, Any]) -> None:
-        """The answer's line in restarts.jsonl; a storage that refuses it (full, read-only) does not change
+        """The answer's line in the fault log; a storage that refuses it (full, read-only) does not change
         the answer, which the caller carries out and prints."""
         try:
-            self.rd.append_restart(record)
+            self.rd.append_answer(record)
         except OSError as err:
             log.warning(
-                "hpctrain: the answer to a fault could not be recorded in %s: %s", self.rd.restarts, err
+                "hpctrain: the answer to a fault could not be recorded in %s: %s", self.rd.faults, err
             )
 
     def _stop(self, record: dict[str, Any], error: str, why: str) -> None:
@@ -263,9 +263,8 @@ def worker_restart_env(generation: int) -> dict[str, str]:
 
 def hang_culprit(run_dir: Path, since: float) -> tuple[int | None, str | None, str] | None:
     """The culprit a watchdog recorded in faults.jsonl since ``since``: (rank, host, why)."""
-    from hpctrain.rundir.files import read_jsonl
 
-    for record in reversed(read_jsonl(RunDir(run_dir).faults)):
+    for record in reversed(RunDir(run_dir).read_faults()):
         if record.get("time", 0) >= since:
             return record.get("rank"), record.get("host"), f"hung: {record.get('why', '')}"
     return None

@@ -388,10 +388,10 @@ class Supervisor:
         if self.book is None or self.book.generation() is not None:
             return ended
         ended.stopped = True
-        stop = next((r for r in reversed(self.book.rd.read_restarts()) if r.get("action") == "stopped"), {})
+        stop = next((r for r in reversed(self.book.rd.read_answers()) if r.get("action") == "stopped"), {})
         ended.crash_loop = stop.get("error") == policy.CRASH_LOOP
         if ended.crash_loop and any(w.rank == 0 for w in self.workers):
-            with contextlib.suppress(OSError):  # a full disk: the cause is in restarts.jsonl still
+            with contextlib.suppress(OSError):  # a full disk: the cause is in the fault log still
                 write_error_record(self.run_dir, 0, policy.CRASH_LOOP, str(stop.get("why", "crash loop")))
         return ended
 

@@ -2,7 +2,7 @@
 is built, and on ``torch.OutOfMemoryError`` a snapshot and its summary in the run directory.
 
 ``trainer.memory_history``: true arms it on a CUDA run; null (the default) arms it when an earlier attempt of
-the run ran out of memory (its restarts.jsonl says so), so the next one shows why; false never. A CPU run has
+the run ran out of memory (its fault log says so), so the next one shows why; false never. A CPU run has
 no allocator history (its out-of-memory kill is the host's: hpctrain.launch.exits names it with the peak
 RSS and the plan's host memory).
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 MAX_ENTRIES = 100_000  # allocations and frees kept, each with its stack
 TOP = 5  # the largest live allocations a summary names
-OOM_KIND = "out of memory"  # hpctrain.resilience.policy.OOM, as restarts.jsonl records it
+OOM_KIND = "out of memory"  # hpctrain.resilience.policy.OOM, as the fault log records it
 
 
 def wanted(setting: bool | None, on_cuda: bool, run_dir: Path) -> bool:
@@ -40,7 +40,7 @@ def wanted(setting: bool | None, on_cuda: bool, run_dir: Path) -> bool:
         return False
     if setting:
         return True
-    return any(r.get("kind") == OOM_KIND for r in RunDir(run_dir).read_restarts())
+    return any(r.get("kind") == OOM_KIND for r in RunDir(run_dir).read_answers())
 
 
 def arm() -> None:

@@ -106,7 +106,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class Past:
-    """An earlier attempt of the run, as its record (restarts.jsonl) keeps it."""
+    """An earlier attempt of the run, as its record (the fault log's answer) keeps it."""
 
     cause: str
     step: int | None = None  # set for a raised error only
@@ -198,7 +198,7 @@ def decide(fault: Fault, history: History, caps: Caps) -> Action:
 
 
 def past_from(records: list[dict[str, Any]]) -> tuple[Past, ...]:
-    """The earlier attempts from their records (restarts.jsonl's lines, oldest first)."""
+    """The earlier attempts from their records (the fault log's answers, oldest first)."""
     return tuple(_past(record) for record in records)
 
 

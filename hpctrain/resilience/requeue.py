@@ -50,9 +50,8 @@ def slurm_job_id() -> str | None:
 def excluded_nodes(run_dir: Path) -> set[str]:
     """The nodes this run lost (faults.jsonl records with ``"excluded": true``: a node lost inside the
     allocation, hpctrain.launch.nodes): no later rendezvous or requeue of the run takes them back."""
-    from hpctrain.rundir.files import read_jsonl
 
-    return {str(r["host"]) for r in read_jsonl(RunDir(run_dir).faults) if r.get("excluded") and r.get("host")}
+    return {str(r["host"]) for r in RunDir(run_dir).read_faults() if r.get("excluded") and r.get("host")}
 
 
 def restart_count() -> int:

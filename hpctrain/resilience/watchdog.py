@@ -94,7 +94,7 @@ def stalled(run_dir: Path, rank: int, pid: int, now: float) -> Heartbeat | None:
 
 
 def stalled_why(beat: Heartbeat, now: float) -> str:
-    """A stalled rank's cause in words (faults.jsonl, restarts.jsonl, ``status``)."""
+    """A stalled rank's cause in words (the fault log, ``status``)."""
     state = _process_state(beat.pid)
     how = "stopped (SIGSTOP)" if state in ("T", "t") else "its threads do not run"
     # The beat is the last one written (once a second): where the rank was then, not where it stopped.

@@ -30,8 +30,11 @@ SWEEP_RECORD = "sweep.json"
 METRICS_FILE = "metrics.jsonl"
 RANKS_FILE = "ranks.json"
 RENDEZVOUS_FILE = "rendezvous.json"
+# The run's one fault log: each fault as first seen, and each answer of the fault policy ("entry": ANSWER).
 FAULTS_FILE = "faults.jsonl"
-RESTARTS_FILE = "restarts.jsonl"  # every restart inside an allocation, and the crash-loop stop
+ANSWER = "answer"
+# Where the policy's answers went before the one fault log: read, never written (a run of an earlier version).
+LEGACY_RESTARTS_FILE = "restarts.jsonl"
 AGENTS_DIR = "agents"  # the restart agents' coordination: one generation file per job start, claims
 CONTROL_FILE = "control.json"  # hpctrain save|stop: an operator's request to a live run
 STACKS_DIR = "stacks"  # hpctrain stacks, and a hang: every live rank's Python stacks, <request>/rank<R>.txt
@@ -97,8 +100,9 @@ LAYOUT: dict[str, str] = {
     "rank<R>.json (the largest live allocations, the plan's figure)",
     f"{FLIGHT_DIR}/": "a CUDA run: the NCCL flight recorder's record of each rank's last collectives, "
     "rank<R> (on a collective's timeout) and beside a hang's stacks",
-    FAULTS_FILE: "every fault answered: which rank and node, why, what was done",
-    RESTARTS_FILE: "every restart inside the allocation: time, cause, failed rank and host, resumed step",
+    FAULTS_FILE: "the run's fault log: every fault as first seen (which rank and node, why, what was done), "
+    "and every answer of the fault policy (entry: answer; restart, requeue, stopped or used up: time, "
+    "cause, failed rank and host, step resumed from, whether the attempt made progress)",
     f"{AGENTS_DIR}/": "cluster.max_restarts: the restart agents' generation of each job start, claims; "
     "with spare_nodes or min_nodes its member nodes and the agents' liveness files",
     CONTROL_FILE: "hpctrain save|stop: the operator's request to the live run, and its answer",
@@ -348,20 +352,18 @@ class RunDir:
                 found[record["step"]] = record
         return found
 
-    @property
-    def restarts(self) -> Path:
-        return self.path / RESTARTS_FILE
+    def append_answer(self, record: dict[str, Any]) -> None:
+        """The fault policy's answer (a restart, a requeue, the end) as a line of the fault log."""
+        self.append_fault({**record, "entry": ANSWER})
 
-    def append_restart(self, record: dict[str, Any]) -> None:
-        """One line of restarts.jsonl, appended whole (readers skip a torn last line)."""
-        writer = JsonlWriter(self.restarts)
-        try:
-            writer.write(record)
-        finally:
-            writer.close()
+    def read_answers(self) -> list[dict[str, Any]]:
+        """The fault policy's answers, oldest first: an earlier version's restarts.jsonl, then the log's."""
+        legacy = [r for r in read_jsonl(self.path / LEGACY_RESTARTS_FILE) if "time" in r]
+        return legacy + [r for r in read_jsonl(self.faults) if "time" in r and r.get("entry") == ANSWER]
 
-    def read_restarts(self) -> list[dict[str, Any]]:
-        return [r for r in read_jsonl(self.restarts) if "time" in r]
+    def read_faults(self) -> list[dict[str, Any]]:
+        """The faults as first seen (the fault log's lines that are no answer), oldest first."""
+        return [r for r in read_jsonl(self.faults) if "time" in r and r.get("entry") != ANSWER]
 
     @property
     def agents(self) -> Path:
@@ -530,11 +532,12 @@ class RunDir:
         atomic_write(self.hydra_overrides, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
 
     def append_fault(self, record: dict[str, Any]) -> None:
-        """One line of faults.jsonl (appended whole: readers skip a torn last line)."""
-        import json
-
-        with open(self.faults, "a") as out:
-            out.write(json.dumps(record) + "\n")
+        """One line of the fault log, faults.jsonl (appended whole: readers skip a torn last line)."""
+        writer = JsonlWriter(self.faults)
+        try:
+            writer.write(record)
+        finally:
+            writer.close()
 
     def holds_only_records(self, submission: bool = False) -> bool:
         """Whether the directory holds nothing a run made: only what Hydra writes before the task starts

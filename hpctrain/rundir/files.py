@@ -87,6 +87,15 @@ def read_jsonl(
     return records
 
 
+def _ends_a_line(path: Path) -> bool:
+    """Whether ``path`` is empty or ends with a newline."""
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return True
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
 class JsonlWriter:
     """Appends one JSON object per line, flushed after each (metrics.jsonl)."""
 
@@ -106,6 +115,8 @@ class JsonlWriter:
     def write(self, record: dict[str, Any]) -> None:
         if self._out is None:
             self._out = open(self.path, "a")  # noqa: SIM115 - held open across steps, closed by close()
+            if not _ends_a_line(self.path):  # a writer killed mid-line: its torn bytes must not take this one
+                self._out.write("\n")
         self._out.write(json.dumps(record) + "\n")
         self._out.flush()
 

@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.rundir.records import read_job
 from tests.support import hpctrain, metrics
@@ -35,8 +36,7 @@ FAULTY = [
 
 
 def faults(run: Path) -> list[dict]:
-    path = run / "faults.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return RunDir(run).read_faults()
 
 
 def test_sigkilled_rank_requeues_without_its_node(slurm_cluster, tmp_path: Path):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, assert_same_state, hpctrain, metrics
+from tests.support import FAST, assert_same_state, hpctrain, metrics, trained
 
 from .cluster import SlurmTestCluster
 from .test_preemption import last_step, submit, wait_until
@@ -35,21 +35,11 @@ LOSSY = ["cluster=slurm_test", "cluster.max_restarts=1", "cluster.dist_timeout_s
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("nodes") / "reference"
-    result = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *RUN, "cluster.nproc=4", f"hydra.run.dir={run}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run
+    return trained(tmp_path_factory.mktemp("nodes") / "reference", *RUN, "cluster.nproc=4")
 
 
 def restarts(run: Path) -> list[dict]:
-    path = run / "restarts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return RunDir(run).read_answers()
 
 
 def lose_node2(cluster: SlurmTestCluster, run: Path, job_id: str) -> dict:
@@ -71,7 +61,7 @@ def lose_node2(cluster: SlurmTestCluster, run: Path, job_id: str) -> dict:
     assert commands.job_fields(job_id).get("Restarts") == "0"  # the same job: no requeue
     (record,) = restarts(run)
     assert record["lost"] == ["node2"] and record["resume_step"] >= 4, record
-    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[-1])
+    fault = RunDir(run).read_faults()[-1]
     assert (fault["host"], fault["excluded"]) == ("node2", True), fault  # no later start takes it back
     assert [r["step"] for r in metrics(run)][-1] == STEPS
     return record

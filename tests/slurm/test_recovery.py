@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
 from hpctrain.slurm import commands
 from tests.support import FAST, REPO, checkpoint_values, hpctrain
@@ -44,7 +45,7 @@ def test_a_script_that_crashes_before_step_1_ends_after_max_no_progress(slurm_cl
     assert result.returncode == 0, result.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert wait_final([job_id], timeout=240)[job_id].state == "FAILED"
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["restart", "stopped"], records
     status = hpctrain("status", str(run))
     crash = [line for line in status.stdout.splitlines() if "crash loop" in line]
@@ -62,7 +63,7 @@ def test_the_users_bug_ends_after_two_attempts_naming_its_frame(slurm_cluster, t
     assert result.returncode == 0, result.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert wait_final([job_id], timeout=240)[job_id].state == "FAILED"
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["restart", "stopped"], records
     status = hpctrain("status", str(run))
     # Its third forward: step 3, or step 2 where a step takes two passes (4 ranks' share of the batch).
@@ -149,7 +150,7 @@ def test_a_node_failing_its_health_check_is_excluded_then_and_by_the_next_run(sl
     assert first.returncode == 0, first.stderr
     job_id = json.loads((run / "job.json").read_text())["job_id"]
     assert wait_final([job_id], timeout=240)[job_id].state == "COMPLETED"
-    fault = json.loads((run / "faults.jsonl").read_text().splitlines()[0])
+    fault = RunDir(run).read_faults()[0]
     assert "health check" in fault["why"] and "the scratch disk is full" in fault["why"], fault
     hosts = {r["host"] for r in json.loads((run / "ranks.json").read_text())}
     assert fault["host"] not in hosts and len(hosts) == 2, (fault, hosts)
@@ -193,7 +194,7 @@ def test_a_crash_loop_through_requeues_ends_after_max_no_progress(slurm_cluster,
         "cluster.max_restarts=0",  # the requeue path (a restart inside the job, Slurm's default, heals it)
     )
     assert wait_final([job_id], timeout=300)[job_id].state == "FAILED"
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["requeue", "stopped"], records
     assert commands.job_fields(job_id).get("Restarts") == "1"
     status = hpctrain("status", str(run))

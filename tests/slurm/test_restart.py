@@ -6,14 +6,13 @@ and the run ends bitwise equal to an uninterrupted one. One job per launch path,
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from hpctrain.rundir import RunDir
 from hpctrain.slurm import commands
-from tests.support import FAST, REPO, assert_same_state, hpctrain
+from tests.support import FAST, assert_same_state, hpctrain, trained
 
 from .test_preemption import submit
 from .test_submit import wait_final
@@ -41,16 +40,7 @@ FAULTS = [
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run = tmp_path_factory.mktemp("restart") / "reference"
-    result = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *RUN, "cluster.nproc=4", f"hydra.run.dir={run}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return run
+    return trained(tmp_path_factory.mktemp("restart") / "reference", *RUN, "cluster.nproc=4")
 
 
 @pytest.mark.parametrize("launch", [["launcher=auto"], ["launcher=sbatch"]], ids=["submitit", "sbatch"])
@@ -60,8 +50,8 @@ def test_killed_and_stopped_ranks_restart_inside_the_job(
     run = tmp_path / "run"
     job_id = submit(run, "cluster=slurm_test", *RUN, *FAULTS, *launch)
     state = wait_final([job_id], timeout=420)[job_id]
-    assert state.state == "COMPLETED", (state, (run / "restarts.jsonl").read_text())
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert state.state == "COMPLETED", (state, RunDir(run).read_answers())
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["restart", "restart"], records
     assert {r["job"] for r in records} == {f"{job_id}.r0"}  # one job start: no requeue
     assert commands.job_fields(job_id).get("Restarts") == "0"

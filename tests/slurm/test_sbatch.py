@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.rundir import RunDir
 from hpctrain.slurm.commands import job_fields, job_states, run
 from tests.support import FAST, hpctrain, metrics
 
@@ -126,7 +127,7 @@ def test_torchrun_template_completes_after_a_restart(jobs: dict[str, tuple]) -> 
     )
     # Restarted by torchrun inside the job (no requeue), from the step-2 checkpoint, recorded.
     assert job_fields(job_id).get("Restarts") == "0"
-    (record,) = [json.loads(line) for line in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    (record,) = RunDir(run_dir).read_answers()
     assert (record["action"], record["resume_step"]) == ("restart", 2) and "torchrun" in record["cause"], (
         record
     )

@@ -50,6 +50,13 @@ def hpctrain(
     )
 
 
+def trained(run: Path, *overrides: str, timeout: float = 600) -> Path:
+    """``run``, trained here by ``python -m hpctrain OVERRIDES`` (a reference the tests hold others to)."""
+    result = hpctrain(*overrides, f"hydra.run.dir={run}", timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run
+
+
 def this_checkout_first() -> str:
     """PYTHONPATH with this checkout first: a process started outside it imports this hpctrain too, not an
     installed copy (an editable install of another checkout, on a machine shared by several)."""

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from hpctrain.launch.forked import FORKSERVER_ENV, OFF
 from hpctrain.slurm import commands
@@ -48,3 +52,23 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     monkeypatch.setattr(commands.time, "sleep", lambda s: None)
     return Fake(root)
+
+
+@pytest.fixture
+def as_a_worker() -> Iterator[None]:
+    """This process as a worker process is, for one test: what a worker sets up for its whole life (signal
+    handlers, the root logger's handlers, the process group) is put back afterwards."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for handler in root.handlers:
+            if handler not in saved:
+                handler.close()
+        root.handlers, root.level = saved, level
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

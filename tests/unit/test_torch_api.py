@@ -260,6 +260,24 @@ def test_torchapi_refuses_an_unsupported_torch_at_import() -> None:
     assert out.stdout.strip() == f"{UnsupportedEnvironment.__name__} {torch_problem('2.5.1')}"
 
 
+def _refused_for_torch(
+    tmp_path: Path, torch_version: str, module_args: list[str], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE_ARGS`` where torch says it is ``torch_version``: refused with exit
+    EXIT_UNSUPPORTED and the one line that names the version."""
+    result = subprocess.run(
+        [sys.executable, "-m", *module_args],
+        cwd=cwd,
+        env=_fake_torch(tmp_path, torch_version),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
+    assert result.stderr.splitlines() == [torch_problem(torch_version)], result.stderr
+    return result
+
+
 def _fake_torch(tmp_path: Path, torch_version: str) -> dict[str, str]:
     """An environment whose package metadata says torch is ``torch_version`` (a dist-info first on its
     path)."""
@@ -275,16 +293,7 @@ def _fake_torch(tmp_path: Path, torch_version: str) -> dict[str, str]:
 def test_the_cli_refuses_an_unsupported_torch_before_anything(tmp_path: Path, argv: list[str]) -> None:
     work = tmp_path / "work"
     work.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-m", "hpctrain", *argv],
-        cwd=work,
-        env=_fake_torch(tmp_path, "2.5.1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
-    assert result.stderr.splitlines() == [torch_problem("2.5.1")], result.stderr
+    result = _refused_for_torch(tmp_path, "2.5.1", ["hpctrain", *argv], work)
     assert "Traceback" not in result.stderr and not result.stdout
     assert list(work.iterdir()) == []  # no run directory, nothing written
 
@@ -292,30 +301,12 @@ def test_the_cli_refuses_an_unsupported_torch_before_anything(tmp_path: Path, ar
 def test_the_worker_refuses_an_unsupported_torch_before_anything(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.worker", str(run_dir)],
-        cwd=tmp_path,
-        env=_fake_torch(tmp_path, "2.16.0.dev20261201"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
-    assert result.stderr.splitlines() == [torch_problem("2.16.0.dev20261201")], result.stderr
+    _refused_for_torch(tmp_path, "2.16.0.dev20261201", ["hpctrain.worker", str(run_dir)], tmp_path)
     assert list(run_dir.iterdir()) == []
 
 
 def test_the_fork_server_refuses_an_unsupported_torch_before_importing_it(tmp_path: Path) -> None:
     """A Slurm node whose environment differs starts its fork server there: one line, no traceback."""
     socket_path = tmp_path / "fs.sock"
-    result = subprocess.run(
-        [sys.executable, "-m", "hpctrain.forkserver", "--socket", str(socket_path)],
-        cwd=tmp_path,
-        env=_fake_torch(tmp_path, "2.5.1"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == version.EXIT_UNSUPPORTED, result.stderr
-    assert result.stderr.splitlines() == [torch_problem("2.5.1")], result.stderr
+    _refused_for_torch(tmp_path, "2.5.1", ["hpctrain.forkserver", "--socket", str(socket_path)], tmp_path)
     assert not socket_path.exists()

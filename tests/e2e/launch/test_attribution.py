@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from hpctrain.rundir import RunDir
 from tests.support import FAST, REPO, hpctrain, this_checkout_first
 from tests.support.limits import join, memory_limit, small_disk
 from tests.support.user_project import broken_project
@@ -25,8 +26,7 @@ LIMIT = 3 * 1024**3
 
 
 def _restarts(run: Path) -> list[dict]:
-    path = run / "restarts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return RunDir(run).read_answers()
 
 
 def test_a_rank_the_oom_killer_ends_is_named_out_of_memory_and_not_restarted(tmp_path: Path) -> None:

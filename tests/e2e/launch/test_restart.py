@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.resilience import stacks
+from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
 from tests.support import FAST, assert_same_state, hpctrain
 
@@ -45,7 +46,7 @@ def test_killed_then_stopped_rank_restart_in_the_launch_bitwise(tmp_path: Path, 
     run = tmp_path / "run"
     faulty = hpctrain(*RUN, *RESTARTS, "faults.kill_at=1:6", "faults.stop_at=0:10@1", f"hydra.run.dir={run}")
     assert faulty.returncode == 0, faulty.stderr[-3000:]
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["restart", "restart"], records
     assert records[0]["rank"] == 1 and "SIGKILL" in records[0]["cause"] and records[0]["resume_step"] == 4
     assert records[1]["rank"] == 0 and "hung" in records[1]["cause"] and records[1]["resume_step"] == 8
@@ -74,7 +75,7 @@ def test_a_rank_stopped_where_the_ranks_log_is_caught_by_its_launcher(
     stop = ["faults.stop_at=1:6", "faults.stop_in=report"]
     result = hpctrain(*RUN, "cluster.max_restarts=1", *stop, f"hydra.run.dir={run}")
     assert result.returncode == 0, result.stderr[-3000:]
-    (record,) = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    (record,) = RunDir(run).read_answers()
     assert (record["action"], record["rank"], record["resume_step"]) == ("restart", 1, 4), record
     assert record["cause"].startswith("hung: no heartbeat for ") and "stopped (SIGSTOP)" in record["cause"]
     assert "Stopping this rank (SIGSTOP) at step 6, report" in (run / "logs" / "rank1.log").read_text()
@@ -105,7 +106,7 @@ def test_a_crash_loop_ends_after_max_no_progress_attempts(tmp_path: Path) -> Non
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert "crash loop: 2 attempts in a row without a new step" in last and "injected failure" in last, last
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [r["action"] for r in records] == ["restart", "stopped"], records
     status = hpctrain("status", str(run))
     assert "crash loop" in status.stdout, status.stdout
@@ -119,7 +120,7 @@ def test_the_same_error_at_the_same_step_twice_is_not_restarted(tmp_path: Path) 
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hpctrain: not restarted: the same error at step 6 twice"), last
-    records = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    records = RunDir(run).read_answers()
     assert [(r["action"], r.get("step")) for r in records] == [("restart", 6), ("stopped", 6)], records
     status = hpctrain("status", str(run))
     shown = dict(line.split(None, 1) for line in status.stdout.splitlines() if line[:1].strip())

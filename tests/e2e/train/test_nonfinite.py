@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from hpctrain.rundir import RunDir
 from hpctrain.rundir import checkpoints as layout
 from tests.support import FAST, checkpoint_values, hpctrain
 
@@ -58,7 +59,7 @@ def test_stop_ends_naming_the_step_and_saves_nothing_of_it(tmp_path: Path) -> No
     assert result.returncode != 0
     assert "non-finite step 3" in result.stderr and "trainer.nonfinite=stop" in result.stderr, result.stderr
     assert [p.name for p in layout.committed(run / "checkpoints")] == ["step_00000002", "step_00000001"]
-    assert not (run / "restarts.jsonl").exists(), "a non-finite stop is not restarted"
+    assert not RunDir(run).read_answers(), "a non-finite stop is not restarted"
 
 
 def test_a_bad_nonfinite_mode_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.launch.project import PROJECT_DIR_ENV
+from tests.support.cli import refused
 
 # The Slurm commands a new user types first: the README's headline (gpt2, sweep) and docs/plan.md's 3d layout.
 README_SLURM = [
@@ -23,30 +23,6 @@ README_SLURM = [
     ["-m", "optim.lr=1e-3,3e-4", "trainer.seed=1,2", "cluster=a100x32"],
 ]
 FAST = ["data.max_bytes=100000", "trainer.max_steps=2", "logger=jsonl"]
-
-
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty folder to type the commands in; the environment is restored afterwards."""
-    folder = tmp_path / "work"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    # record_project_dir() writes the submit directory into the environment: set here, undone afterwards
-    monkeypatch.setenv(PROJECT_DIR_ENV, str(folder))
-    for name in ("SLURM_CONF", "HPCTRAIN_SLURM_CONFIGLESS"):
-        monkeypatch.delenv(name, raising=False)
-    return folder
-
-
-def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], words: str, code: int = 2) -> str:
-    got = main(argv)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert got == code, err
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("hpctrain"), err
-    assert words in lines[0], err
-    return lines[0]
 
 
 def _user_frames_then_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], frame: str, words: str):
@@ -64,7 +40,7 @@ def _user_frames_then_one_line(capsys: pytest.CaptureFixture[str], argv: list[st
 def test_readme_slurm_commands_without_slurm_are_one_line_and_leave_nothing(
     here: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 ):
-    _refused(capsys, argv, "cannot submit from here")
+    refused(capsys, argv, "cannot submit from here")
     assert list(here.iterdir()) == []  # no outputs/, no multirun/
 
 
@@ -77,7 +53,7 @@ def test_a_job_sbatch_refuses_is_one_line_and_leaves_nothing(
     monkeypatch.setenv("SLURM_CONF", str(conf))
     # capfd: Hydra's run configures logging onto the real stdout, which capsys replaces
     argv = ["model=gpt2_124m", "cluster=a100x32", "cluster.example=false", "plan_check=false"]
-    _refused(capfd, argv, "sbatch refused the job", 1)
+    refused(capfd, argv, "sbatch refused the job", 1)
     assert list(here.iterdir()) == []
 
 
@@ -155,7 +131,7 @@ def test_a_collate_that_raises_shows_its_frames_then_one_line(project, capsys):
 
 def test_ragged_items_are_one_line_naming_the_collate(project, capsys):
     argv = project("return self.x[i][: 1 + i % 3], self.y[i]")
-    _refused(capsys, argv, "cannot be collated into a batch")
+    refused(capsys, argv, "cannot be collated into a batch")
 
 
 @pytest.mark.parametrize(
@@ -173,14 +149,14 @@ def test_a_user_module_that_fails_to_import_shows_its_frames_then_one_line(
 
 def test_labels_out_of_the_models_range_are_found_before_start(project, capsys, here: Path):
     argv = [*project("return self.x[i], self.y[i]"), "model.num_classes=5"]
-    line = _refused(capsys, argv, "outside model")
+    line = refused(capsys, argv, "outside model")
     assert "5 outputs" in line and "label 9" in line
     assert not (here / "outputs").exists()
 
 
 def test_a_missing_optional_package_is_named_with_its_pip_line_before_start(here, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
-    line = _refused(capsys, [*FAST, "logger=tensorboard"], "needs the package 'tensorboard'")
+    line = refused(capsys, [*FAST, "logger=tensorboard"], "needs the package 'tensorboard'")
     assert "pip install 'hpctrain[tensorboard]'" in line
     assert not (here / "outputs").exists()
 
@@ -200,7 +176,7 @@ def test_init_from_of_another_shape_is_found_before_start(here, capsys):
         str(here.parent / "w.safetensors"),
     )
     del torch
-    line = _refused(
+    line = refused(
         capsys, [f"model.init_from={here.parent / 'w.safetensors'}", *FAST], "does not fit the model"
     )
     assert "of another shape" in line
@@ -211,14 +187,14 @@ def test_an_example_profile_is_not_submitted_with_its_placeholders(here, capfd, 
     conf = here.parent / "slurm.conf"
     conf.write_text("")  # a Slurm "configuration" here: the example check is what refuses
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    line = _refused(capfd, ["model=gpt2_124m", "cluster=a100x32"], "is an example profile")
+    line = refused(capfd, ["model=gpt2_124m", "cluster=a100x32"], "is an example profile")
     assert "partition (gpu)" in line and "account (unset)" in line and "example: false" in line
     assert list(here.iterdir()) == []
 
 
-def test_a_dataset_smaller_than_one_global_batch_is_refused(project, capsys):
+def test_a_dataset_smaller_than_one_global_batch_isrefused(project, capsys):
     argv = [*project("return self.x[i], self.y[i]"), "data.n=8"]
-    line = _refused(capsys, argv, "its train split has 8 items, fewer than one global batch of 16")
+    line = refused(capsys, argv, "its train split has 8 items, fewer than one global batch of 16")
     assert "data._target_=" in line
 
 
@@ -233,7 +209,7 @@ def test_a_dataset_smaller_than_one_global_batch_is_refused(project, capsys):
     ],
 )
 def test_run_directory_and_rendezvous_mistakes_are_one_line(here, capsys, override: str, words: str):
-    _refused(capsys, [override, *FAST], words)
+    refused(capsys, [override, *FAST], words)
     assert list(here.iterdir()) == []
 
 
@@ -246,7 +222,7 @@ def test_run_directory_and_rendezvous_mistakes_are_one_line(here, capsys, overri
     ],
 )
 def test_malformed_sweep_ranges_are_one_line(here, capsys, sweep: str, words: str):
-    _refused(capsys, ["-m", sweep, "dry_run=true"], words)
+    refused(capsys, ["-m", sweep, "dry_run=true"], words)
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -272,7 +248,7 @@ LOSS = "loss:\n  _target_: hpctrain.train.loss.cross_entropy\n"
 )
 def test_export_of_a_run_with_a_bad_config_is_one_line(tmp_path, capsys, config: str, words: str):
     run = _fake_run(tmp_path, config)
-    _refused(capsys, ["export", str(run), "--to", str(tmp_path / "out")], words)
+    refused(capsys, ["export", str(run), "--to", str(tmp_path / "out")], words)
     assert not (tmp_path / "out").exists()
 
 
@@ -281,14 +257,14 @@ def test_export_and_generate_build_no_callable_a_shared_folder_names(tmp_path, c
     victim.write_text("precious")
     config = f"model:\n  _target_: builtins.open\n  file: {victim}\n  mode: w\ndata:\n  name: text\n{LOSS}"
     run = _fake_run(tmp_path, config)
-    _refused(capsys, ["export", str(run), "--to", str(tmp_path / "out")], "not a model class")
-    _refused(capsys, ["generate", str(run), "--prompt", "x"], "--trust-code")
+    refused(capsys, ["export", str(run), "--to", str(tmp_path / "out")], "not a model class")
+    refused(capsys, ["generate", str(run), "--prompt", "x"], "--trust-code")
     export = tmp_path / "export"
     export.mkdir()
     opener = {"_target_": "builtins.open", "file": str(victim), "mode": "w"}
     meta = {"format": "hpctrain-export", "version": 1, "model": opener}
     (export / "hpctrain.json").write_text(json.dumps(meta))
-    _refused(capsys, ["generate", str(export), "--prompt", "x"], "not a model class")
+    refused(capsys, ["generate", str(export), "--prompt", "x"], "not a model class")
     assert victim.read_text() == "precious"
 
 
@@ -304,14 +280,14 @@ def test_export_and_generate_build_no_callable_a_shared_folder_names(tmp_path, c
 )
 def test_generate_from_a_damaged_export_is_one_line(tmp_path, capsys, text: str, words: str):
     (tmp_path / "hpctrain.json").write_text(text)
-    _refused(capsys, ["generate", str(tmp_path), "--prompt", "x"], words)
+    refused(capsys, ["generate", str(tmp_path), "--prompt", "x"], words)
 
 
 def test_export_to_a_place_it_cannot_write_is_one_line(tmp_path, capsys):
     run = _fake_run(tmp_path, "model:\n  _target_: hpctrain.models.gpt.GPT\n" + LOSS)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    _refused(capsys, ["export", str(run), "--to", str(blocker / "out")], "--to=")
+    refused(capsys, ["export", str(run), "--to", str(blocker / "out")], "--to=")
 
 
 # ---------------------------------------------------------------------------------------------- new keys
@@ -329,12 +305,12 @@ def test_export_to_a_place_it_cannot_write_is_one_line(tmp_path, capsys):
     ids=["slash", "dotdot", "control", "long", "empty"],
 )
 def test_a_bad_run_name_is_one_line(here, capsys, name: str, words: str):
-    _refused(capsys, [f"run={name}", *FAST, "dry_run=true"], words)
+    refused(capsys, [f"run={name}", *FAST, "dry_run=true"], words)
     assert list(here.iterdir()) == []
 
 
 def test_a_run_name_and_a_run_directory_together_are_one_line(here, capsys):
-    _refused(capsys, ["run=x", "hydra.run.dir=y", *FAST, "dry_run=true"], "both name the run's directory")
+    refused(capsys, ["run=x", "hydra.run.dir=y", *FAST, "dry_run=true"], "both name the run's directory")
 
 
 def test_resume_of_what_is_not_a_run_is_one_line(here, capsys):
@@ -353,5 +329,5 @@ def test_resume_of_what_is_not_a_run_is_one_line(here, capsys):
         ([], "hydra.yaml cannot be read"),  # the latest run is the garbled one
     ]
     for argv, words in cases:
-        _refused(capsys, ["resume", *argv], words)
+        refused(capsys, ["resume", *argv], words)
     assert sorted(p.name for p in here.iterdir()) == ["afile", "outputs", "plain"]

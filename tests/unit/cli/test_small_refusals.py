@@ -10,35 +10,12 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.launch.project import PROJECT_DIR_ENV
 from hpctrain.rundir import SWEEP_RECORD
 from hpctrain.rundir.lock import LOCK_FILE, RunLock
 from hpctrain.rundir.records import SweepMember, SweepRecord, write_json
+from tests.support.cli import refused
 
 FAST = ["data.max_bytes=100000", "trainer.max_steps=2", "logger=jsonl"]
-
-
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty folder to type the commands in; the environment is restored afterwards."""
-    folder = tmp_path / "work"
-    folder.mkdir()
-    monkeypatch.chdir(folder)
-    monkeypatch.setenv(PROJECT_DIR_ENV, str(folder))  # record_project_dir() sets it: undone afterwards
-    for name in ("SLURM_CONF", "HPCTRAIN_SLURM_CONFIGLESS"):
-        monkeypatch.delenv(name, raising=False)
-    return folder
-
-
-def refused(capsys: pytest.CaptureFixture[str], argv: list[str], words: str, code: int = 2) -> str:
-    got = main(argv)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert got == code, err
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("hpctrain"), err
-    assert words in lines[0], err
-    return lines[0]
 
 
 @pytest.mark.parametrize(

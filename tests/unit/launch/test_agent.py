@@ -4,7 +4,6 @@ how agents that did not claim it learn its outcome, where the node's tasks meet.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -45,10 +44,10 @@ def test_with_restarts_off_the_agent_answers_a_killed_rank_with_a_requeue_withou
         "scontrol requeue 12",
         "scontrol update JobId=12 ExcNodeList=node2",
     ]
-    (record,) = RunDir(tmp_path).read_restarts()
+    (record,) = RunDir(tmp_path).read_answers()
     assert (record["action"], record["exclude"], record["rank"]) == ("requeue", ["node2"], 3), record
     assert book.generation() == 0 and book.ended_without_restart(0)  # the other agents stop waiting
-    (fault,) = [json.loads(line) for line in RunDir(tmp_path).faults.read_text().splitlines()]
+    (fault,) = RunDir(tmp_path).read_faults()
     assert (fault["rank"], fault["host"], fault["step"]) == (3, "node2", 9), fault
     assert fault["action"] == "requeue without node2"
 
@@ -62,9 +61,9 @@ def test_past_the_requeue_cap_the_agent_ends_the_run_saying_why(
     action = supervision.answer_fault(book, 0, killed, time.time(), 0, "k")
     assert isinstance(action, policy.Fail) and "already requeued 2 times" in action.why, action
     assert fake.calls() == []  # no scontrol: nothing is requeued
-    (record,) = RunDir(tmp_path).read_restarts()
+    (record,) = RunDir(tmp_path).read_answers()
     assert record["action"] == supervision.USED_UP and "cluster.max_requeues=2" in record["why"], record
-    assert json.loads(RunDir(tmp_path).faults.read_text())["action"] == "the run ends (CapsUsedUp)"
+    assert RunDir(tmp_path).read_faults()[0]["action"] == "the run ends (CapsUsedUp)"
 
 
 def _book(tmp_path: Path) -> supervision.RestartBook:
@@ -83,7 +82,7 @@ def test_an_agent_waiting_on_a_claimed_fault_stops_when_no_restart_is_left(tmp_p
     assert book.decide(1, outcome, time.time(), 0, "7.r0.g1") is False  # used up: the generation stays
     waiter.join(timeout=10)
     assert waited == [False], "the waiter returns (its worker's own answer stands) instead of waiting forever"
-    actions = [json.loads(line)["action"] for line in RunDir(tmp_path).restarts.read_text().splitlines()]
+    actions = [r["action"] for r in RunDir(tmp_path).read_answers()]
     assert actions == ["restart", supervision.USED_UP]
     assert not book.ended_without_restart(0) and book.ended_without_restart(1)
 
@@ -116,7 +115,7 @@ def test_the_same_error_at_the_same_step_twice_is_not_restarted(
         key = f"7.r0.g{generation}"
         _beat(tmp_path, 1, step, key)
         book.decide(generation, supervision.Outcome(1, "node2", cause), time.time(), 0, key)
-    records = RunDir(tmp_path).read_restarts()
+    records = RunDir(tmp_path).read_answers()
     assert [r["action"] for r in records] == actions, records
     if actions[-1] == "stopped":
         assert book.generation() is None and records[-1]["error"] == supervision.REPEATED

@@ -5,7 +5,6 @@ started after it came), the generation moved by another supervisor, no restart w
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -86,7 +85,7 @@ def _cfg(restarts: int) -> Config:
 
 
 def _actions(run_dir: Path) -> list[str]:
-    return [r["action"] for r in RunDir(run_dir).read_restarts()]
+    return [r["action"] for r in RunDir(run_dir).read_answers()]
 
 
 def test_a_failed_rank_restarts_every_rank_once_and_the_run_ends_clean(tmp_path: Path):
@@ -100,7 +99,7 @@ def test_a_failed_rank_restarts_every_rank_once_and_the_run_ends_clean(tmp_path:
         (1, 1),
     ]  # both ranks again, not only the failed one
     assert _actions(tmp_path) == ["restart"]
-    (record,) = RunDir(tmp_path).read_restarts()
+    (record,) = RunDir(tmp_path).read_answers()
     assert (record["rank"], record["generation"]) == (1, 0), record
     assert [w.proc.returncode for w in ended.workers] == [0, 0]
 
@@ -110,7 +109,7 @@ def test_without_restarts_the_first_failure_ends_it_unanswered(tmp_path: Path):
     ended = Supervisor(site, None, _cfg(0)).run()
     assert [(f.rank, f.returncode) for f in ended.failures] == [(1, 5)], ended.failures
     assert ended.action is None and site.started == [(0, 0), (0, 1)]
-    assert not RunDir(tmp_path).restarts.exists()  # no policy asked, nothing recorded
+    assert RunDir(tmp_path).read_answers() == []  # no policy asked, nothing recorded
 
 
 def test_restarts_used_up_the_policy_ends_the_run_and_says_why(tmp_path: Path):
@@ -119,7 +118,7 @@ def test_restarts_used_up_the_policy_ends_the_run_and_says_why(tmp_path: Path):
     ended = Supervisor(site, RestartBook(tmp_path, "j", 1, 9), _cfg(1)).run()
     assert _actions(tmp_path) == ["restart", "none: restarts used up"]
     assert ended.failures and ended.action is not None and site.started == [(0, 0), (1, 0)]
-    (fault,) = [json.loads(line) for line in RunDir(tmp_path).faults.read_text().splitlines()]
+    (fault,) = RunDir(tmp_path).read_faults()
     assert fault["action"].startswith("the run ends"), fault
 
 
@@ -155,4 +154,4 @@ def test_a_generation_moved_by_another_supervisor_kills_its_workers_and_starts_t
 def test_a_clean_or_saved_exit_is_no_fault(tmp_path: Path, code: int):
     site = Shells(tmp_path, 1, {(0, 0): (code, 0.0)})
     ended = Supervisor(site, RestartBook(tmp_path, "j", 2, 3), _cfg(2)).run()
-    assert ended.failures == [] and site.started == [(0, 0)] and not RunDir(tmp_path).restarts.exists()
+    assert ended.failures == [] and site.started == [(0, 0)] and not RunDir(tmp_path).read_answers()

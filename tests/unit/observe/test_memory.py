@@ -70,7 +70,7 @@ def test_live_blocks_are_grouped_by_the_first_frame_outside_torch():
 def test_the_history_is_armed_on_a_gpu_when_asked_or_after_an_out_of_memory(tmp_path: Path):
     assert memory.wanted(True, True, tmp_path) and not memory.wanted(True, False, tmp_path)
     assert not memory.wanted(None, True, tmp_path) and not memory.wanted(False, True, tmp_path)
-    RunDir(tmp_path).append_restart({"time": 1.0, "action": "stopped", "kind": memory.OOM_KIND})
+    RunDir(tmp_path).append_answer({"time": 1.0, "action": "stopped", "kind": memory.OOM_KIND})
     assert memory.wanted(None, True, tmp_path) and not memory.wanted(False, True, tmp_path)
 
 

@@ -3,13 +3,18 @@ FSDP): what one process of a run has, joined by hpctrain.rendezvous.group as eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
+from hpctrain.config.schema import ParallelConfig
 from hpctrain.launch.local import free_port
+from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.rendezvous.env import DistEnv
 from hpctrain.rendezvous.group import init_distributed
 
@@ -32,3 +37,19 @@ def one_rank() -> Iterator[torch.device]:
         yield device
     finally:
         dist.destroy_process_group()
+
+
+Shard = Callable[[nn.Module], nn.Module]  # a model in, its sharded copy out
+
+
+@pytest.fixture
+def fsdp_copy(one_rank: torch.device) -> Shard:
+    """A copy of a model under FSDP2 over this one rank, in fp32 (its blocks and its root sharded)."""
+
+    def shard(model: nn.Module) -> nn.Module:
+        sharded = copy.deepcopy(model)
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+        apply_fsdp(sharded, mesh, ParallelConfig(), "fp32", one_rank)
+        return sharded
+
+    return shard

@@ -3,7 +3,7 @@ DTensors, and a step computes the plain model's gradients; bf16 all-gathers in b
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,17 +28,12 @@ def _loss(model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
 
 
-def test_blocks_and_root_are_sharded_and_train_like_the_plain_model(one_rank: torch.device) -> None:
+def test_blocks_and_root_are_sharded_and_train_like_the_plain_model(
+    fsdp_copy: Callable[[torch.nn.Module], torch.nn.Module],
+) -> None:
     torch.manual_seed(0)
     plain = GPT(SPEC)
-    sharded = copy.deepcopy(plain)
-    apply_fsdp(
-        sharded,
-        init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",)),
-        ParallelConfig(),
-        "fp32",
-        one_rank,
-    )
+    sharded = fsdp_copy(plain)
     assert isinstance(sharded, FSDPModule) and all(isinstance(b, FSDPModule) for b in sharded.layers.values())
     assert not isinstance(sharded.norm, FSDPModule)  # the root unit holds what is not a block
     assert all(type(p).__name__ == "DTensor" for p in sharded.parameters())

@@ -3,15 +3,13 @@ on DTensor (FSDP) ones alike, copies counted elsewhere left out, gradients scale
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from hpctrain.config.schema import ParallelConfig
 from hpctrain.models.builtin import GPTSpec
 from hpctrain.models.gpt import GPT
-from hpctrain.parallel.fsdp import apply_fsdp
 from hpctrain.parallel.grad_norm import clip_grad_norm_, global_grad_norm
 
 SPEC = GPTSpec(n_layers=2, d_model=32, n_heads=4, vocab_size=64, seq_len=16)
@@ -44,16 +42,11 @@ def test_the_norm_is_torchs_and_clipping_scales_to_the_limit() -> None:
     assert all(torch.equal(p.grad, g) for p, g in zip(params, unclipped, strict=True))
 
 
-def test_dtensor_gradients_give_the_same_norm(one_rank: torch.device) -> None:
+def test_dtensor_gradients_give_the_same_norm(
+    fsdp_copy: Callable[[torch.nn.Module], torch.nn.Module],
+) -> None:
     torch.manual_seed(0)
     plain = GPT(SPEC)
-    sharded = copy.deepcopy(plain)
-    apply_fsdp(
-        sharded,
-        init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",)),
-        ParallelConfig(),
-        "fp32",
-        one_rank,
-    )
+    sharded = fsdp_copy(plain)
     expected = global_grad_norm(_backward(plain), None)
     torch.testing.assert_close(global_grad_norm(_backward(sharded), None), expected)

@@ -6,8 +6,6 @@ tests/e2e/checkpoint/test_resume.py.)"""
 from __future__ import annotations
 
 import contextlib
-import logging
-import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,26 +36,6 @@ RUN = [
     "trainer.micro_batch_size=4",
     "logger.progress_bar=false",
 ]
-
-
-@pytest.fixture
-def as_a_worker() -> Iterator[None]:
-    """This process as a worker process is, for one test: what a worker sets up for its whole life (signal
-    handlers, the root logger's handlers, the process group) is put back afterwards."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    root = logging.getLogger()
-    saved, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for handler in root.handlers:
-            if handler not in saved:
-                handler.close()
-        root.handlers, root.level = saved, level
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
 
 
 def train(run_dir: Path, *overrides: str) -> None:

@@ -6,13 +6,9 @@ NaN loss is ``null``, never a bare ``NaN``. One rank of ``task=train`` in this p
 from __future__ import annotations
 
 import json
-import logging
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
 
 from hpctrain.config.compose import compose
 from hpctrain.config.io import load_run_config, write_run_config
@@ -35,26 +31,6 @@ RUN = [
     "trainer.nonfinite=skip",
     "logger.progress_bar=false",
 ]
-
-
-@pytest.fixture
-def as_a_worker() -> Iterator[None]:
-    """This process as a worker is for one test: its signal handlers, root logger handlers and process
-    group are put back afterwards."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)}
-    root = logging.getLogger()
-    saved, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        for handler in root.handlers:
-            if handler not in saved:
-                handler.close()
-        root.handlers, root.level = saved, level
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
 
 
 def strict(line: str) -> dict:
