@@ -88,20 +88,10 @@ def exchange(
     outgoing = _header(copy) if copy is not None else None
     length = torch.zeros(1, dtype=torch.int64)
     sent_length = torch.tensor([len(outgoing) if outgoing is not None else 0], dtype=torch.int64)
-    works = []
-    if outgoing is not None:
-        works.append(dist.isend(sent_length, send_to))
-    if receive_from is not None:
-        works.append(dist.irecv(length, receive_from))
-    _wait(works)
+    _swap(sent_length if outgoing is not None else None, send_to, length, receive_from)
     header = torch.zeros(int(length.item()), dtype=torch.uint8)
     sent_header = torch.frombuffer(bytearray(outgoing or b"\0"), dtype=torch.uint8)
-    works = []
-    if outgoing is not None:
-        works.append(dist.isend(sent_header, send_to))
-    if receive_from is not None:
-        works.append(dist.irecv(header, receive_from))
-    _wait(works)
+    _swap(sent_header if outgoing is not None else None, send_to, header, receive_from)
     manifest = json.loads(header.numpy().tobytes()) if receive_from is not None else None
     maps: list[mmap.mmap] = []
     works, tensors = [], []
@@ -137,6 +127,18 @@ def exchange(
     if tmp is None or manifest is None or held is None:
         return None
     return commit_received(tmp, manifest, held, step)
+
+
+def _swap(
+    send: torch.Tensor | None, send_to: int | None, into: torch.Tensor, receive_from: int | None
+) -> None:
+    """Send ``send`` (None: nothing) and receive into ``into`` (from None: nothing), at once."""
+    works = []
+    if send is not None:
+        works.append(dist.isend(send, send_to))
+    if receive_from is not None:
+        works.append(dist.irecv(into, receive_from))
+    _wait(works)
 
 
 def commit_received(tmp: Path, manifest: dict[str, Any], directory: Path, step: int) -> Path:

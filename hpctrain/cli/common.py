@@ -16,6 +16,11 @@ from hpctrain.jobs.status import fmt, plural
 from hpctrain.jobs.targets import JobsError
 from hpctrain.observe.text import table
 
+# --trust-code of export and generate: a folder from elsewhere may name code to build its model with.
+TRUST_HELP = (
+    "build the model even when the folder names something other than a model class (a factory function): "
+    "only for folders you trust, as it runs code they choose"
+)
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2

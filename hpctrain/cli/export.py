@@ -16,15 +16,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from hpctrain.cli.common import Parser
+from hpctrain.cli.common import TRUST_HELP, Parser
 from hpctrain.config.sanity import check_text
 from hpctrain.errors import ConfigError, require_package
 from hpctrain.weights.export import DTYPES, FORMATS
-
-TRUST_HELP = (
-    "build the model even when the folder names something other than a model class (a factory function): "
-    "only for folders you trust, as it runs code they choose"
-)
 
 
 def _parser() -> argparse.ArgumentParser:

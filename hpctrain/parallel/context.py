@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from hpctrain.errors import ConfigError
 from hpctrain.models.hf import context_plan as transformers_context_plan
-from hpctrain.parallel.tp import pattern_modules
+from hpctrain.parallel.tp import check_plan, pattern_modules
 
 CONTEXT_ROLES = ("enter", "enter_input", "attention", "positions")
 
@@ -70,13 +70,7 @@ def require_context_plan(model: nn.Module, cp: int, pp: int = 1) -> dict[str, st
             valid="roles " + ", ".join(CONTEXT_ROLES),
         )
     plan, source = found
-    for pattern, role in plan.items():
-        if role not in CONTEXT_ROLES:
-            raise ConfigError(
-                f"{source}[{pattern}]", role, "not a context-parallel role", valid=", ".join(CONTEXT_ROLES)
-            )
-        if not pattern_modules(model, pattern):
-            raise ConfigError(f"{source}[{pattern}]", role, f"the pattern names no module of {name}")
+    check_plan(model, plan, source, CONTEXT_ROLES, "not a context-parallel role")
     roles = set(plan.values())
     if "attention" not in roles or not roles & {"enter", "enter_input"}:
         raise ConfigError(

@@ -43,7 +43,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from hpctrain import torchapi
 from hpctrain.errors import ConfigError
 from hpctrain.models.moe import GroupedExperts, moe_layers
-from hpctrain.parallel.tp import pattern_modules
+from hpctrain.parallel.tp import check_plan, pattern_modules
 
 MOE_ROLES = ("experts",)
 
@@ -64,12 +64,9 @@ def experts_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def require_experts(model: nn.Module, ep: int) -> list[tuple[str, nn.Module]]:
     """The model's experts, each with a number of experts ep divides; else one line saying why not."""
     name = type(model).__name__
-    plan = getattr(type(model), "MOE_PLAN", None)
-    for pattern, role in (plan or {}).items():
-        if role not in MOE_ROLES:
-            raise ConfigError(f"{name}.MOE_PLAN[{pattern}]", role, "not a role", valid=", ".join(MOE_ROLES))
-        if not pattern_modules(model, pattern):
-            raise ConfigError(f"{name}.MOE_PLAN[{pattern}]", role, f"the pattern names no module of {name}")
+    check_plan(
+        model, getattr(type(model), "MOE_PLAN", None) or {}, f"{name}.MOE_PLAN", MOE_ROLES, "not a role"
+    )
     found = experts_of(model)
     if not found:
         raise ConfigError(

@@ -21,6 +21,7 @@ gradients are zero.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -101,15 +102,7 @@ def require_tp_plan(model: nn.Module, configured: dict[str, str] | None, tp: int
             valid="roles " + ", ".join(TP_ROLES),
         )
     plan, source = found
-    for pattern, role in plan.items():
-        if role not in TP_ROLES:
-            raise ConfigError(
-                f"{source}[{pattern}]", role, "not a tensor-parallel role", valid=", ".join(TP_ROLES)
-            )
-        if not pattern_modules(model, pattern):
-            raise ConfigError(
-                f"{source}[{pattern}]", role, f"the pattern names no module of {type(model).__name__}"
-            )
+    check_plan(model, plan, source, TP_ROLES, "not a tensor-parallel role")
     return plan
 
 
@@ -340,6 +333,20 @@ def _hook_sequence(
         model.register_forward_pre_hook(lambda _m, args: (shards.scatter(args[0]), *args[1:]), prepend=True)
     if not last_stage:
         model.register_forward_hook(lambda _m, _args, output: shards.gather(output))
+
+
+def check_plan(
+    model: nn.Module, plan: Mapping[str, str], source: str, roles: Sequence[str], not_a_role: str
+) -> None:
+    """Every entry of a module plan (TP_PLAN, CONTEXT_PLAN, MOE_PLAN; ``source`` names where it came from) a
+    role of ``roles`` whose pattern names a module of ``model``; else one line naming the entry."""
+    for pattern, role in plan.items():
+        if role not in roles:
+            raise ConfigError(f"{source}[{pattern}]", role, not_a_role, valid=", ".join(roles))
+        if not pattern_modules(model, pattern):
+            raise ConfigError(
+                f"{source}[{pattern}]", role, f"the pattern names no module of {type(model).__name__}"
+            )
 
 
 def pattern_modules(model: nn.Module, pattern: str) -> list[nn.Module]:

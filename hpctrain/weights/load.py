@@ -16,9 +16,11 @@ Keys are matched to the model's by name; common wrappers' prefixes (``module.`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,7 @@ def read_weights(path: Path, key: str = "model.init_from") -> dict[str, torch.Te
     """Every tensor of the weights at ``path`` by name (see the module docstring), or a one-line
     ConfigError for ``key`` naming why they cannot be read."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(key, str(path), "no such file or directory")
-    try:
+    with _readable(path, key):
         if path.is_dir():
             return _read_dir(path, key)
         if path.suffix == ".safetensors":
@@ -50,9 +50,19 @@ def read_weights(path: Path, key: str = "model.init_from") -> dict[str, torch.Te
 
             return load_file(str(path))
         return _torch_state_dict(path, key)
+
+
+@contextlib.contextmanager
+def _readable(path: Path, key: str) -> Iterator[None]:
+    """Reading the weights at ``path``: a missing path, or a damaged or foreign file (its reader's own words),
+    is one line for ``key``."""
+    if not path.exists():
+        raise ConfigError(key, str(path), "no such file or directory")
+    try:
+        yield
     except ConfigError:
         raise
-    except Exception as err:  # a damaged or foreign file: its reader's own words, in one line
+    except Exception as err:
         text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise ConfigError(key, str(path), f"cannot be read as weights: {text}") from None
 
@@ -166,15 +176,8 @@ def weight_shapes(path: Path, key: str = "model.init_from") -> dict[str, tuple[i
     """The name and shape of every tensor at ``path`` (any form :func:`read_weights` reads), from headers
     and metadata only: no tensor data is read, so the pre-flight check costs nothing for large weights."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(key, str(path), "no such file or directory")
-    try:
+    with _readable(path, key):
         return _shapes(path, key)
-    except ConfigError:
-        raise
-    except Exception as err:  # a damaged or foreign file: its reader's own words, in one line
-        text = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise ConfigError(key, str(path), f"cannot be read as weights: {text}") from None
 
 
 def _shapes(path: Path, key: str) -> dict[str, tuple[int, ...]]:
