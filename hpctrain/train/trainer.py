@@ -269,18 +269,11 @@ def fit(
         codes = stop.codes(monitors.step_s, save_s)  # sent in the step's own all-reduce
         result = _step(run, passes, state.step + 1, skip_steps, codes)
         lr = run.scheduler.get_last_lr()[0]
-        if result.skipped and state.step + 1 not in skip_steps:
-            try:
-                guard.bad(
-                    state.step + 1, float(result.loss), float(result.grad_norm), state.step + 1 == t.max_steps
-                )
-            except Rollback as back:
-                checkpoints.close()
-                run.batches.close()
-                return FitResult(state, None, rollback=back.step)
-        elif not result.skipped:
-            guard.good()
-            run.scheduler.step()  # a skipped step leaves the schedule where it was
+        back = _guarded(run, guard, result, state.step + 1, skip_steps, t.max_steps)
+        if back is not None:
+            checkpoints.close()
+            run.batches.close()
+            return FitResult(state, None, rollback=back)
         state.step += 1
         monitors.step_done(state.step, time.perf_counter() - step_start)
         record = monitors.record(state.step, result.loss, result.grad_norm, lr, skipped=result.skipped)
@@ -300,6 +293,22 @@ def fit(
     checkpoints.close()
     run.batches.close()
     return FitResult(state, stopped_by)
+
+
+def _guarded(
+    run: Run, guard: Guard, result: StepResult, step: int, skip_steps: frozenset[int], max_steps: int
+) -> int | None:
+    """The non-finite guard's answer to ``step``: the step to roll back to (the run stops here), else None. A
+    step that updated moves the schedule on; a skipped one leaves it where it was."""
+    if result.skipped and step not in skip_steps:
+        try:
+            guard.bad(step, float(result.loss), float(result.grad_norm), step == max_steps)
+        except Rollback as back:
+            return back.step
+    elif not result.skipped:
+        guard.good()
+        run.scheduler.step()
+    return None
 
 
 def _begin(
