@@ -94,13 +94,14 @@ def main(argv: list[str]) -> None:
 
 
 def _train(run_dir: Path, cfg: Config | None) -> bool:
-    from hpctrain.resilience.signals import StopSignals
+    from hpctrain.resilience.signals import StopSignals, release_held
 
     # First of all: a pre-emption signal that arrives while torch is still importing must not be lost (nor,
     # for USR2, kill the process, its default action). The local launcher forwards a Ctrl-C at its terminal as
     # SIGINT (its ranks have sessions of their own: the terminal's reaches none of them), so that the stop
     # line says Ctrl-C, not SIGTERM.
     signals = StopSignals({"USR2", "TERM", *(["INT"] if LAUNCHER_PID_ENV in os.environ else [])})
+    release_held()  # what its supervisor forwarded while this process started comes in now
 
     from hpctrain.rendezvous.env import DistEnv, adopt_torchrun_restarts
     from hpctrain.resilience import requeue

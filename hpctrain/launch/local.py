@@ -77,29 +77,28 @@ class LocalLauncher:
         for stale in RunDir(run_dir).error_files():  # from an earlier attempt in the same run dir
             stale.unlink()
         log.info("Run directory: %s", run_dir)
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         own_job = JOB_ID_ENV not in os.environ
         self._job_id = os.environ.get(JOB_ID_ENV) or uuid.uuid4().hex[:16]
         site = _Site(cfg, run_dir, self._job_id, _console_fd())
+        c = cfg.cluster
+        book = None  # restarts off: the first failure ends the launch, unanswered
+        if c.max_restarts:
+            book = RestartBook(run_dir, self._job_id, c.max_restarts, c.max_no_progress)
+        # Before the handlers and the fork server (seconds: it imports torch): a Ctrl-C from here on is the
+        # supervisor's, which tells the workers once they are up.
+        self._supervisor = Supervisor(site, book, cfg, self.poll_s)
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         owned = False
         try:
             site.server, owned = server_for(cfg.cluster.fork_server, _server_env(cfg))
             how = f", forked from fork server {site.server.pid}" if site.server else ""
             log.info("Starting %d worker process%s (rank logs in %s%s)", nproc, "es" * (nproc > 1), logs, how)
-            c = cfg.cluster
-            book = (
-                RestartBook(run_dir, self._job_id, c.max_restarts, c.max_no_progress)
-                if c.max_restarts
-                else None
-            )
-            self._supervisor = Supervisor(site, book, cfg, self.poll_s)
             ended = self._supervisor.run()
         except (ConfigError, ForkServerError) as err:  # the server named by HPCTRAIN_FORKSERVER, or it died
             print(f"hpctrain: {err}", file=sys.stderr)
             return 2 if isinstance(err, ConfigError) else 1
         finally:
-            if self._supervisor is not None:
-                self._supervisor.close()
+            self._supervisor.close()
             if own_job and cfg.checkpoint.local_every is not None:  # the job ends with this launch
                 job = job_identity({JOB_ID_ENV: self._job_id})
                 assert job is not None
@@ -113,7 +112,7 @@ class LocalLauncher:
         return _report(ended, run_dir)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
-        if self._supervisor is not None:
+        if self._supervisor is not None:  # made before the handlers are installed
             self._supervisor.on_signal(signum)
 
 

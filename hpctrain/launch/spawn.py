@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.launch.forkwire import ServerGone
 from hpctrain.observe.goodput import STARTED_ENV
+from hpctrain.resilience.signals import HELD_AT_START
 
 if TYPE_CHECKING:
     from hpctrain.launch.forked import ForkedProcess, ForkServer
@@ -42,6 +44,24 @@ def start_worker(
     ``env["HPCTRAIN_CONSOLE_FD"]`` names; ``session``: a fresh interpreter leads a session of its own (a
     forked one always does), so that its supervisor can kill its process group."""
     sys.stdout.flush()
+    # The worker starts with the stop signals blocked (forked: the mask sent with the request; spawned: the
+    # mask inherited through fork and exec); it takes them once its handlers are in. Held here meanwhile too:
+    # a Ctrl-C during the start reaches this process's handler right after it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_AT_START)
+    try:
+        return _start(run_dir, env, server, out, console_fd, session)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _start(
+    run_dir: Path | str,
+    env: Mapping[str, str] | None,
+    server: ForkServer | None,
+    out: int | None,
+    console_fd: int | None,
+    session: bool,
+) -> subprocess.Popen[bytes] | ForkedProcess:
     environ = dict(os.environ if env is None else env)
     environ[STARTED_ENV] = repr(time.time())  # the goodput ledger's start of this attempt
     environ.setdefault("PYTHONUNBUFFERED", "1")  # its lines reach its log (or Slurm's output file) as written

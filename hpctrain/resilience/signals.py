@@ -18,6 +18,16 @@ WALLTIME = 1000  # stop code for the walltime guard; signal numbers are the othe
 
 # Set in every rank the local launcher starts: the process whose death must end the rank.
 LAUNCHER_PID_ENV = "HPCTRAIN_LAUNCHER_PID"
+# The stop signals a worker starts with blocked (hpctrain.launch.spawn): one sent before the worker's handlers
+# are in (a Ctrl-C or a pre-emption while the rank starts) is held, not lost, nor fatal (USR2's default
+# action, a KeyboardInterrupt for SIGINT); the worker takes them once its handlers are in (release_held).
+HELD_AT_START = frozenset({signal.SIGUSR2, signal.SIGTERM, signal.SIGINT})
+
+
+def release_held() -> None:
+    """Take the stop signals the worker was started with blocked: any that came meanwhile reach the handlers
+    now (a worker started otherwise, by torchrun say, has none blocked: nothing changes)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_AT_START)
 
 
 def describe(code: int) -> str:

@@ -131,6 +131,41 @@ def test_ctrl_c_lets_a_slow_step_finish_and_save(run_dir: Path):
     _assert_no_workers_left(run_dir)
 
 
+def test_a_ctrl_c_while_the_ranks_start_is_held_until_they_can_save(run_dir: Path):
+    """Ctrl-C before any worker is up (the launch's own fork server still importing torch): each worker
+    starts with the stop signals blocked and takes the forwarded SIGINT once its handlers are in, so the run
+    stops after its first step with a checkpoint, not with a KeyboardInterrupt in a rank's start-up."""
+    own_server = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_FORKSERVER"}
+    args = [*FAST, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.ckpt_every=0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", *args, f"hydra.run.dir={run_dir}"],
+        cwd=REPO,
+        env=own_server,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "logs").is_dir():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        time.sleep(0.3)  # the launcher's handler is in; its fork server takes seconds more
+        assert not list((run_dir / "logs").glob("rank*.log")), "a worker was up already: too late to test"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-2000:]
+    logs = [p.read_text() for p in sorted((run_dir / "logs").glob("rank*.log"))]
+    assert len(logs) == 2 and not [log for log in logs if "Traceback" in log], logs
+    assert "Stopped by Ctrl-C after step" in logs[0] and "checkpoint saved" in logs[0], logs[0][-2000:]
+    assert sorted((run_dir / "checkpoints").glob("step_*")), "no checkpoint"
+    _assert_no_workers_left(run_dir)
+
+
 def test_a_second_ctrl_c_stops_at_once(run_dir: Path):
     proc = _start(run_dir, "faults.slow_rank=0:60", "cluster.kill_grace_s=0.5")
     try:
