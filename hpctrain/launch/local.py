@@ -32,6 +32,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from hpctrain.config.schema import Config
 from hpctrain.config.shape import run_shape
@@ -127,8 +128,8 @@ class _Site:
     console_fd: int | None
     server: ForkServer | None = None
     host: str = field(default_factory=socket.gethostname)
-    shared: bool = False
-    interactive: bool = True
+    shared: ClassVar[bool] = False  # one supervisor holds every rank of the launch
+    interactive: ClassVar[bool] = True  # a second Ctrl-C stops the workers at once
     port: int = 0
 
     def begin(self, generation: int) -> list[int] | int:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hpctrain.launch.exits import exit_outcome, oom_kills
 from hpctrain.launch.forkwire import ServerGone
+from hpctrain.launch.health import UNHEALTHY
 from hpctrain.launch.supervision import (
     Outcome,
     RestartBook,
@@ -48,6 +49,7 @@ from hpctrain.rundir.records import (
     EXIT_STOPPED,
     is_peer_symptom,
     read_error_file,
+    read_error_record,
     record_killed,
     write_error_record,
 )
@@ -316,7 +318,7 @@ class Supervisor:
         """A worker's exit status. A node's shared fork server that died took its children along: as if
         SIGKILLed, and the next start forks from a server of the task's own. The local launcher's own
         server dying is the launch's end (ForkServerError: one line)."""
-        return _poll(worker) if self.site.shared else worker.proc.poll()
+        return _poll_gone_as_killed(worker) if self.site.shared else worker.proc.poll()
 
     def _outcomes(self, start: _Start, failures: list[Failure]) -> list[Outcome]:
         """How each failed worker ended, classified; a worker killed from outside (kill -9, the OOM
@@ -345,9 +347,6 @@ class Supervisor:
         return outcomes
 
     def _unhealthy(self, failures: list[Failure]) -> int | None:
-        from hpctrain.launch.health import UNHEALTHY
-        from hpctrain.rundir.records import read_error_record
-
         for failed in failures:
             record = read_error_record(self.run_dir, failed.rank)
             if record is not None and record.get("type") == UNHEALTHY:  # the device failed its check
@@ -421,7 +420,7 @@ def kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _poll(worker: Worker) -> int | None:
+def _poll_gone_as_killed(worker: Worker) -> int | None:
     try:
         return worker.proc.poll()
     except ServerGone:  # the workers' server died and took them along: as if SIGKILLed
@@ -436,14 +435,14 @@ def _reap(worker: Worker) -> None:
 
 def _stop(workers: list[Worker], grace_s: float) -> None:
     """The live workers asked to end (SIGTERM), then killed after ``grace_s``."""
-    alive = [w for w in workers if _poll(w) is None]
+    alive = [w for w in workers if _poll_gone_as_killed(w) is None]
     for worker in alive:
         kill_group(worker.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while any(_poll(w) is None for w in alive) and time.monotonic() < deadline:
+    while any(_poll_gone_as_killed(w) is None for w in alive) and time.monotonic() < deadline:
         time.sleep(POLL_S)
     for worker in alive:
-        if _poll(worker) is None:
+        if _poll_gone_as_killed(worker) is None:
             kill_group(worker.proc.pid, signal.SIGKILL)
         _reap(worker)
 

@@ -37,11 +37,12 @@ def test_bare_command_trains_and_says_where_outputs_are(tmp_path: Path):
     print(f"default run: {elapsed:.1f} s, loss {losses[0]:.3f} → {losses[-1]:.3f}")
 
 
-def _start(run: Path, *extra: str) -> subprocess.Popen[str]:
+def _start(run: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     args = [*FAST, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.ckpt_every=0", *extra]
     return subprocess.Popen(
         [sys.executable, "-m", "hpctrain", *args, f"hydra.run.dir={run}"],
         cwd=REPO,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -136,16 +137,7 @@ def test_a_ctrl_c_while_the_ranks_start_is_held_until_they_can_save(run_dir: Pat
     starts with the stop signals blocked and takes the forwarded SIGINT once its handlers are in, so the run
     stops after its first step with a checkpoint, not with a KeyboardInterrupt in a rank's start-up."""
     own_server = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_FORKSERVER"}
-    args = [*FAST, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.ckpt_every=0"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain", *args, f"hydra.run.dir={run_dir}"],
-        cwd=REPO,
-        env=own_server,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start(run_dir, env=own_server)
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "logs").is_dir():
